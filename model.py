@@ -1,0 +1,379 @@
+"""
+model.py: the tiny Transformer classifier that every attention mechanism plugs into.
+
+Two model styles, because the official code of the three papers uses two:
+    "lra"  Long Range Arena (Nystromformer code, reused by Primal-Attention and AGF):
+           token + learned position embedding, pre-LN blocks, final LayerNorm,
+           masked mean pooling, MLP head; optionally two towers for Retrieval.
+    "uea"  UEA time series (mvts/Flowformer code, reused by Primal-Attention and AGF):
+           Linear(F -> D)·√D + learned position table, post-LN blocks, final LayerNorm,
+           GELU, padded steps zeroed, flatten, linear head.
+
+The attention of each layer is chosen by name ("softmax", "agf", "primal", "gfsa"); a list gives
+one kind per layer, and "primal+trans" is the papers' hybrid (softmax layers, Primal last).
+Every attention follows one interface (DESIGN.md):
+    forward(x (B, N, D), mask (B, N) bool, True = real token) -> (y (B, N, D), aux_loss ())
+`Classifier.forward` returns (logits (B, C), aux_loss ()), where aux_loss is the mean over the
+layers whose mechanism has an auxiliary loss (AGF, Primal), as in the official code.
+
+Dims:  B batch, N tokens, D model width, H heads, d = D / H, C classes, F input channels (UEA)
+Run:   python model.py   -> shapes, parameter counts and a padding check for each attention kind
+Depends on: torch; the mechanism files (agf.py, ksvd_attention.py, gfsa.py), imported lazily
+"""
+
+import importlib
+import math
+from dataclasses import dataclass, field
+from typing import Optional, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+
+class SoftmaxAttention(nn.Module):
+    """Multi-head softmax attention, the baseline:  Y = softmax(QKᵀ/√d) V.
+
+    Written with `F.scaled_dot_product_attention`, which uses a fused kernel where one exists and
+    never keeps the N x N matrix for backward on those kernels.
+
+    Args:
+        d_model: D, token width.
+        n_heads: H; each head has width d = D / H.
+        dropout: dropout on the attention weights (LRA code: 0.1), active in training only.
+        causal:  if True, token t attends to tokens <= t only.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, *, dropout: float = 0.0, causal: bool = False):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.n_heads, self.d_head = n_heads, d_model // n_heads
+        self.dropout, self.causal = dropout, causal
+        self.W_qkv = nn.Linear(d_model, 3 * d_model)  # W_Q, W_K, W_V of all heads, fused
+        self.W_o = nn.Linear(d_model, d_model)  # output projection
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        B, N, D = x.shape
+        # 1) project, split heads: (B, N, 3D) -> 3 x (B, H, N, d)
+        q, k, v = self.W_qkv(x).view(B, N, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        # 2) boolean mask, True = may attend: padded keys are excluded (and future keys if causal)
+        allowed = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, N)
+        if self.causal and allowed is not None:
+            tril = torch.ones(N, N, dtype=torch.bool, device=x.device).tril()
+            allowed = allowed & tril  # (B, 1, N, N)
+        # 3) Y = softmax(QKᵀ/√d) V, fused
+        y = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=allowed,
+            dropout_p=self.dropout if self.training else 0.0,
+            is_causal=self.causal and allowed is None,
+        )  # (B, H, N, d)
+        # 4) merge heads, project; padded query rows are set to zero (they are never read)
+        y = self.W_o(y.transpose(1, 2).reshape(B, N, D))
+        if mask is not None:
+            y = y * mask[..., None]
+        return y, x.new_zeros(())
+
+
+# A plain dict, not a registry: name -> (file, class). The mechanism files are imported only when
+# a model asks for them, so model.py works while one of them is still missing.
+ATTENTION = {
+    "softmax": ("model", "SoftmaxAttention"),
+    "agf": ("agf", "AGFAttention"),
+    "primal": ("ksvd_attention", "PrimalAttention"),
+    "gfsa": ("gfsa", "GFSAttention"),
+}
+AUX_KINDS = ("agf", "primal")  # mechanisms with an auxiliary loss, averaged over their layers
+
+
+def layer_kinds(attention: Union[str, list], n_layers: int) -> list:
+    """Expand an attention choice into one kind per layer.
+
+    "agf" -> ["agf"] * n_layers;  "primal+trans" -> ["softmax"] * (n_layers - 1) + ["primal"]
+    (the papers' Primal.+Trans.: canonical layers, Primal-Attention in the last one);
+    a list is taken as it is and must have n_layers entries.
+    """
+    if isinstance(attention, str):
+        kinds = (
+            ["softmax"] * (n_layers - 1) + ["primal"]
+            if attention == "primal+trans"
+            else ([attention] * n_layers)
+        )
+    else:
+        kinds = list(attention)
+    if len(kinds) != n_layers:
+        raise ValueError(f"attention list {kinds} has {len(kinds)} entries for {n_layers} layers")
+    for kind in kinds:
+        if kind not in ATTENTION:
+            raise ValueError(
+                f"unknown attention {kind!r}; choose from {sorted(ATTENTION)} or 'primal+trans'"
+            )
+    return kinds
+
+
+def build_attention(kind: str, d_model: int, n_heads: int, **kwargs) -> nn.Module:
+    """Construct attention `kind` (see ATTENTION) as Class(d_model, n_heads, **kwargs)."""
+    file, name = ATTENTION[kind]
+    cls = globals()[name] if file == "model" else getattr(importlib.import_module(file), name)
+    return cls(d_model, n_heads, **kwargs)
+
+
+@dataclass
+class ModelConfig:
+    """Every knob of the classifier. Defaults = the LRA setting shared by the three papers."""
+
+    n_classes: int = 2
+    max_len: int = 1024  # size of the position table = longest input accepted
+    vocab_size: int = 0  # > 0: inputs are token ids (B, N)
+    n_features: int = 0  # > 0: inputs are real-valued features (B, N, F)
+    style: str = "lra"  # "lra" (pre-LN, mean pool, MLP head) | "uea" (post-LN, flatten head)
+    d_model: int = 64  # D
+    n_heads: int = 2  # H
+    n_layers: int = 2
+    d_ff: int = 128  # hidden width of the feed-forward block
+    dropout: float = 0.1
+    attn_dropout: float = 0.1  # on the softmax baseline's attention weights
+    attention: Union[str, list] = "softmax"  # a kind, "primal+trans", or one kind per layer
+    attention_kwargs: dict = field(default_factory=dict)  # per kind, e.g. {"agf": {"order": 5}}
+    two_tower: bool = False  # LRA Retrieval: shared encoder, head on [a, b, a*b, a-b]
+    head_hidden: int = 128  # LRA MLP head width
+
+
+class Block(nn.Module):
+    """One Transformer layer: attention + feed-forward, pre-LN ("lra") or post-LN ("uea")."""
+
+    def __init__(self, cfg: ModelConfig, attention: nn.Module):
+        super().__init__()
+        self.pre_ln = cfg.style == "lra"
+        self.attn = attention
+        self.norm1, self.norm2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        # The UEA code writes this as two 1x1 Conv1d; a Linear on the last axis is the same map.
+        self.mlp = nn.Sequential(
+            nn.Linear(cfg.d_model, cfg.d_ff),
+            nn.GELU(),
+            nn.Dropout(cfg.dropout),
+            nn.Linear(cfg.d_ff, cfg.d_model),
+            nn.Dropout(cfg.dropout),
+        )
+
+    def forward(self, x: Tensor, mask: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+        if self.pre_ln:  # LRA:  x + Drop(Attn(LN(x))),  then  x + MLP(LN(x))
+            y, aux = self.attn(self.norm1(x), mask)
+            x = x + self.drop(y)
+            return x + self.mlp(self.norm2(x)), aux
+        y, aux = self.attn(x, mask)  # UEA:  LN(x + Drop(Attn(x))),  then  LN(x + MLP(x))
+        x = self.norm1(x + self.drop(y))
+        return self.norm2(x + self.mlp(x)), aux
+
+
+class Classifier(nn.Module):
+    """Embedding -> L blocks -> pooling -> head.  forward(x, mask) -> (logits (B, C), aux ())."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if (cfg.vocab_size > 0) == (cfg.n_features > 0):
+            raise ValueError("set exactly one of vocab_size (tokens) or n_features (features)")
+        if cfg.style not in ("lra", "uea"):
+            raise ValueError(f"style must be 'lra' or 'uea', got {cfg.style!r}")
+        if cfg.two_tower and cfg.style != "lra":
+            raise ValueError("two_tower needs style='lra' (the UEA head flattens one sequence)")
+        self.cfg = cfg
+        D = cfg.d_model
+        self.kinds = layer_kinds(cfg.attention, cfg.n_layers)
+        if cfg.vocab_size > 0:
+            self.embed = nn.Embedding(cfg.vocab_size, D)
+        else:
+            self.embed = nn.Linear(cfg.n_features, D)
+        self.pos = nn.Parameter(torch.empty(cfg.max_len, D))  # learned position table
+        if cfg.style == "lra":  # Nystromformer LRA code: both tables N(0, 0.02)
+            nn.init.normal_(self.pos, std=0.02)
+            if cfg.vocab_size > 0:
+                nn.init.normal_(self.embed.weight, std=0.02)
+        else:  # mvts LearnablePositionalEncoding: U(-0.02, 0.02)
+            nn.init.uniform_(self.pos, -0.02, 0.02)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg, self._attention(kind)) for kind in self.kinds)
+        self.norm = nn.LayerNorm(D)
+        if cfg.style == "lra":
+            width = 4 * D if cfg.two_tower else D
+            hidden = cfg.head_hidden
+            self.head = nn.Sequential(
+                nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, cfg.n_classes)
+            )
+        else:
+            self.head = nn.Linear(cfg.max_len * D, cfg.n_classes)
+
+    def _attention(self, kind: str) -> nn.Module:
+        """Build one layer's attention with the config's keyword arguments for that kind."""
+        kwargs = dict(self.cfg.attention_kwargs.get(kind, {}))
+        if kind == "softmax":
+            kwargs.setdefault("dropout", self.cfg.attn_dropout)
+        if kind == "primal":  # Primal-Attention samples m = min(max_len, s·rank_multi) tokens
+            kwargs.setdefault("max_len", self.cfg.max_len)
+        return build_attention(kind, self.cfg.d_model, self.cfg.n_heads, **kwargs)
+
+    def _check(self, x: Tensor, mask: Optional[Tensor], name: str) -> Tensor:
+        """Validate one input and its mask; return the mask (all True when None)."""
+        cfg = self.cfg
+        if cfg.vocab_size > 0:
+            if x.dim() != 2 or x.dtype.is_floating_point:
+                raise ValueError(
+                    f"{name}: expected integer token ids of shape (B, N), got "
+                    f"{x.dtype} of shape {tuple(x.shape)}"
+                )
+            if x.numel() and (x.min() < 0 or x.max() >= cfg.vocab_size):
+                raise ValueError(
+                    f"{name}: token ids must lie in [0, {cfg.vocab_size}), found "
+                    f"[{x.min().item()}, {x.max().item()}]"
+                )
+        elif x.dim() != 3 or x.shape[-1] != cfg.n_features or not x.dtype.is_floating_point:
+            raise ValueError(
+                f"{name}: expected float features of shape (B, N, {cfg.n_features}), "
+                f"got {x.dtype} of shape {tuple(x.shape)}"
+            )
+        B, N = x.shape[:2]
+        if N > cfg.max_len:
+            raise ValueError(
+                f"{name}: sequence length {N} exceeds the position table (max_len={cfg.max_len})"
+            )
+        if mask is None:
+            return torch.ones(B, N, dtype=torch.bool, device=x.device)
+        if mask.dtype != torch.bool or tuple(mask.shape) != (B, N):
+            raise ValueError(
+                f"{name}: mask must be bool of shape {(B, N)} (True = real token), "
+                f"got {mask.dtype} of shape {tuple(mask.shape)}"
+            )
+        if not mask.any(dim=1).all():
+            raise ValueError(f"{name}: every sequence needs at least one real token in its mask")
+        return mask
+
+    def encode(self, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, list]:
+        """Embed and run the blocks -> (h (B, N, D), aux (), [L+1 hidden states (B, N, D)])."""
+        N = x.shape[1]
+        h = self.embed(x)  # (B, N, D)
+        if self.cfg.style == "uea":  # mvts: the input projection is scaled by √D
+            h = h * math.sqrt(self.cfg.d_model)
+        h = self.drop(h + self.pos[:N])
+        hidden, aux = [h], []
+        for kind, block in zip(self.kinds, self.blocks, strict=True):
+            h, layer_aux = block(h, mask)
+            hidden.append(h)
+            if kind in AUX_KINDS:
+                aux.append(layer_aux)
+        # Official code: the auxiliary losses are averaged (not summed) over the layers.
+        aux_loss = torch.stack(aux).mean() if aux else h.new_zeros(())
+        return self.norm(h), aux_loss, hidden
+
+    def pool(self, h: Tensor, mask: Tensor) -> Tensor:
+        """LRA: mean over real tokens (B, D).  UEA: zero padded steps, flatten (B, max_len·D)."""
+        m = mask[..., None].to(h.dtype)  # (B, N, 1)
+        if self.cfg.style == "lra":
+            # NOTE: the official LRA code divides by the padded length N; we divide by the number
+            #       of real tokens, so padding cannot dilute the average (README "Differences").
+            return (h * m).sum(1) / m.sum(1)
+        h = self.drop(F.gelu(h)) * m  # (B, N, D), padded steps exactly zero
+        h = F.pad(h, (0, 0, 0, self.cfg.max_len - h.shape[1]))  # shorter inputs: pad to max_len
+        return h.flatten(1)
+
+    def forward(
+        self,
+        x: Tensor,
+        mask: Optional[Tensor] = None,
+        x2: Optional[Tensor] = None,
+        mask2: Optional[Tensor] = None,
+        return_hidden: bool = False,
+    ):
+        """Classify a batch.
+
+        Args:
+            x:    token ids (B, N) long, or features (B, N, F) float.
+            mask: (B, N) bool, True = real token; None = no padding.
+            x2, mask2: the second document of a two-tower model (LRA Retrieval).
+            return_hidden: also return the hidden states [embedding, block 1, ..., block L].
+        Returns:
+            logits (B, C), aux_loss () [, hidden states: list of (B, N, D), one list per tower]
+        """
+        mask = self._check(x, mask, "x")
+        h, aux, hidden = self.encode(x, mask)
+        z = self.pool(h, mask)
+        if self.cfg.two_tower:
+            if x2 is None:
+                raise ValueError("a two-tower model needs the second document x2")
+            mask2 = self._check(x2, mask2, "x2")
+            h2, aux2, hidden2 = self.encode(x2, mask2)
+            z2 = self.pool(h2, mask2)
+            z = torch.cat([z, z2, z * z2, z - z2], dim=-1)  # (B, 4D), the LRA "NLI" interaction
+            aux, hidden = (aux + aux2) / 2, [hidden, hidden2]
+        elif x2 is not None:
+            raise ValueError("x2 was given but the model is not two_tower")
+        logits = self.head(z)
+        return (logits, aux, hidden) if return_hidden else (logits, aux)
+
+
+def layerwise_cosine_similarity(hidden_states: list, mask: Optional[Tensor] = None) -> Tensor:
+    """Mean pairwise cosine similarity of the real tokens, per layer: the over-smoothing measure.
+
+    For unit vectors x̂_i, Σ_{i≠j} x̂_i·x̂_j = ‖Σ_i x̂_i‖² − n, so the mean over the n(n−1) ordered
+    pairs costs O(N D) per sequence: no N x N matrix. 1 means all tokens point the same way.
+
+    Args:
+        hidden_states: list of L tensors (B, N, D), e.g. from `Classifier(..., return_hidden=True)`.
+        mask: (B, N) bool, True = real token; every sequence needs >= 2 real tokens.
+    Returns:
+        (L,) similarity per layer, averaged over the sequences of the batch.
+    """
+    out = []
+    for h in hidden_states:
+        m = torch.ones(h.shape[:2], dtype=torch.bool, device=h.device) if mask is None else mask
+        n = m.sum(1).to(h.dtype)  # (B,)
+        if (n < 2).any():
+            raise ValueError("cosine similarity needs at least 2 real tokens per sequence")
+        unit = F.normalize(h, dim=-1) * m[..., None]  # (B, N, D), padded tokens removed
+        pair_sum = unit.sum(1).pow(2).sum(-1) - n  # ‖Σ x̂_i‖² − n   (B,)
+        out.append((pair_sum / (n * (n - 1))).mean())
+    return torch.stack(out)
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Number of trainable parameters."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+if __name__ == "__main__":
+    # `python model.py`: build both styles with each attention kind that is available, check that
+    # junk in the padding leaves the logits unchanged, and print shapes and sizes. CPU, seconds.
+    torch.manual_seed(0)
+    B, N = 2, 64
+    tokens = torch.randint(1, 20, (B, N))
+    feats = torch.randn(B, N, 12)
+    mask = torch.ones(B, N, dtype=torch.bool)
+    mask[1, 40:] = False  # the second sequence has 24 padded positions
+    for kind in ["softmax", "agf", "primal", "primal+trans", "gfsa"]:
+        for style, x in (("lra", tokens), ("uea", feats)):
+            cfg = ModelConfig(
+                n_classes=5,
+                max_len=N,
+                style=style,
+                attention=kind,
+                vocab_size=20 if style == "lra" else 0,
+                n_features=12 if style == "uea" else 0,
+            )
+            try:
+                model = Classifier(cfg).eval()
+            except ImportError as e:
+                print(f"{kind:13s} {style}: not available ({e})")
+                continue
+            junk = x.clone()
+            junk[1, 40:] = 7 if style == "lra" else 1e3  # change only the padded positions
+            with torch.no_grad():
+                (logits, aux), (logits2, _) = model(x, mask), model(junk, mask)
+            same = torch.allclose(logits, logits2, atol=1e-5)
+            print(
+                f"{kind:13s} {style}: logits {tuple(logits.shape)}  aux {aux.item():8.4f}  "
+                f"params {count_parameters(model):9,d}  padding ignored: {same}"
+            )
