@@ -1,0 +1,392 @@
+"""
+gfsa.py: Graph-Filter-based Self-Attention (GFSA), in one file.
+
+Paper:  J. Choi, H. Wi, J. Kim, Y. Shin, K. Lee, N. Trask, N. Park, "Graph Convolutions Enrich the
+        Self-Attention in Transformers!", NeurIPS 2024, arXiv:2312.04234v1. Equation and theorem
+        numbers below refer to v1.
+Idea:   The softmax attention matrix Ā is row-stochastic: the adjacency matrix of a weighted
+        directed graph over tokens, so Ā·V is a first-order graph filter. GFSA uses the richer
+        polynomial filter (H is the paper's filter; the head count H is a different symbol)
+            H = w0·I + w1·Ā + wK·Ā^K,  with  Ā^K ≈ Ā + (K-1)·(Ā² - Ā)         (Eqs. 4, 5)
+            GFSA(X) = H · X W_val                                              (Eq. 6)
+        Collapsed, H = a0·I + a1·Ā + a2·Ā², so H·V = a0·V + a1·(ĀV) + a2·Ā(ĀV): two ordinary
+        attention passes with the same mask. Ā² (a dense O(N³) product in the official code) is
+        never formed, and the fused scaled_dot_product_attention keeps no N×N float matrix at
+        all (causal + padding passes one boolean N×N mask).
+Cost:   O(N²·d) per head, about twice one attention pass; kernel="linear" (GFSA on "Efficient
+        Attention", Shen et al. 2021): O(N·d²) per head. evaluation="official": O(N³) per head.
+
+Symbols (paper -> code -> shape):
+    X           x             (B, N, D)     input tokens
+    Q, K, V     q, k, v       (B, H, N, d)  queries, keys, values (K = key matrix only in QKᵀ)
+    Ā           attn          (B, H, N, N)  attention matrix, rows sum to 1 (dense paths only)
+    H (filter)  graph_filter  (B, H, N, N)  w0·I + w1·Ā + wK·(Ā + (K-1)(Ā² - Ā)) (dense only)
+    w0, w1, wK  w0, w1, wK    (H,)          filter coefficients, one set per head (Eq. 5)
+    a0, a1, a2  coefficients  (1, H, 1, 1)  the same filter as a0·I + a1·Ā + a2·Ā² (derived)
+    K           order         int >= 2      order of the high-order term (Eq. 4)
+    E_K         taylor_error  (B, H)        ‖Ā^K - (Ā + (K-1)(Ā² - Ā))‖∞ (Theorem 3.1)
+Dims:   B batch, N tokens, D model width, H heads, d = D / H head width, K polynomial order
+        (legend: README)
+
+Run:         python gfsa.py   -> shapes, one exactness check, the Theorem 3.1 bound, a cost curve
+Depends on:  torch
+"""
+
+import math
+import time
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch import Tensor
+
+
+def filter_coefficients(
+    w0: Tensor, w1: Tensor, wK: Tensor, order: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Collapse the GFSA filter of Eq. 5 into a degree-2 polynomial in Ā.
+
+        w0·I + w1·Ā + wK·(Ā + (K-1)(Ā² - Ā)) = a0·I + a1·Ā + a2·Ā²
+        a0 = w0,   a1 = w1 + (2-K)·wK,   a2 = (K-1)·wK
+    So K never produces a real K-th power: it only sets how wK is shared between Ā and Ā².
+
+    Args:
+        w0, w1, wK: filter coefficients, one per head.       (H,)
+        order: K >= 2.
+    Returns:
+        a0, a1, a2, each shaped to broadcast over (B, H, N, d).   (1, H, 1, 1)
+    """
+    a0, a1, a2 = w0, w1 + (2 - order) * wK, (order - 1) * wK
+    return a0.view(1, -1, 1, 1), a1.view(1, -1, 1, 1), a2.view(1, -1, 1, 1)
+
+
+def _real_keys(mask: Tensor) -> Tensor:
+    """(B, N) bool: the keys a query may use; a sequence with no real token may use them all."""
+    # An all-padding sequence would otherwise give an all-False row and softmax 0/0 = NaN on some
+    # backends. Its outputs are zeroed at the end of forward, so what it attends to is irrelevant.
+    return mask | ~mask.any(dim=-1, keepdim=True)
+
+
+def attention_keep_mask(
+    mask: Optional[Tensor], n: int, causal: bool, device: torch.device
+) -> Optional[Tensor]:
+    """Which keys each query may attend to, True = allowed, broadcastable to (B, H, N, N).
+
+    Args:
+        mask: (B, N) bool, True = real token, or None (all tokens real).
+        n: N, number of tokens.
+        causal: query t may only see keys <= t.
+        device: where to build the mask.
+    Returns:
+        None (no restriction), (B, 1, 1, N) key padding, (N, N) causal, or (B, 1, N, N) both.
+    """
+    keep = None if mask is None else _real_keys(mask)[:, None, None, :]  # (B, 1, 1, N)
+    if causal:
+        tril = torch.ones(n, n, dtype=torch.bool, device=device).tril()  # (N, N): t sees s <= t
+        if keep is None:
+            return tril
+        # The diagonal keeps a padded query whose whole prefix is padding from getting an empty
+        # row (NaN); real queries always see their own real key, so their rows do not change.
+        eye = torch.eye(n, dtype=torch.bool, device=device)
+        keep = (keep | eye) & tril  # (B, 1, N, N)
+    return keep
+
+
+def efficient_attention_features(
+    q: Tensor, k: Tensor, mask: Optional[Tensor]
+) -> tuple[Tensor, Tensor]:
+    """Feature maps of "Efficient Attention" (Shen et al., WACV 2021, arXiv:1812.01243).
+
+        ρ_q(Q) = softmax over d  (each query's d features sum to 1)
+        ρ_k(K) = softmax over N  (each key feature sums to 1 over the real tokens)
+        Ā = ρ_q(Q) ρ_k(K)ᵀ,  row sums  Σ_j Ā_ij = Σ_c ρ_q(Q)_ic · Σ_j ρ_k(K)_jc = Σ_c ρ_q(Q)_ic = 1
+    So Ā is row-stochastic by construction: the row normalisation D⁻¹ with D = diag(Ā·1) of a
+    generic kernelised attention is the identity here and needs no division and no eps. No 1/√d
+    scaling, as in the official Efficient Attention code (cmsflash/efficient-attention).
+    NOTE: not in the official GFSA code: the NeurIPS version reports "Efficient Attention + GFSA"
+    on LRA but released no code for it; GFSA on Ā = ρ_q(Q)ρ_k(K)ᵀ is our reading of it.
+
+    Args:
+        q, k: queries and keys.                                   (B, H, N, d)
+        mask: (B, N) bool, True = real token, or None.
+    Returns:
+        rho_q, rho_k                                              (B, H, N, d) each
+    """
+    rho_q = q.softmax(dim=-1)
+    if mask is not None:
+        # finfo.min (not -1e9, fp16-safe): exp underflows to exactly 0, so a padded key gets
+        # exactly zero weight and junk stored there cannot reach any real output.
+        k = k.masked_fill(~_real_keys(mask)[:, None, :, None], torch.finfo(k.dtype).min)
+    return rho_q, k.softmax(dim=-2)
+
+
+def gfsa_apply(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    coefficients: tuple[Tensor, Tensor, Tensor],
+    mask: Optional[Tensor],
+    causal: bool,
+    kernel: str,
+    dropout_p: float,
+) -> Tensor:
+    """The fast path: H·V = a0·V + a1·(ĀV) + a2·Ā(ĀV), with no N×N float tensor. (Eqs. 5, 6)
+
+    Both passes use the same Ā: same scale 1/√d, padding mask and causal flag. Padded rows of ĀV
+    are harmless, because the second pass gives padded keys zero weight.
+    Dropout: each pass draws its own dropout mask (two fused calls cannot share one), so each
+    factor of Ā(ĀV) is an unbiased dropped Ā. With dropout_p = 0 (eval mode) the result is exact.
+
+    Args:
+        q, k, v: queries, keys, values.                           (B, H, N, d)
+        coefficients: a0, a1, a2 from `filter_coefficients`.      (1, H, 1, 1) each
+        mask: (B, N) bool, True = real token, or None.
+        causal: query t sees keys <= t only (kernel="softmax" only).
+        kernel: "softmax" (Ā = softmax(QKᵀ/√d)) or "linear" (Ā = ρ_q(Q) ρ_k(K)ᵀ).
+        dropout_p: dropout on the attention weights, per pass.
+    Returns:
+        H·V                                                       (B, H, N, d)
+    """
+    a0, a1, a2 = coefficients
+    if kernel == "softmax":
+        # Pure causal gets the is_causal flag, which lets fused kernels skip the upper triangle;
+        # SDPA takes no flag together with a mask, so causal + padding passes one boolean mask.
+        is_causal = causal and mask is None
+        keep = None if is_causal else attention_keep_mask(mask, q.shape[-2], causal, q.device)
+
+        def attend(values: Tensor) -> Tensor:
+            """Ā·values with Ā = softmax(QKᵀ/√d), fused: O(N²d) time, O(Nd) memory."""
+            return F.scaled_dot_product_attention(
+                q, k, values, attn_mask=keep, dropout_p=dropout_p, is_causal=is_causal
+            )
+    else:
+        rho_q, rho_k = efficient_attention_features(q, k, mask)
+
+        def attend(values: Tensor) -> Tensor:
+            """Ā·values = ρ_q(Q)[ρ_k(K)ᵀ values], right to left: O(N d²)."""
+            # Dropout on ρ_k(K) keeps E[Ā] = Ā, the analogue of attention dropout.
+            context = F.dropout(rho_k, dropout_p).transpose(-2, -1) @ values
+            # (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d), then (B,H,N,d) @ (B,H,d,d) -> (B,H,N,d)
+            return rho_q @ context
+
+    # NOTE: differs from the official code, which forms Ā@Ā (O(N³)) and H, then H@V; the result
+    #       is the same in exact arithmetic. Its dropout differs too: one mask on Ā shared by both
+    #       factors (NLP) or dropout(H) (vision), because two fused passes cannot share one mask.
+    av = attend(v)  # Ā V
+    aav = attend(av)  # Ā² V = Ā (Ā V): two O(N²d) passes instead of one O(N³) product
+    return a0 * v + a1 * av + a2 * aav  # (a0·I + a1·Ā + a2·Ā²) V = H V   (Eq. 6)
+
+
+def attention_matrix(
+    q: Tensor, k: Tensor, mask: Optional[Tensor], causal: bool, kernel: str
+) -> Tensor:
+    """Ā written out as an N×N matrix, with the same conventions as `gfsa_apply`. Dense paths only.
+
+    Args:
+        q, k: queries and keys.                                   (B, H, N, d)
+        mask: (B, N) bool, True = real token, or None.
+        causal: query t sees keys <= t only (kernel="softmax" only).
+        kernel: "softmax" or "linear".
+    Returns:
+        Ā, rows sum to 1                                          (B, H, N, N)
+    """
+    if kernel == "linear":
+        rho_q, rho_k = efficient_attention_features(q, k, mask)
+        return rho_q @ rho_k.transpose(-2, -1)  # (B,H,N,d) @ (B,H,d,N) -> (B,H,N,N)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B,H,N,d) @ (B,H,d,N) -> (B,H,N,N)
+    keep = attention_keep_mask(mask, q.shape[-2], causal, q.device)
+    if keep is not None:
+        # finfo.min, not -1e9: fp16-safe, and exp underflows to exactly 0 as with SDPA's mask
+        scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+    return scores.softmax(dim=-1)
+
+
+def gfsa_dense_reference(
+    attn: Tensor, v: Tensor, w0: Tensor, w1: Tensor, wK: Tensor, order: int
+) -> tuple[Tensor, Tensor]:
+    """The slow reference, in the official code's order: Ā², the filter H, then H·V.
+
+    Written literally from Eq. 5 (not from `filter_coefficients`), so comparing it with
+    `gfsa_apply` also checks the collapse to a0·I + a1·Ā + a2·Ā². Cost O(N³) per head.
+
+    Args:
+        attn: Ā, rows sum to 1.                                   (B, H, N, N)
+        v: values.                                                (B, H, N, d)
+        w0, w1, wK: filter coefficients, one per head.            (H,)
+        order: K >= 2.
+    Returns:
+        H·V                                                       (B, H, N, d)
+        graph_filter, the filter H                                (B, H, N, N)
+    """
+    w0, w1, wK = w0.view(1, -1, 1, 1), w1.view(1, -1, 1, 1), wK.view(1, -1, 1, 1)
+    eye = torch.eye(attn.shape[-1], dtype=attn.dtype, device=attn.device)
+    attn_sq = attn @ attn  # (B,H,N,N) @ (B,H,N,N) -> (B,H,N,N): the O(N³) product
+    attn_pow_k = attn + (order - 1) * (attn_sq - attn)  # Ā^K ≈ Ā + (K-1)(Ā² - Ā)   (Eq. 4)
+    graph_filter = w0 * eye + w1 * attn + wK * attn_pow_k  # H                     (Eq. 5)
+    return graph_filter @ v, graph_filter  # (B,H,N,N) @ (B,H,N,d) -> (B,H,N,d)   (Eq. 6)
+
+
+def taylor_error(attn: Tensor, order: int) -> tuple[Tensor, int, int]:
+    """E_K = ‖Ā^K - (Ā + (K-1)(Ā² - Ā))‖∞, the error of Eq. 4, against its bounds.
+
+    Theorem 3.1 bounds it by 2K. Writing the error as Ā^K + (K-2)·Ā - (K-1)·Ā² gives the tighter
+    2(K-1), attained by a cyclic-shift (permutation) matrix with N > K; E_2 = 0 exactly.
+
+    Args:
+        attn: Ā, rows sum to 1.                                   (..., N, N)
+        order: K >= 2.
+    Returns:
+        E_K, max row sum of |·| per matrix                        (...)
+        the paper's bound 2K, and the tight bound 2(K-1)
+    """
+    exact = torch.linalg.matrix_power(attn, order)  # the real Ā^K
+    estimate = attn + (order - 1) * (attn @ attn - attn)  # (Eq. 4)
+    error = (exact - estimate).abs().sum(dim=-1).amax(dim=-1)  # ‖·‖∞ = max row sum
+    return error, 2 * order, 2 * (order - 1)
+
+
+class GFSAttention(nn.Module):
+    """Multi-head self-attention with Ā·V replaced by the GFSA graph filter H·V.  (Eqs. 5, 6)
+
+    Args:
+        d_model: D, token width.
+        n_heads: H; each head has width d = D / H.
+        order: K of the high-order term (K >= 2). Default 2: H = w0·I + w1·Ā + wK·Ā² exactly,
+            the spec's recommendation; the paper tunes K per task in 2..10.
+        w0: the identity weight; a fixed scalar unless learn_w0 (official code: 0, or a tuned
+            fixed scalar in NLP).
+        learn_w0: learn w0 per head (init w0), as Eq. 5 allows; the official code does not.
+        learn_w1: learn w1 per head (init 1), as Eq. 5 allows; the official code fixes w1 = 1.
+        dropout: attention dropout; fast path: an independent mask per pass (see `gfsa_apply`);
+            evaluation="official": one mask on Ā before filtering (official NLP convention).
+        causal: query t sees tokens <= t only (kernel="softmax" only).
+        kernel: "softmax" (the paper) or "linear" (GFSA on Efficient Attention, O(N d²)).
+        evaluation: "fast" (two attention passes) or "official" (the slow reference in the
+            official order: dense Ā, Ā², H, H·V; for benchmarks and tests).
+    Shapes:
+        forward(x (B, N, D), mask (B, N) bool, True = real token) -> (y (B, N, D), aux_loss ())
+        Outputs at padded positions are zero. GFSA has no auxiliary loss: aux_loss is always 0.
+    """
+
+    # Class default for tools that build GFSAttention(D, H): kernel="softmax" is O(N²).
+    # Instances overwrite it (True for kernel="linear" with the fast evaluation).
+    linear_cost = False
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        order: int = 2,
+        w0: float = 0.0,
+        learn_w0: bool = False,
+        learn_w1: bool = False,
+        dropout: float = 0.0,
+        causal: bool = False,
+        kernel: str = "softmax",
+        evaluation: str = "fast",
+    ):
+        super().__init__()
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        if order < 2:
+            raise ValueError(f"order K={order}: the high-order term needs K >= 2")
+        if kernel not in ("softmax", "linear"):
+            raise ValueError(f"kernel={kernel!r}: expected 'softmax' or 'linear'")
+        if evaluation not in ("fast", "official"):
+            raise ValueError(f"evaluation={evaluation!r}: expected 'fast' or 'official'")
+        if causal and kernel == "linear":
+            # ρ_k(K) normalises each key feature over the whole sequence, future tokens included.
+            raise ValueError(
+                "causal=True needs kernel='softmax': Efficient Attention's key "
+                "softmax runs over all N tokens, so it has no causal form"
+            )
+        self.n_heads, self.d_head, self.order = n_heads, d_model // n_heads, order
+        self.dropout, self.causal = dropout, causal
+        self.kernel, self.evaluation = kernel, evaluation
+        self.linear_cost = kernel == "linear" and evaluation == "fast"
+        self.W_qkv = nn.Linear(d_model, 3 * d_model)  # W_Q, W_K, W_val of all heads, fused
+        self.W_o = nn.Linear(d_model, d_model)  # output projection
+        # wK: one learnable scalar per head, init 0, as in the official code; at init (w0 = 0)
+        # the layer is exactly softmax attention. w0 and w1 are fixed unless asked for.
+        # NOTE: differs from GFSA Eq. 5, where w0 and w1 may be learned: fixed by default, because
+        #       the official code fixes them; learn_w0 / learn_w1 give the paper's form.
+        self.wK = nn.Parameter(torch.zeros(n_heads))
+        for name, init, learn in (("w0", float(w0), learn_w0), ("w1", 1.0, learn_w1)):
+            value = torch.full((n_heads,), init)
+            if learn:
+                self.register_parameter(name, nn.Parameter(value))
+            else:  # a constant, not state: kept out of the state_dict
+                self.register_buffer(name, value, persistent=False)
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        """Args: x (B, N, D); mask (B, N) bool, True = real token. Returns: y (B, N, D), aux ()."""
+        B, N, D = x.shape
+        assert D == self.n_heads * self.d_head, f"x has width {D}, the layer expects {self.d_head}"
+        # 1) project, then split heads: (B, N, 3D) -> 3 x (B, H, N, d)
+        q, k, v = self.W_qkv(x).view(B, N, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        dropout_p = self.dropout if self.training else 0.0  # eval mode is exact
+        # 2) H·V, the graph filter applied to the values                            (Eqs. 5, 6)
+        if self.evaluation == "fast":
+            coefficients = filter_coefficients(self.w0, self.w1, self.wK, self.order)
+            y = gfsa_apply(q, k, v, coefficients, mask, self.causal, self.kernel, dropout_p)
+        else:  # slow reference: Ā (one dropout mask, NLP convention), Ā², H, then H·V
+            attn = F.dropout(attention_matrix(q, k, mask, self.causal, self.kernel), dropout_p)
+            y, _ = gfsa_dense_reference(attn, v, self.w0, self.w1, self.wK, self.order)
+        # 3) merge heads and project: (B, H, N, d) -> (B, N, D)
+        y = self.W_o(y.transpose(1, 2).reshape(B, N, D))
+        # 4) zero the padded rows, so the model sees exact zeros there (W_o's bias would not be)
+        # NOTE: differs from the official code, which leaves padded rows as they come.
+        if mask is not None:
+            y = y.masked_fill(~mask[..., None], 0.0)
+        return y, x.new_zeros(())  # GFSA has no auxiliary loss
+
+
+if __name__ == "__main__":
+    # `python gfsa.py`: a few-second tour of this file; CPU is fine.
+    torch.manual_seed(0)
+    B, N, D, H = 2, 64, 32, 4
+    layer = GFSAttention(D, H, order=3)
+    x = torch.randn(B, N, D)
+    mask = torch.ones(B, N, dtype=torch.bool)
+    mask[1, 48:] = False  # 2nd sequence: the last 16 tokens are padding
+    y, aux = layer(x, mask)
+    n_params = sum(p.numel() for p in layer.parameters())
+    print(
+        f"x {tuple(x.shape)} -> y {tuple(y.shape)}   aux_loss={aux.item():.1f}   "
+        f"params={n_params:,}"
+    )
+
+    # Check: at init (w0, w1, wK) = (0, 1, 0), so GFSA must equal plain softmax attention,
+    # written out here independently: softmax(QKᵀ/√d) over the real keys, times V.
+    q, k, v = layer.W_qkv(x).view(B, N, 3, H, D // H).permute(2, 0, 3, 1, 4)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(D // H)  # (B, H, N, N)
+    scores = scores.masked_fill(~mask[:, None, None, :], torch.finfo(scores.dtype).min)
+    ref = layer.W_o((scores.softmax(-1) @ v).transpose(1, 2).reshape(B, N, D))
+    ref = ref * mask[..., None]  # padded rows are zero by contract
+    print("GFSA at init == softmax attention:", torch.allclose(y, ref, atol=1e-5))
+
+    # Theorem 3.1 on this layer's Ā: the Taylor estimate of Ā^K is exact for K = 2 only.
+    attn = attention_matrix(q.double(), k.double(), mask, False, "softmax")
+    for K in (2, 3, 6):
+        err, paper, tight = taylor_error(attn, K)
+        print(f"K={K}: max E_K = {err.max():.3f}   (Theorem 3.1 bound {paper}, tight {tight})")
+
+    # Cost: forward time as N doubles, fast path (~4x per doubling) vs the official order
+    # (Ā@Ā, ~8x per doubling for large N) vs GFSA on linear attention (~2x per doubling).
+    kinds = {
+        "fast": layer,
+        "official": GFSAttention(D, H, order=3, evaluation="official"),
+        "linear": GFSAttention(D, H, order=3, kernel="linear"),
+    }
+    print("    N" + "".join(f"{name:>12s}" for name in kinds))
+    with torch.no_grad():
+        for n in (256, 512, 1024):
+            xn, times = torch.randn(1, n, D), []
+            for module in kinds.values():
+                module(xn)  # warm-up, so the first timing is not inflated
+                t0 = time.perf_counter()
+                module(xn)
+                times.append((time.perf_counter() - t0) * 1e3)
+            print(f"{n:5d}" + "".join(f"{t:9.1f} ms" for t in times))
