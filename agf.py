@@ -1,0 +1,282 @@
+"""
+agf.py: Attentive Graph Filter (AGF), self-attention as a learned graph filter in the singular
+value domain, linear in the sequence length, in one file.
+
+Paper:  H. Wi, J. Choi, N. Park, "Learning Advanced Self-Attention for Linear Transformers in
+        the Singular Value Domain", IJCAI 2025, arXiv:2505.08516v1. The paper body is not
+        available, so nothing here cites an equation number: sources are the AGF README and the
+        official code (jeongwhanchoi/agf @ f338b5b, AGF_LRA/attention_svd.py, polyconv.py).
+Idea:   Attention is a directed graph filter H over tokens. AGF builds it in SVD form,
+            AGF(X) = H · X W_val,   H = U(X) Σ(X) V(X)ᵀ                     (AGF README)
+        with "singular vectors" U = softmax over d (rows), V = softmax over tokens (columns),
+        and token-wise "singular values" Σ_i = diag(g(sigmoid(x_i W_Σ))), where g is a learned
+        polynomial g(s) = Σ_k θ̃_k P_k^(α,β)(s) (polynomials.py). Negative θ̃_k let H pass high
+        frequencies too (README, Theorem 2). A penalty γ·(mean|UᵀU - I| + mean|VᵀV - I|)
+        pushes U and V towards orthonormal columns.
+Cost:   O(N·d²) time and O(N·d) memory per head: Y = (U ⊙ g)·(Vᵀ·Val); H is never formed.
+
+Symbols (paper -> code -> shape):
+    X          x                 (B, N, D)     input tokens
+    W_U        W_u               Linear(D, D)  left singular vectors (official W_q)
+    W_V        W_v               Linear(D, D)  right singular vectors (official W_k)
+    W_Σ        W_sigma           Linear(D, D)  singular values
+    W_val      W_val             Linear(D, D)  values (official W_v)
+    U(X)       u                 (B, H, N, d)  softmax over d: each row sums to 1
+    V(X)       v                 (B, H, N, d)  softmax over N: each column sums to 1
+    σ(X W_Σ)   s                 (B, H, N, d)  sigmoid, in (0, 1)
+    g(Σ)       g                 (B, H, N, d)  filtered singular values, the d diagonals Σ_i
+    H          graph_filter      (B, H, N, N)  only in agf_dense_reference
+    θ_k        poly_filter.theta (K,)          one set per layer, shared by heads
+    γ          ortho_weight      float         weight of the orthogonality penalty
+Dims:   B batch, N tokens, D model width, H heads, d = D/H head width, r rank,
+        K polynomial order (legend: README). Here the rank r equals d.
+
+Run:         python agf.py   -> shapes, fast path == dense N x N reference, a cost curve
+Depends on:  torch, polynomials.py (copy both)
+"""
+
+import time
+from typing import Optional
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+from polynomials import PolynomialFilter
+
+
+def masked_token_softmax(logits: Tensor, mask: Optional[Tensor]) -> Tensor:
+    """V(X): softmax over the token axis N, with padded tokens getting exactly zero weight.
+
+    Args:
+        logits: X W_V, split into heads.            (B, H, N, d)
+        mask: True = real token, or None.           (B, N)
+    Returns:
+        V, each column a distribution over the real tokens (all zero if none). (B, H, N, d)
+    """
+    if mask is None:
+        return logits.softmax(dim=-2)
+    keep = mask[:, None, :, None]  # (B, 1, N, 1)
+    # finfo.min, not -inf: a column whose tokens are all padding stays finite (softmax of all
+    # -inf is NaN); otherwise exp(finfo.min - max) underflows to exactly 0 at padded tokens.
+    # NOTE: the official code subtracts 1e9 (not fp16-safe); same result in float32.
+    logits = logits.masked_fill(~keep, torch.finfo(logits.dtype).min)
+    # All-padding sample: the softmax is uniform over padding; refill with 0 so V is exactly 0.
+    return logits.softmax(dim=-2).masked_fill(~keep, 0.0)
+
+
+def agf_apply(u: Tensor, g: Tensor, v: Tensor, values: Tensor) -> Tensor:
+    """Y = U Σ Vᵀ Val with Σ_i = diag(g_i), evaluated right to left.      (AGF README)
+
+    Row i: Y_i = (u_i ⊙ g_i)ᵀ (Vᵀ Val), so the N x N filter H is never built.
+
+    Args:
+        u: U(X), rows sum to 1.                      (B, H, N, d)
+        g: g(Σ), one diagonal of d values per token. (B, H, N, d)
+        v: V(X), columns sum to 1.                   (B, H, N, d)
+        values: X W_val.                             (B, H, N, d)
+    Returns:
+        Y                                            (B, H, N, d)
+    Cost: O(N d²) time, O(N d) memory.
+    """
+    vt_val = v.transpose(-2, -1) @ values  # Vᵀ Val: (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d)
+    return (u * g) @ vt_val  # U Σ ·:     (B,H,N,d) @ (B,H,d,d) -> (B,H,N,d)
+
+
+def orthogonality_penalty(u: Tensor, v: Tensor) -> Tensor:
+    """mean|UᵀU - I| + mean|VᵀV - I| per sample, as in official AGF_LRA/attention_svd.py.
+
+    The mean runs over heads and the d x d entries. Rows of padded tokens must already be zero
+    in u and v, so that padding does not enter the Gram matrices.
+    It cannot reach 0 when N > d²: rows of U are distributions, so trace(UᵀU) >= N/d > d.
+
+    Args:
+        u, v: U(X), V(X).                            (B, H, N, d)
+    Returns:
+        the unweighted penalty per sample            (B,)
+    """
+    eye = torch.eye(u.shape[-1], dtype=u.dtype, device=u.device)
+    gram_u = u.transpose(-2, -1) @ u  # UᵀU: (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d)
+    gram_v = v.transpose(-2, -1) @ v  # VᵀV: (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d)
+    return (gram_u - eye).abs().mean(dim=(1, 2, 3)) + (gram_v - eye).abs().mean(dim=(1, 2, 3))
+
+
+class AGFAttention(nn.Module):
+    """Multi-head AGF attention: Y = U(X) g(Σ(X)) V(X)ᵀ X W_val, then W_o.   (AGF README)
+
+    Defaults are the LRA ListOps preset (official AGF_LRA/best_agf.sh): K=5, Jacobi(2, -1),
+    γ = 0.01, θ̃_0 frozen at 1. No 1/√d scaling and no attention dropout, as in the official code.
+    At init (θ_k = 0, θ̃_0 = 1) g ≡ 1 and AGF is exactly linear attention with softmax feature
+    maps, softmax_d(Q) · (softmax_N(K)ᵀ V).
+
+    Args:
+        d_model: D, token width.
+        n_heads: H; each head has width d = D / H.
+        order: K, highest degree of the polynomial filter.
+        basis: "jacobi", "legendre", "chebyshev" (= Jacobi(-½,-½), as official), "chebyshev_t"
+            (true T_k) or "monomial"; see polynomials.py.
+        alpha, beta: Jacobi α, β (basis "jacobi" only).
+        ortho_weight: γ, weight of the orthogonality penalty (official --reg / --eta).
+        fix_theta0: freeze θ̃_0 = 1 (LRA; UEA --fixI) instead of learning tanh(θ_0) from 0.
+    Shapes:
+        forward(x (B, N, D), mask (B, N) bool, True = real token) -> (y (B, N, D), aux_loss ())
+        aux_loss = γ · penalty, averaged over the batch, in float32 (float64 for float64 x);
+        y is in x's dtype and is 0 at padded positions.
+    """
+
+    linear_cost = True  # never forms an N x N tensor (checked by check_attention.py)
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        order: int = 5,
+        basis: str = "jacobi",
+        alpha: float = 2.0,
+        beta: float = -1.0,
+        ortho_weight: float = 0.01,
+        fix_theta0: bool = True,
+    ):
+        super().__init__()
+        assert d_model % n_heads == 0, f"d_model={d_model} is not divisible by n_heads={n_heads}"
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.ortho_weight = ortho_weight
+        self.W_u = nn.Linear(d_model, d_model)  # -> U, left singular vectors
+        self.W_v = nn.Linear(d_model, d_model)  # -> V, right singular vectors
+        self.W_sigma = nn.Linear(d_model, d_model)  # -> Σ, singular values
+        self.W_val = nn.Linear(d_model, d_model)  # -> values X W_val
+        self.W_o = nn.Linear(d_model, d_model)  # output projection
+        # One θ per layer, shared by all heads, tokens and diagonal entries (official code).
+        self.poly_filter = PolynomialFilter(order, basis, alpha, beta, fix_theta0)
+
+    def factors(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, ...]:
+        """Steps 1-4 of forward: U, g(Σ), V and the values, in float32 (float64 stays float64).
+
+        Args:
+            x: input tokens.                         (B, N, D)
+            mask: True = real token, or None.        (B, N)
+        Returns:
+            u, g, v, values, each                    (B, H, N, d)
+            u and v are zero at padded tokens.
+        """
+        B, N, D = x.shape
+        if mask is not None:
+            # Junk at padded tokens (even NaN, as 0 · NaN = NaN) must not reach anything below.
+            x = x.masked_fill(~mask[..., None], 0.0)
+        # 1) four projections, under the caller's autocast as in the official code; split heads
+        #    (B, N, D) -> (B, N, H, d) -> (B, H, N, d)
+        u_logits, v_logits, sigma_logits, values = (
+            W(x).view(B, N, self.n_heads, self.d_head).transpose(1, 2)
+            for W in (self.W_u, self.W_v, self.W_sigma, self.W_val)
+        )
+        # Softmaxes and the degree-K polynomial (|P_k| reaches ~26) run in float32 even under
+        # bf16/fp16 autocast, as the official code does (autocast(enabled=False)).
+        work = torch.promote_types(x.dtype, torch.float32)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            # 2) singular vectors: U = softmax over d, V = masked softmax over tokens
+            u = u_logits.to(work).softmax(dim=-1)  # (B, H, N, d), rows sum to 1
+            v = masked_token_softmax(v_logits.to(work), mask)  # (B, H, N, d), columns sum to 1
+            if mask is not None:
+                # NOTE: differs from the official code: padded rows of U are zeroed, because
+                #       padding must not enter UᵀU (the aux loss) nor H. The official LRA code
+                #       keeps them; its UEA code masks nothing at all.
+                u = u.masked_fill(~mask[:, None, :, None], 0.0)
+            # 3) s = sigmoid(X W_Σ) ∈ (0, 1); 4) Σ_i = diag(g(s_i)), g(s) = Σ_k θ̃_k P_k(s)
+            g = self.poly_filter(torch.sigmoid(sigma_logits.to(work)))  # (B, H, N, d)
+        return u, g, v, values.to(work)
+
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        B, N, D = x.shape
+        assert D == self.d_model, f"x has width {D}, the layer expects d_model={self.d_model}"
+        assert mask is None or (mask.shape == (B, N) and mask.dtype == torch.bool), (
+            f"mask must be a bool tensor of shape {(B, N)}"
+        )
+        # 1)-4) projections, U, V, g(Σ) (see factors)
+        u, g, v, values = self.factors(x, mask)
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            # 5) Y = (U ⊙ g) · (Vᵀ · Val), O(N d²)                          (AGF README)
+            y = agf_apply(u, g, v, values)  # (B, H, N, d)
+            # 6) aux = γ · (mean|UᵀU - I| + mean|VᵀV - I|), per sample, then the batch mean
+            aux = self.ortho_weight * orthogonality_penalty(u, v).mean()
+        # 7) merge heads, project: (B, H, N, d) -> (B, N, H, d) -> (B, N, D)
+        y = self.W_o(y.transpose(1, 2).reshape(B, N, D).to(x.dtype))
+        if mask is not None:
+            # NOTE: differs from the official code: outputs at padded positions are set to 0,
+            #       because they are meaningless (the official LRA code gives them U-weighted
+            #       values plus W_o's bias) and then nothing downstream can pick them up.
+            y = y.masked_fill(~mask[..., None], 0.0)
+        return y.to(x.dtype), aux
+
+
+def agf_dense_reference(
+    layer: AGFAttention, x: Tensor, mask: Optional[Tensor] = None
+) -> tuple[Tensor, Tensor]:
+    """Same output as layer(x, mask)[0], with the N x N graph filter H written out. Tests only.
+
+    H_ij = Σ_c U_ic g_ic V_jc, i.e. H = U Σ Vᵀ with a token-wise diagonal Σ_i. Its rows do not sum
+    to 1, and padded tokens have zero rows and columns.
+
+    Returns:
+        y (B, N, D), graph_filter H (B, H, N, N)
+    """
+    B, N, D = x.shape
+    u, g, v, values = layer.factors(x, mask)
+    graph_filter = torch.einsum("bhic,bhjc->bhij", u * g, v)  # U diag(g_i) Vᵀ: (B, H, N, N)
+    y = graph_filter @ values  # H Val: (B,H,N,N) @ (B,H,N,d) -> (B,H,N,d)
+    y = layer.W_o(y.transpose(1, 2).reshape(B, N, D).to(x.dtype))
+    if mask is not None:
+        y = y.masked_fill(~mask[..., None], 0.0)
+    return y, graph_filter
+
+
+if __name__ == "__main__":
+    # `python agf.py`: a few-second tour of this file; CPU is fine.
+    torch.manual_seed(0)
+    B, N, D, H = 2, 64, 64, 2  # LRA width: D = 64, 2 heads of d = 32
+    layer = AGFAttention(D, H).double()
+    with torch.no_grad():
+        layer.poly_filter.theta.normal_()  # a non-trivial filter (at init g ≡ 1)
+    x = torch.randn(B, N, D, dtype=torch.float64)
+    mask = torch.ones(B, N, dtype=torch.bool)
+    mask[1, 48:] = False  # 2nd sequence: last 16 tokens are padding
+    y, aux = layer(x, mask)
+    n_params = sum(p.numel() for p in layer.parameters())
+    print(
+        f"x {tuple(x.shape)} -> y {tuple(y.shape)}   aux_loss={aux.item():.4f}   "
+        f"params={n_params:,}"
+    )
+    print(layer.poly_filter)
+
+    # Check: the O(N d²) path equals the explicit N x N filter H = U diag(g) Vᵀ.
+    y_dense, graph_filter = agf_dense_reference(layer, x, mask)
+    print(
+        f"fast path == dense H (B, H, N, N) = {tuple(graph_filter.shape)}:",
+        torch.allclose(y, y_dense, atol=1e-12),
+    )
+
+    # Cost: fwd+bwd time and memory saved for backward as N doubles (expect ~2x each: O(N d²)).
+    layer = AGFAttention(D, H)
+
+    def cost(n: int) -> tuple[float, float]:
+        saved = []  # bytes of every tensor autograd keeps for the backward pass
+
+        def pack(t: Tensor) -> Tensor:
+            saved.append(t.numel() * t.element_size())
+            return t
+
+        xn = torch.randn(1, n, D, requires_grad=True)
+        times = []
+        for _ in range(3):  # best of 3: the first call pays one-off allocation costs
+            saved.clear()
+            t0 = time.perf_counter()
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                y, aux = layer(xn, torch.ones(1, n, dtype=torch.bool))
+            (y.sum() + aux).backward()
+            times.append(time.perf_counter() - t0)
+        return min(times) * 1e3, sum(saved) / 2**20
+
+    cost(256)  # warm-up
+    for n in (512, 1024, 2048, 4096):
+        ms, mb = cost(n)
+        print(f"N={n:5d}   fwd+bwd {ms:7.1f} ms   saved for backward {mb:6.1f} MiB")

@@ -1,0 +1,228 @@
+"""
+polynomials.py: polynomial bases by three-term recurrence, and a learnable polynomial filter.
+
+Paper:  H. Wi, J. Choi, N. Park, "Learning Advanced Self-Attention for Linear Transformers in
+        the Singular Value Domain", IJCAI 2025, arXiv:2505.08516. Only the README and the
+        official code (jeongwhanchoi/agf, AGF_LRA/polyconv.py) are available, so no equation
+        numbers are cited; the recurrence below is the standard one (DLMF §18.9).
+Idea:   AGF filters each "singular value" s ∈ (0, 1) with a learned polynomial
+            g(s) = Σ_{k=0..K} θ̃_k P_k(s),   θ̃_k = tanh(θ_k),  θ̃_0 = 1 (frozen) by default
+        where P_k is a Jacobi polynomial P_k^(α,β) (Legendre and "Chebyshev" are special cases)
+        or the monomial s^k. Negative θ̃_k let g pass high as well as low frequencies
+        (AGF README, Theorem 2).
+Cost:   O(K) elementwise operations per entry of s; any tensor shape.
+
+Symbols (paper -> code -> shape):
+    s            x / s         any shape      points where the basis is evaluated
+    P_k^(α,β)    jacobi()      (K+1, *shape)  Jacobi polynomials, k = 0..K
+    α, β         alpha, beta   float          Jacobi parameters (α + β > -2)
+    θ_k          theta         (K,)           raw coefficients of P_1..P_K, θ̃_k = tanh(θ_k)
+    θ_0          theta0        ()             raw constant coefficient (only if not frozen)
+    g(s)         PolynomialFilter(s)  shape of s
+Dims:   B batch, N tokens, D model width, H heads, d = D/H head width, r rank,
+        K polynomial order (legend: README)
+
+Run:         python polynomials.py   -> basis checks, a frequency response, a cost curve
+Depends on:  torch
+"""
+
+import math
+import time
+from typing import Optional
+
+import torch
+import torch.nn as nn
+from torch import Tensor
+
+BASES = ("jacobi", "legendre", "chebyshev", "chebyshev_t", "monomial")
+
+
+def jacobi(x: Tensor, order: int, alpha: float, beta: float) -> Tensor:
+    """Jacobi polynomials P_0^(α,β) .. P_order^(α,β), elementwise, unnormalised (scipy's).
+
+    Three-term recurrence (DLMF §18.9; term for term the official AGF_LRA/polyconv.py):
+        P_0(x) = 1
+        P_1(x) = ½ (α - β + (α + β + 2) x)
+        P_k(x) = (A_k x + B_k) P_{k-1}(x) - C_k P_{k-2}(x),   k >= 2
+    Evaluated on x as given: AGF uses raw s ∈ (0, 1), with no map to [-1, 1].
+
+    Args:
+        x: points, any shape and float dtype.
+        order: K, the highest degree.
+        alpha, beta: α, β with α + β > -2. β < -1 (AGF's tuned -1, -1.5, -2) is allowed: the
+            recurrence is finite there, but no integrable weight makes the P_k orthogonal.
+    Returns:
+        (order + 1, *x.shape)
+    """
+    a, b = alpha, beta
+    if a + b <= -2:  # k + α + β and 2k + α + β - 2 must stay non-zero for every k >= 2
+        raise ValueError(f"Jacobi needs alpha + beta > -2, got alpha={a}, beta={b}")
+    basis = [torch.ones_like(x)]
+    if order >= 1:
+        basis.append(0.5 * (a - b + (a + b + 2) * x))
+    for k in range(2, order + 1):
+        n = 2 * k + a + b  # shorthand shared by the three coefficients
+        A_k = n * (n - 1) / (2 * k * (k + a + b))
+        B_k = (n - 1) * (a * a - b * b) / (2 * k * (k + a + b) * (n - 2))
+        C_k = (k + a - 1) * (k + b - 1) * n / (k * (k + a + b) * (n - 2))
+        basis.append((A_k * x + B_k) * basis[-1] - C_k * basis[-2])
+    return torch.stack(basis)
+
+
+def chebyshev_t(x: Tensor, order: int) -> Tensor:
+    """True Chebyshev polynomials of the first kind, T_0 .. T_order (T_k(cos t) = cos kt).
+
+    Recurrence: T_0 = 1, T_1 = x, T_k = 2x T_{k-1} - T_{k-2}.
+    The official "chebyshev" is NOT this: it is Jacobi(-½, -½), which equals
+    (2k)! / (4^k (k!)²) · T_k, i.e. T_k up to a constant per k (1, ½, 3/8, 5/16, ...).
+
+    Args:
+        x: points, any shape.
+        order: K, the highest degree.
+    Returns:
+        (order + 1, *x.shape)
+    """
+    basis = [torch.ones_like(x), x][: order + 1]
+    for _ in range(2, order + 1):
+        basis.append(2 * x * basis[-1] - basis[-2])
+    return torch.stack(basis)
+
+
+def monomial(x: Tensor, order: int) -> Tensor:
+    """Monomials x^0 .. x^order (the official "monomial" basis). Returns (order + 1, *x.shape)."""
+    basis = [torch.ones_like(x)]
+    for _ in range(order):
+        basis.append(basis[-1] * x)
+    return torch.stack(basis)
+
+
+def polynomial_basis(
+    x: Tensor, order: int, basis: str = "jacobi", alpha: float = 0.0, beta: float = 0.0
+) -> Tensor:
+    """One of the bases in BASES, evaluated elementwise at x.
+
+    "legendre" is Jacobi(0, 0), exactly Legendre P_k. "chebyshev" is Jacobi(-½, -½) as in the
+    official code (T_k up to a constant per k, see chebyshev_t); "chebyshev_t" is T_k itself.
+    alpha and beta are used by "jacobi" only.
+
+    Returns:
+        (order + 1, *x.shape)
+    """
+    if basis == "jacobi":
+        return jacobi(x, order, alpha, beta)
+    if basis == "legendre":
+        return jacobi(x, order, 0.0, 0.0)
+    if basis == "chebyshev":
+        return jacobi(x, order, -0.5, -0.5)
+    if basis == "chebyshev_t":
+        return chebyshev_t(x, order)
+    if basis == "monomial":
+        return monomial(x, order)
+    raise ValueError(f"unknown basis {basis!r}; choose one of {BASES}")
+
+
+class PolynomialFilter(nn.Module):
+    """Learnable filter g(s) = Σ_{k=0..K} θ̃_k P_k(s), applied elementwise (AGF README).
+
+    As in the official AGF_LRA/polyconv.py: K + 1 coefficients θ̃_k = tanh(θ_k) with θ_k
+    initialised to 0, so each θ̃_k ∈ (-1, 1) and may go negative (Theorem 2 needs that). With
+    fix_theta0 the constant coefficient is frozen at θ̃_0 = 1 (all LRA runs, UEA with --fixI), so
+    g ≡ 1 at init; without it θ̃_0 = tanh(θ_0) is learned from 0, so g ≡ 0 at init.
+
+    Args:
+        order: K, the highest degree (K + 1 terms).
+        basis: one of BASES.
+        alpha, beta: Jacobi α, β (basis "jacobi" only).
+        fix_theta0: freeze θ̃_0 = 1 instead of learning tanh(θ_0).
+    Shapes:
+        forward(s (any shape)) -> g(s) (same shape)
+    """
+
+    def __init__(
+        self,
+        order: int,
+        basis: str = "jacobi",
+        alpha: float = 0.0,
+        beta: float = 0.0,
+        fix_theta0: bool = True,
+    ):
+        super().__init__()
+        assert order >= 0, f"order K={order} must be >= 0"
+        assert basis in BASES, f"unknown basis {basis!r}; choose one of {BASES}"
+        self.order, self.basis, self.alpha, self.beta = order, basis, alpha, beta
+        self.theta = nn.Parameter(torch.zeros(order))  # θ_1..θ_K; tanh(0) = 0: g starts flat
+        # θ_0: None means "frozen at θ̃_0 = 1" (a constant needs no parameter)
+        self.theta0: Optional[nn.Parameter] = None if fix_theta0 else nn.Parameter(torch.zeros(()))
+
+    def coefficients(self) -> Tensor:
+        """θ̃_0 .. θ̃_K, the effective coefficients. Returns (K + 1,)."""
+        if self.theta0 is None:
+            theta0 = torch.ones(1, dtype=self.theta.dtype, device=self.theta.device)
+        else:
+            theta0 = torch.tanh(self.theta0).view(1)
+        return torch.cat([theta0, torch.tanh(self.theta)])
+
+    def forward(self, s: Tensor) -> Tensor:
+        basis = polynomial_basis(s, self.order, self.basis, self.alpha, self.beta)  # (K+1, *s)
+        theta = self.coefficients().to(s.dtype)  # (K+1,)
+        # Σ_k θ̃_k P_k(s): contract the leading K+1 axis, (K+1,) · (K+1, *s) -> (*s)
+        return torch.tensordot(theta, basis, dims=1)
+
+    def extra_repr(self) -> str:
+        ab = f", alpha={self.alpha}, beta={self.beta}" if self.basis == "jacobi" else ""
+        frozen = "frozen θ̃_0=1" if self.theta0 is None else "learned θ̃_0"
+        return f"order={self.order}, basis={self.basis}{ab}, {frozen}"
+
+
+@torch.no_grad()
+def frequency_response(poly_filter: PolynomialFilter, n_points: int = 199) -> tuple[Tensor, Tensor]:
+    """The filter's response g(s) on an even grid of s strictly inside (0, 1), for plotting.
+
+    s is the sigmoid output in AGF, so (0, 1) is the whole range the filter ever sees.
+
+    Returns:
+        s (n_points,), g(s) (n_points,)
+    """
+    p = poly_filter.theta
+    s = torch.linspace(0.0, 1.0, n_points + 2, dtype=p.dtype, device=p.device)[1:-1]
+    return s, poly_filter(s)
+
+
+if __name__ == "__main__":
+    # `python polynomials.py`: a few-second tour of this file; CPU is fine.
+    torch.manual_seed(0)
+    x = torch.linspace(-1, 1, 101, dtype=torch.float64)
+    K = 6
+
+    # Check 1: "chebyshev" = Jacobi(-½, -½) = (2k)! / (4^k (k!)²) · T_k.
+    scale = torch.tensor([math.comb(2 * k, k) / 4**k for k in range(K + 1)], dtype=x.dtype)
+    ok = torch.allclose(polynomial_basis(x, K, "chebyshev"), scale[:, None] * chebyshev_t(x, K))
+    print("Jacobi(-1/2, -1/2) == c_k * T_k:", ok)
+    # Check 2: Legendre (Jacobi(0, 0)) at degree 3 is (5x³ - 3x) / 2.
+    ok = torch.allclose(polynomial_basis(x, 3, "legendre")[3], (5 * x**3 - 3 * x) / 2)
+    print("Jacobi(0, 0) == Legendre (P_3 = (5x^3 - 3x)/2):", ok)
+
+    # The AGF ListOps filter (K=5, α=2, β=-1) with random coefficients, on s ∈ (0, 1).
+    poly = PolynomialFilter(5, "jacobi", alpha=2.0, beta=-1.0)
+    print(poly)
+    with torch.no_grad():
+        poly.theta.normal_()
+    s, g = frequency_response(poly, n_points=5)
+    print("s   :", [round(v, 2) for v in s.tolist()])
+    print("g(s):", [round(v, 2) for v in g.tolist()])
+    s = frequency_response(poly)[0]
+    print("max |P_k(s)| on (0, 1), k <= 5:", round(jacobi(s, 5, 2.0, -1.0).abs().max().item(), 1))
+
+    # Cost: elementwise, so time grows linearly in the number of entries (here N·d, d = 64).
+    def fwd_bwd_ms(n: int) -> float:
+        s = torch.rand(n, 64, requires_grad=True)
+        times = []
+        for _ in range(3):  # best of 3: the first calls pay one-off allocation costs
+            t0 = time.perf_counter()
+            poly(s).sum().backward()
+            times.append((time.perf_counter() - t0) * 1e3)
+        return min(times)
+
+    fwd_bwd_ms(256)  # warm-up
+    for n in (1024, 2048, 4096, 8192):
+        print(f"N={n:5d} x d=64   fwd+bwd {fwd_bwd_ms(n):6.2f} ms")
