@@ -44,8 +44,9 @@ def parse_config(cls, preset: Callable[[dict], dict], argv: Optional[list], desc
     """Build a `cls` dataclass from the command line.   defaults < preset(given) < command line.
 
     Every field `some_name` becomes `--some-name` (the spelling `--some_name` works too); a bool
-    flag takes true/false. `preset(given)` receives the flags given on the command line and
+    flag takes true/false or stands alone for true. `preset(given)` receives the flags given on the command line and
     returns the preset values (e.g. the paper's settings for that dataset and attention).
+    A bool field given alone (`--resume`) is true; `--resume false` turns it off.
     """
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -54,7 +55,9 @@ def parse_config(cls, preset: Callable[[dict], dict], argv: Optional[list], desc
         kind = _str2bool if isinstance(f.default, bool) else type(f.default)
         names = [f"--{f.name.replace('_', '-')}"] + (["--" + f.name] if "_" in f.name else [])
         text = f"{f.metadata.get('help', '')} (default: {f.default})"
-        parser.add_argument(*names, dest=f.name, type=kind, default=None, help=text)
+        # A bool flag alone means true (`--resume`); `--resume false` also works.
+        extra = dict(nargs="?", const=True) if kind is _str2bool else {}
+        parser.add_argument(*names, dest=f.name, type=kind, default=None, help=text, **extra)
     given = {k: v for k, v in vars(parser.parse_args(argv)).items() if v is not None}
     values = {**preset(given), **given}
     unknown = set(values) - {f.name for f in dataclasses.fields(cls)}
