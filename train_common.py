@@ -44,9 +44,9 @@ def parse_config(cls, preset: Callable[[dict], dict], argv: Optional[list], desc
     """Build a `cls` dataclass from the command line.   defaults < preset(given) < command line.
 
     Every field `some_name` becomes `--some-name` (the spelling `--some_name` works too); a bool
-    flag takes true/false or stands alone for true. `preset(given)` receives the flags given on the command line and
-    returns the preset values (e.g. the paper's settings for that dataset and attention).
-    A bool field given alone (`--resume`) is true; `--resume false` turns it off.
+    flag alone means true (`--resume`), or takes a value (`--resume false`). `preset(given)`
+    receives the flags given on the command line and returns the preset values (e.g. the
+    paper's settings for that dataset and attention).
     """
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
