@@ -15,6 +15,7 @@ Depends on: torch
 import argparse
 import contextlib
 import dataclasses
+import gc
 import json
 import os
 import pathlib
@@ -93,6 +94,20 @@ def setup_distributed(device: torch.device) -> tuple[int, int]:
     if world > 1 and not dist.is_initialized():
         dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return (dist.get_rank(), world) if world > 1 else (0, 1)
+
+
+def teardown_distributed(clean: bool = True) -> None:
+    """Leave the process group, together when `clean`. Without it a process can exit while its
+    peer's Gloo threads still run, and the C++ runtime aborts ("terminate called without an
+    active exception", SIGABRT) although the training finished. The DDP model must be gone
+    first: its reducer, freed at interpreter exit after the group, triggers the same abort
+    (DDP modules sit in reference cycles, hence the explicit gc.collect). After an error, no
+    barrier: the peer may be gone, and waiting for it would hang."""
+    if dist.is_initialized():
+        gc.collect()
+        if clean:
+            dist.barrier()
+        dist.destroy_process_group()
 
 
 def autocast(device: torch.device, enabled: bool):

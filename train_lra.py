@@ -67,6 +67,7 @@ from train_common import (
     seed_everything,
     set_rng_state,
     setup_distributed,
+    teardown_distributed,
 )
 
 # ----------------------------------------------------------------------------------------------
@@ -528,5 +529,8 @@ def parse(argv: Optional[list] = None) -> TrainConfig:
 if __name__ == "__main__":
     try:
         main(parse())
+        teardown_distributed()
     except DataError as e:
         raise SystemExit(f"data error: {e}") from None
+    finally:
+        teardown_distributed(clean=False)  # a no-op after a clean teardown
