@@ -154,11 +154,12 @@ def load_run(
     data_dir = data_dir or config.get("data_dir")
     if "dataset" in config:  # train_uea.py
         import train_uea
+        import uea_data
 
         cfg = _config(train_uea.TrainConfig, config, data_dir=data_dir, download=False)
         try:
-            data = train_uea.load_uea(cfg.data_dir, cfg.dataset, cfg.max_len)
-        except (train_uea.DatasetNotFoundError, train_uea.TsFormatError) as e:
+            data = uea_data.load_uea(cfg.data_dir, cfg.dataset, cfg.max_len)
+        except (uea_data.DatasetNotFoundError, uea_data.TsFormatError) as e:
             raise SystemExit(f"error: {e}\n(point --data-dir at the run's data)") from None
         model = train_uea.build_model(cfg, data)
         x, mask = getattr(data, f"x_{split}"), getattr(data, f"mask_{split}")
