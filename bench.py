@@ -222,8 +222,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=2, help="batch size B (default: 2)")
     p.add_argument("--d-model", type=int, default=64, help="model width D (default: 64, LRA)")
     p.add_argument("--n-heads", type=int, default=2, help="heads H (default: 2, LRA)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per point (default: 3)")
-    p.add_argument("--warmup", type=int, default=1, help="untimed runs first (default: 1)")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per point (default: 5)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed runs first (default: 2)")
     p.add_argument(
         "--official-max-n",
         type=int,

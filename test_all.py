@@ -120,6 +120,20 @@ def _with_junk(x, mask):
     return junk
 
 
+def _largest_saved(forward, x: torch.Tensor) -> int:
+    """Elements of the largest tensor autograd keeps for backward in forward(x) -> (y, aux)."""
+    sizes = []
+
+    def pack(t):
+        sizes.append(t.numel())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        y, aux = forward(x)
+        (y.sum() + aux).backward()
+    return max(sizes)
+
+
 # ----------------------------------------------------------------------------------------------
 # model.py
 # ----------------------------------------------------------------------------------------------
@@ -560,25 +574,12 @@ def test_agf_orthogonality_penalty_zero_for_orthonormal_and_official_form():
 def test_agf_saves_no_n_by_n_tensor():
     """Nothing with N*N elements or more is kept for backward (N = 512); the dense one does."""
     N = 512
-
-    def largest_saved(fn) -> int:
-        sizes = []
-
-        def pack(t):
-            sizes.append(t.numel())
-            return t
-
-        x = torch.randn(1, N, 32, requires_grad=True)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            y, aux = fn(x)
-            (y.sum() + aux).backward()
-        return max(sizes)
-
     torch.manual_seed(0)
     layer = AGFAttention(32, 2)
     mask = torch.ones(1, N, dtype=torch.bool)
-    assert largest_saved(lambda x: layer(x, mask)) < N * N
-    dense = largest_saved(lambda x: (agf_dense_reference(layer, x, mask)[0], x.sum() * 0))
+    x = torch.randn(1, N, 32, requires_grad=True)
+    assert _largest_saved(lambda x: layer(x, mask), x) < N * N
+    dense = _largest_saved(lambda x: (agf_dense_reference(layer, x, mask)[0], x.sum() * 0), x)
     assert dense >= N * N  # the hook does see an N x N tensor when there is one
 
 
@@ -849,17 +850,9 @@ def test_primal_no_n_by_n_tensor_saved_for_backward(causal):
     """Linear memory: no tensor with N*N or more elements is kept for backward at N = 512."""
     N = 512
     layer = PrimalAttention(32, 4, rank=8, rank_multi=10, causal=causal)
-    sizes = []
-
-    def pack(t):
-        sizes.append(t.numel())
-        return t
-
     x = torch.randn(1, N, 32, requires_grad=True)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        y, aux = layer(x, torch.ones(1, N, dtype=torch.bool))
-        (y.sum() + aux).backward()
-    assert sizes and max(sizes) < N * N, max(sizes)
+    largest = _largest_saved(lambda x: layer(x, torch.ones(1, N, dtype=torch.bool)), x)
+    assert largest < N * N, largest
 
 
 def test_primal_defaults_and_shapes():
@@ -1106,21 +1099,13 @@ def test_gfsa_linear_variant_saves_no_n_by_n_tensor():
     """kernel="linear" keeps nothing of N×N size for backward at N = 512 (softmax: also none)."""
     N = 512
     for kernel in ("linear", "softmax"):
-        sizes = []
-
-        def pack(t, sizes=sizes):
-            sizes.append(t.numel())
-            return t
-
         layer = GFSAttention(32, 4, kernel=kernel).train()
         assert layer.linear_cost == (kernel == "linear")
         x = torch.randn(1, N, 32, requires_grad=True)
         mask = torch.ones(1, N, dtype=torch.bool)
         mask[0, 400:] = False
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            y, aux = layer(x, mask)
-            (y.sum() + aux).backward()
-        assert max(sizes) < N * N, f"{kernel}: saved a tensor of {max(sizes)} elements"
+        largest = _largest_saved(lambda x, layer=layer, mask=mask: layer(x, mask), x)
+        assert largest < N * N, f"{kernel}: saved a tensor of {largest} elements"
     assert GFSAttention.linear_cost is False  # the class default (kernel="softmax") is O(N²)
 
 
@@ -2473,6 +2458,15 @@ def test_diag_end_to_end_on_an_lra_best_checkpoint():
 # ----------------------------------------------------------------------------------------------
 # runner: `python test_all.py` works without the pytest command; `pytest test_all.py` works too
 # ----------------------------------------------------------------------------------------------
+
+
+def test_readme_python_blocks_run():
+    """Every ```python block of the README runs as it is (STYLE.md S17 g)."""
+    text = (HERE / "README.md").read_text()
+    blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
+    assert blocks, "the README has no python block"
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {})  # noqa: S102 (our own README)
 
 
 def _cases(fn):
