@@ -349,11 +349,12 @@ def train_step(t: Trainer, batch: dict, cfg: TrainConfig, device: torch.device) 
         chunk = {k: v[i :: cfg.accumulate] for k, v in batch.items()}
         last = i == cfg.accumulate - 1  # DDP: all-reduce the gradients once, after the last
         no_sync = t.model.no_sync() if t.model is not t.plain and not last else nullcontext()
-        with autocast(device, cfg.amp), no_sync:
-            logits, aux, y = run_model(t.model, chunk, device)
-            # aux is already weighted inside each attention module (γ for AGF, η for Primal,
-            # 0 for softmax and GFSA): added as it is, no second weight here.
-            loss = F.cross_entropy(logits.float(), y) + aux
+        with no_sync:
+            with autocast(device, cfg.amp):  # the forward only: backward runs outside autocast
+                logits, aux, y = run_model(t.model, chunk, device)
+                # aux is already weighted inside each attention module (γ for AGF, η for
+                # Primal, 0 for softmax and GFSA): added as it is, no second weight here.
+                loss = F.cross_entropy(logits.float(), y) + aux
             t.scaler.scale(loss / cfg.accumulate).backward()
         loss_sum += loss.detach() * len(y)
         correct += (logits.argmax(-1) == y).sum()
