@@ -323,7 +323,9 @@ class GFSAttention(nn.Module):
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         """Args: x (B, N, D); mask (B, N) bool, True = real token. Returns: y (B, N, D), aux ()."""
         B, N, D = x.shape
-        assert D == self.n_heads * self.d_head, f"x has width {D}, the layer expects {self.d_head}"
+        assert D == self.n_heads * self.d_head, (
+            f"x has width {D}, the layer expects {self.n_heads * self.d_head}"
+        )
         # 1) project, then split heads: (B, N, 3D) -> 3 x (B, H, N, d)
         q, k, v = self.W_qkv(x).view(B, N, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
         dropout_p = self.dropout if self.training else 0.0  # eval mode is exact
