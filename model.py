@@ -140,6 +140,9 @@ class ModelConfig:
     attention: Union[str, list] = "softmax"  # a kind, "primal+trans", or one kind per layer
     attention_kwargs: dict = field(default_factory=dict)  # per kind, e.g. {"agf": {"order": 5}}
     two_tower: bool = False  # LRA Retrieval: shared encoder, head on [a, b, a*b, a-b]
+    # False = the official UEA code: the attention gets no mask (padded steps are keys and
+    # queries); the padding mask then acts only in pooling. True keeps padding out (default).
+    attention_mask: bool = True
     head_hidden: int = 128  # LRA MLP head width
 
 
@@ -260,8 +263,9 @@ class Classifier(nn.Module):
             h = h * math.sqrt(self.cfg.d_model)
         h = self.drop(h + self.pos[:N])
         hidden, aux = [h], []
+        attention_mask = mask if self.cfg.attention_mask else None
         for kind, block in zip(self.kinds, self.blocks, strict=True):
-            h, layer_aux = block(h, mask)
+            h, layer_aux = block(h, attention_mask)
             hidden.append(h)
             if kind in AUX_KINDS:
                 aux.append(layer_aux)

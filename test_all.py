@@ -191,6 +191,25 @@ def test_padding_does_not_leak_into_logits():
             assert torch.allclose(aux, aux2, atol=1e-9), f"{kind}/{style}: aux loss leaks"
 
 
+def test_attention_mask_false_is_the_official_uea_model():
+    """attention_mask=False (the official UEA code): the attention sees padded steps, so junk
+    there changes the logits; the padded steps are still zeroed before the flatten head."""
+    for kind in KINDS:
+        torch.manual_seed(0)
+        cfg = _tiny("uea", kind, attention_mask=False)
+        model = Classifier(cfg).double().eval()
+        x, mask = _inputs(cfg)
+        with torch.no_grad():
+            logits = model(x, mask)[0]
+            assert not torch.allclose(logits, model(_with_junk(x, mask), mask)[0]), kind
+            # the same weights with no mask anywhere but the head: blocks run on all steps
+            h = model.drop(model.embed(x) * math.sqrt(cfg.d_model) + model.pos[: x.shape[1]])
+            for block in model.blocks:
+                h = block(h, None)[0]
+            ref = model.head(model.pool(model.norm(h), mask))
+        assert torch.allclose(logits, ref, atol=1e-12), kind
+
+
 def test_padding_does_not_leak_two_towers():
     """Retrieval: junk in either document's padding changes nothing."""
     torch.manual_seed(0)
@@ -1373,13 +1392,50 @@ def test_uea_presets_follow_the_official_scripts_and_flags_win():
     )
 
 
-def test_uea_every_preset_builds_a_model():
-    """The preset keyword arguments fit the real constructors, for every dataset and kind."""
-    data = uea_data.UEAData(
+def _uea_dummy_data() -> uea_data.UEAData:
+    """Two cases of 5 steps and 3 features per split, 2 classes: enough to build a model."""
+    return uea_data.UEAData(
         torch.zeros(2, 5, 3), torch.ones(2, 5, dtype=torch.bool), torch.zeros(2, dtype=torch.long),
         torch.zeros(2, 5, 3), torch.ones(2, 5, dtype=torch.bool), torch.zeros(2, dtype=torch.long),
         ["a", "b"], np.zeros(3), np.ones(3), 0,
     )  # fmt: skip
+
+
+def test_torch_radam_is_the_official_rectified_adam():
+    """The official UEA code ships its own RAdam (Liu et al. 2020, Algorithm 2, SGD-with-momentum
+    steps while the variance is untractable). torch.optim.RAdam, which we use, takes the same
+    steps: checked against the rule written out here, over the switch at step 6."""
+    torch.manual_seed(0)
+    p_torch = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.RAdam([p_torch], lr=1e-2)
+    p, m, v = p_torch.detach().clone(), torch.zeros(7, dtype=torch.float64), torch.zeros(7)
+    b1, b2, eps, lr = 0.9, 0.999, 1e-8, 1e-2
+    rho_inf = 2 / (1 - b2) - 1
+    for t in range(1, 21):
+        grad = torch.randn(7, dtype=torch.float64)
+        p_torch.grad = grad.clone()
+        opt.step()
+        m, v = b1 * m + (1 - b1) * grad, b2 * v + (1 - b2) * grad**2
+        rho = rho_inf - 2 * t * b2**t / (1 - b2**t)
+        if rho >= 5:  # rectified adaptive step; v is not bias-corrected in the denominator
+            r = math.sqrt((rho - 4) * (rho - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho))
+            p = p - lr * r * math.sqrt(1 - b2**t) / (1 - b1**t) * m / (v.sqrt() + eps)
+        else:  # the first steps: momentum SGD with bias-corrected m
+            p = p - lr / (1 - b1**t) * m
+        assert torch.allclose(p_torch.detach(), p, rtol=0, atol=1e-12), t
+
+
+def test_uea_attention_mask_flag_reaches_the_model():
+    data = _uea_dummy_data()
+    for flag, expected in (([], True), (["--attention-mask", "false"], False)):
+        cfg = parse_config([*TINY, *flag])
+        assert cfg.attention_mask is expected
+        assert train_uea.build_model(cfg, data).cfg.attention_mask is expected
+
+
+def test_uea_every_preset_builds_a_model():
+    """The preset keyword arguments fit the real constructors, for every dataset and kind."""
+    data = _uea_dummy_data()
     for name in train_uea.UEA_DATASETS:
         for kind in KINDS:
             cfg = parse_config(["--dataset", name, "--attention", kind, *TINY])

@@ -148,6 +148,9 @@ class TrainConfig:
     dropout: float = flag(0.1, "dropout in embedding, blocks and head")
     attn_dropout: float = flag(0.1, "dropout on the attention weights (softmax, GFSA)")
     max_len: int = flag(0, "time steps fed to the model; 0 = longest TRAIN series")
+    attention_mask: bool = flag(
+        True, "feed the padding mask to the attention (false = the official UEA code)"
+    )
     # training: Flowformer / Primal / AGF scripts
     epochs: int = flag(100, "training epochs (PEMS-SF preset: 400)")
     batch_size: int = flag(16, "cases per step and process")
@@ -253,14 +256,15 @@ def build_model(cfg: TrainConfig, data: UEAData) -> Classifier:
             attn_dropout=cfg.attn_dropout,
             attention=cfg.attention,
             attention_kwargs=attention_kwargs(cfg),
+            attention_mask=cfg.attention_mask,
         )
     )
 
 
 def make_optimizer(cfg: TrainConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     """RAdam (Adam for SpokenArabicDigits), constant lr, no weight decay (official scripts)."""
-    # NOTE: differs from the official code: torch.optim.RAdam instead of the repository's own
-    #       RAdam class (same rectified-Adam rule; not compared bit for bit).
+    # The official code ships its own RAdam class; torch.optim.RAdam takes the same steps
+    # (test_torch_radam_is_the_official_rectified_adam writes that rule out and compares).
     optimizers = {"radam": torch.optim.RAdam, "adam": torch.optim.Adam}
     if cfg.optimizer not in optimizers:
         raise SystemExit(f"--optimizer {cfg.optimizer!r}: choose from {sorted(optimizers)}")
