@@ -21,7 +21,8 @@ The three papers argue with pictures; this script draws them for your own runs.
                    spectrum figure, pics/heatmap.jpg of the official code): a curve that reaches 1
                    early means a matrix of low effective rank.
 
-The implied N x N matrix of each attention kind, on the real tokens of one sequence, per head:
+The implied N x N matrix of each attention kind, on the real tokens of one sequence (on every
+step for a model trained with --attention-mask false), per head:
     softmax  Ā = softmax(QKᵀ/√d), padded keys masked (from the layer's own W_qkv)
     agf      H = U diag(g) Vᵀ, token-wise diagonal (agf.agf_dense_reference)
     gfsa     H = w0·I + w1·Ā + wK·(Ā + (K-1)(Ā² - Ā)) (gfsa.gfsa_dense_reference, GFSA v1 Eq. 5)
@@ -205,12 +206,16 @@ def capture(model: Classifier, batch: dict) -> tuple[list, list]:
     Returns:
         hidden: [embedding, block 1, ..., block L], each (B, N, D)
         inputs: per block, (x (B, N, D), mask (B, N)) exactly as block.attn received them
+            (all True in a model built with attention_mask=False: its attention sees every step)
     """
     inputs: dict = {}
 
     def keep_first(i: int):
         def hook(module, args):
-            inputs.setdefault(i, (args[0].detach(), args[1]))  # tower 1 runs first
+            x, mask = args[0].detach(), args[1]
+            if mask is None:
+                mask = torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+            inputs.setdefault(i, (x, mask))  # tower 1 runs first
 
         return hook
 
@@ -454,8 +459,8 @@ def summary(run: LoadedRun, results: dict) -> list:
                 f"{a0 + a1 + a2:.3f}, off-DC gain {ours[h]:.3f} (Ā alone {plain[h]:.3f})"
             )
     lines.append(
-        "implied N x N matrix per head on the real tokens: share of σ_1, of the first 5, and "
-        "k where the cumulative share reaches 90 % (means over heads and sequences)"
+        "implied N x N matrix per head on the tokens it attends to: share of σ_1, of the first "
+        "5, and k where the cumulative share reaches 90 % (means over heads and sequences)"
     )
     for i, layer in enumerate(results["layers"], 1):
         shares = [cumulative_share(s) for s in layer["sigma"]]  # (H, n_b) each

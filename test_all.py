@@ -2183,6 +2183,10 @@ def test_diag_hooks_capture_exactly_the_attention_input(style):
     assert torch.equal(inputs[0][1], mask) and torch.allclose(inputs[0][0], seen, atol=1e-12)
     assert len(hidden) == 3 and len(inputs) == 2
     assert all(not b.attn._forward_pre_hooks for b in model.blocks)  # hooks removed
+    # a model whose attention gets no mask (official UEA code): every step counts as seen
+    model.cfg.attention_mask = False
+    _, inputs = diagnose.capture(model, {"x": x, "mask": mask})
+    assert not mask.all() and inputs[0][1].all() and inputs[0][1].shape == mask.shape
 
 
 def test_diag_two_tower_capture_keeps_the_first_tower():
