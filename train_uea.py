@@ -17,17 +17,18 @@ Protocol: the papers (Flowformer, Primal-Attention, AGF) report the best TEST ac
           epochs, evaluated every 2 epochs plus the first and last: `best_test_acc` (test used
           for selection). Beside it we report `final_test_acc`, the test accuracy after the
           last epoch, which involves no selection on test.
-Results:  JapaneseVowels, paper preset (100 epochs, seed 666), one run each, CPU, --threads 1,
-          on a 2-core machine shared with other jobs (accuracy %, 370 test cases: 1 case = 0.27):
+Results:  JapaneseVowels, paper preset (100 epochs), CPU, --threads 1, two runs at a time on a
+          2-core machine; mean ± std over seeds 666/0/1/2/3 (README "Results" lists every run):
               python train_uea.py --dataset JapaneseVowels --attention <kind> --threads 1
           kind          best_test_acc  final_test_acc  paper (best)  params  wall
-          softmax           98.9           98.4          98.7        6.45M   8.2 min
-          agf               98.9           98.6          99.5        6.97M   9.9 min
-          primal            97.8           97.8          98.4        5.96M   9.5 min
-          primal+trans      98.4           98.1          98.9        6.20M   8.1 min
-          gfsa              98.9           98.6           —          6.45M   8.3 min
+          softmax        98.9 ± 0.2     95.5 ± 4.7       98.7        6.45M   8 min
+          agf            98.9 ± 0.2     97.6 ± 1.2       99.5        6.97M   9-11 min
+          primal         98.1 ± 0.6     97.8 ± 0.5       98.4        5.96M   8-9 min
+          primal+trans   98.8 ± 0.3     98.5 ± 0.4       98.9        6.20M   8 min
+          gfsa           98.8 ± 0.3     95.7 ± 4.3        —          6.45M   8 min
           (paper: Primal-Attention Table 1 for Trans./Primal./Primal.+Trans.; AGF's 99.5 as
-          quoted in our issue. Without --threads 1, 2 busy cores ran 3x slower.)
+          quoted in our issue. Alone on the 2 cores with default threads, an agf run takes
+          5.9 min; without --threads 1, two runs on 2 busy cores ran 3x slower.)
 Output:   runs/<dataset>/<attention>-seed<seed>/ {config.json, metrics.jsonl, checkpoint.pt,
           result.json}; the last line printed is  RESULT {json}  (same content as result.json).
 Resume:   rerun the same command with --resume true: it continues from the last checkpoint and
