@@ -202,11 +202,9 @@ def test_attention_mask_false_is_the_official_uea_model():
         with torch.no_grad():
             logits = model(x, mask)[0]
             assert not torch.allclose(logits, model(_with_junk(x, mask), mask)[0]), kind
-            # the same weights with no mask anywhere but the head: blocks run on all steps
-            h = model.drop(model.embed(x) * math.sqrt(cfg.d_model) + model.pos[: x.shape[1]])
-            for block in model.blocks:
-                h = block(h, None)[0]
-            ref = model.head(model.pool(model.norm(h), mask))
+            # the same weights, the encoder run as if every step were real, the mask in the head
+            h = model.encode(x, torch.ones_like(mask))[0]
+            ref = model.head(model.pool(h, mask))
         assert torch.allclose(logits, ref, atol=1e-12), kind
 
 

@@ -280,6 +280,7 @@ def train_one_epoch(net, opt, scaler, data: UEAData, order: Tensor, cfg, device,
         x, mask, y = (t[batch].to(device) for t in (data.x_train, data.mask_train, data.y_train))
         # NOTE: differs from the official UEA code, which gives the attention no mask (padded
         #       steps are zeroed only before the head), because padding must not leak (DESIGN.md).
+        #       --attention-mask false restores the official behaviour (model.py drops the mask).
         with common.autocast(device, cfg.amp):
             logits, aux = net(x, mask)
         # aux is already weighted inside the attention (γ for AGF, η for Primal, 0 otherwise)
