@@ -101,6 +101,19 @@ def orthogonality_penalty(u: Tensor, v: Tensor) -> Tensor:
     return (gram_u - eye).abs().mean(dim=(1, 2, 3)) + (gram_v - eye).abs().mean(dim=(1, 2, 3))
 
 
+def _check_inputs(x: Tensor, mask: Optional[Tensor], d_model: int) -> None:
+    """Check forward's inputs: TypeError for a wrong dtype, ValueError for a wrong shape, each
+    naming the argument (raised, not asserted: python -O removes asserts)."""
+    if not x.is_floating_point() or x.dim() != 3 or x.shape[-1] != d_model:
+        error = ValueError if x.is_floating_point() else TypeError
+        want = f"a float tensor of shape (B, N, {d_model})"
+        raise error(f"x: expected {want}, got {x.dtype} of shape {tuple(x.shape)}")
+    if mask is not None and (mask.dtype != torch.bool or mask.shape != x.shape[:2]):
+        error = TypeError if mask.dtype != torch.bool else ValueError
+        want = f"a bool tensor of shape {tuple(x.shape[:2])} (True = real token)"
+        raise error(f"mask: expected {want}, got {mask.dtype} of shape {tuple(mask.shape)}")
+
+
 class AGFAttention(nn.Module):
     """Multi-head AGF attention: Y = U(X) g(Σ(X)) V(X)ᵀ X W_val, then W_o.   (AGF README)
 
@@ -124,8 +137,6 @@ class AGFAttention(nn.Module):
         y is in x's dtype and is 0 at padded positions.
     """
 
-    linear_cost = True  # never forms an N x N tensor (checked by check_attention.py)
-
     def __init__(
         self,
         d_model: int,
@@ -139,7 +150,8 @@ class AGFAttention(nn.Module):
         fix_theta0: bool = True,
     ):
         super().__init__()
-        assert d_model % n_heads == 0, f"d_model={d_model} is not divisible by n_heads={n_heads}"
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.ortho_weight = ortho_weight
         self.W_u = nn.Linear(d_model, d_model)  # -> U, left singular vectors
@@ -187,11 +199,8 @@ class AGFAttention(nn.Module):
         return u, g, v, values.to(work)
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        _check_inputs(x, mask, self.d_model)
         B, N, D = x.shape
-        assert D == self.d_model, f"x has width {D}, the layer expects d_model={self.d_model}"
-        assert mask is None or (mask.shape == (B, N) and mask.dtype == torch.bool), (
-            f"mask must be a bool tensor of shape {(B, N)}"
-        )
         # 1)-4) projections, U, V, g(Σ) (see factors)
         u, g, v, values = self.factors(x, mask)
         with torch.autocast(device_type=x.device.type, enabled=False):

@@ -246,14 +246,29 @@ def taylor_error(attn: Tensor, order: int) -> tuple[Tensor, int, int]:
     return error, 2 * order, 2 * (order - 1)
 
 
+def _check_inputs(x: Tensor, mask: Optional[Tensor], d_model: int) -> None:
+    """Check forward's inputs: TypeError for a wrong dtype, ValueError for a wrong shape, each
+    naming the argument (raised, not asserted: python -O removes asserts)."""
+    if not x.is_floating_point() or x.dim() != 3 or x.shape[-1] != d_model:
+        error = ValueError if x.is_floating_point() else TypeError
+        want = f"a float tensor of shape (B, N, {d_model})"
+        raise error(f"x: expected {want}, got {x.dtype} of shape {tuple(x.shape)}")
+    if mask is not None and (mask.dtype != torch.bool or mask.shape != x.shape[:2]):
+        error = TypeError if mask.dtype != torch.bool else ValueError
+        want = f"a bool tensor of shape {tuple(x.shape[:2])} (True = real token)"
+        raise error(f"mask: expected {want}, got {mask.dtype} of shape {tuple(mask.shape)}")
+
+
 class GFSAttention(nn.Module):
     """Multi-head self-attention with Ā·V replaced by the GFSA graph filter H·V.  (Eqs. 5, 6)
 
     Args:
         d_model: D, token width.
         n_heads: H; each head has width d = D / H.
-        order: K of the high-order term (K >= 2). Default 2: H = w0·I + w1·Ā + wK·Ā² exactly,
-            the spec's recommendation; the paper tunes K per task in 2..10.
+        order: K of the high-order term (K >= 2). Default 2, because K only sets how wK is shared
+            between Ā and Ā² (see `filter_coefficients`), and at K = 2 the Taylor estimate of
+            Eq. 4 is exact: H = w0·I + w1·Ā + wK·Ā² (E_2 = 0, Theorem 3.1). The paper tunes K
+            per task in 2..10.
         w0: the identity weight; a fixed scalar unless learn_w0 (official code: 0, or a tuned
             fixed scalar in NLP).
         learn_w0: learn w0 per head (init w0), as Eq. 5 allows; the official code does not.
@@ -268,10 +283,6 @@ class GFSAttention(nn.Module):
         forward(x (B, N, D), mask (B, N) bool, True = real token) -> (y (B, N, D), aux_loss ())
         Outputs at padded positions are zero. GFSA has no auxiliary loss: aux_loss is always 0.
     """
-
-    # Class default for tools that build GFSAttention(D, H): kernel="softmax" is O(N²).
-    # Instances overwrite it (True for kernel="linear" with the fast evaluation).
-    linear_cost = False
 
     def __init__(
         self,
@@ -302,10 +313,10 @@ class GFSAttention(nn.Module):
                 "causal=True needs kernel='softmax': Efficient Attention's key "
                 "softmax runs over all N tokens, so it has no causal form"
             )
-        self.n_heads, self.d_head, self.order = n_heads, d_model // n_heads, order
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
+        self.order = order
         self.dropout, self.causal = dropout, causal
         self.kernel, self.evaluation = kernel, evaluation
-        self.linear_cost = kernel == "linear" and evaluation == "fast"
         self.W_qkv = nn.Linear(d_model, 3 * d_model)  # W_Q, W_K, W_val of all heads, fused
         self.W_o = nn.Linear(d_model, d_model)  # output projection
         # wK: one learnable scalar per head, init 0, as in the official code; at init (w0 = 0)
@@ -322,10 +333,8 @@ class GFSAttention(nn.Module):
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         """Args: x (B, N, D); mask (B, N) bool, True = real token. Returns: y (B, N, D), aux ()."""
+        _check_inputs(x, mask, self.d_model)
         B, N, D = x.shape
-        assert D == self.n_heads * self.d_head, (
-            f"x has width {D}, the layer expects {self.n_heads * self.d_head}"
-        )
         # 1) project, then split heads: (B, N, 3D) -> 3 x (B, H, N, d)
         q, k, v = self.W_qkv(x).view(B, N, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
         dropout_p = self.dropout if self.training else 0.0  # eval mode is exact

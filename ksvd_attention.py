@@ -25,6 +25,8 @@ Symbols (paper -> code -> shape):
     e, r              e, r          (B, H, N, r)  projection scores
     Λ = diag(λ²)      Lambda = λ    (H, r)        KSVD regularisation coefficients (loss only)
     η                 ksvd_weight   float         weight of J² in the training loss
+    [e; r] -> o       W_er          Linear(2r, d) the "linear map to the output size" (poster),
+                                                  shared by heads; official `concate_weight`
     H_e, H_r          h_e, h_r      (B, H, N, r)  dual variables (dense reference only)
 Dims:   B batch, N tokens, D model width, H heads, d = D / H head width, r rank = number of
         KSVD components (the paper's s; not the r-scores), m = min(max_len, r·rank_multi)
@@ -200,6 +202,19 @@ def ksvd_dual_reference(
     return kernel @ h_r, kernel.transpose(-2, -1) @ h_e  # (B,H,N,N) @ (B,H,N,r) -> (B,H,N,r)
 
 
+def _check_inputs(x: Tensor, mask: Optional[Tensor], d_model: int) -> None:
+    """Check forward's inputs: TypeError for a wrong dtype, ValueError for a wrong shape, each
+    naming the argument (raised, not asserted: python -O removes asserts)."""
+    if not x.is_floating_point() or x.dim() != 3 or x.shape[-1] != d_model:
+        error = ValueError if x.is_floating_point() else TypeError
+        want = f"a float tensor of shape (B, N, {d_model})"
+        raise error(f"x: expected {want}, got {x.dtype} of shape {tuple(x.shape)}")
+    if mask is not None and (mask.dtype != torch.bool or mask.shape != x.shape[:2]):
+        error = TypeError if mask.dtype != torch.bool else ValueError
+        want = f"a bool tensor of shape {tuple(x.shape[:2])} (True = real token)"
+        raise error(f"mask: expected {want}, got {mask.dtype} of shape {tuple(mask.shape)}")
+
+
 class PrimalAttention(nn.Module):
     """Primal-Attention: multi-head self-attention as the primal form of an asymmetric KSVD.
 
@@ -225,8 +240,6 @@ class PrimalAttention(nn.Module):
         y is 0 at padded positions; aux_loss = η·J² (already weighted).
     """
 
-    linear_cost = True  # O(N), checked by ../shared/tools/check_attention.py
-
     def __init__(
         self,
         d_model: int,
@@ -240,8 +253,10 @@ class PrimalAttention(nn.Module):
         ksvd_reduction: str = "batch",
     ):
         super().__init__()
-        assert d_model % n_heads == 0, f"d_model={d_model} is not divisible by n_heads={n_heads}"
-        assert ksvd_reduction in ("batch", "sample"), f"ksvd_reduction={ksvd_reduction!r}"
+        if d_model % n_heads != 0:
+            raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        if ksvd_reduction not in ("batch", "sample"):
+            raise ValueError(f"ksvd_reduction={ksvd_reduction!r}: expected 'batch' or 'sample'")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.n_samples = min(max_len, rank * rank_multi)  # m
         self.ksvd_weight, self.causal, self.ksvd_reduction = ksvd_weight, causal, ksvd_reduction
@@ -253,8 +268,9 @@ class PrimalAttention(nn.Module):
         self.We = nn.Parameter(nn.init.orthogonal_(torch.empty(n_heads, rows, rank)))
         self.Wr = nn.Parameter(nn.init.orthogonal_(torch.empty(n_heads, rows, rank)))
         self.Lambda = nn.Parameter(torch.rand(n_heads, rank))  # λ ~ U(0, 1); Λ = diag(λ²)
-        # the 2r -> d "linear map to the output size" (poster), shared by all heads as in the code
-        self.concate_weight = nn.Linear(2 * rank, self.d_head)
+        # W_er: the 2r -> d "linear map to the output size" (poster) of [e; r], shared by all heads
+        # as in the official code, which calls it `concate_weight`
+        self.W_er = nn.Linear(2 * rank, self.d_head)
         self.W_o = nn.Linear(d_model, d_model)  # output projection
 
     def feature_maps(self, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
@@ -295,8 +311,8 @@ class PrimalAttention(nn.Module):
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         """Args: x (B, N, D); mask (B, N) bool, True = real token, None = all real.
         Returns: y (B, N, D), 0 at padded rows; aux_loss () = η·J² per `ksvd_reduction`."""
+        _check_inputs(x, mask, self.d_model)
         B, N, D = x.shape
-        assert D == self.d_model, f"x has width {D}, the layer expects d_model={self.d_model}"
         if mask is None:
             mask = torch.ones(B, N, dtype=torch.bool, device=x.device)
         # The block runs in the parameters' dtype (fp32 under AMP), as the official LRA code:
@@ -304,8 +320,8 @@ class PrimalAttention(nn.Module):
         with torch.autocast(device_type=x.device.type, enabled=False):
             # 1-3) φ_q, φ_k; W_{e|X} = f(X)ᵀ W_e, W_{r|X}; e = Φq W_{e|X}, r = Φk W_{r|X}
             e, r = self.scores(x, mask)  # (B, H, N, r) each                    (Remark 3.3)
-            # 4) o_i = Linear([e_i ; r_i]), 2r -> d, the same map for every head     (poster)
-            o = self.concate_weight(torch.cat([e, r], dim=-1))  # (B,H,N,2r) -> (B,H,N,d)
+            # 4) o_i = W_er [e_i ; r_i], 2r -> d, the same map for every head       (poster)
+            o = self.W_er(torch.cat([e, r], dim=-1))  # (B,H,N,2r) -> (B,H,N,d)
             # 5) merge heads, project, zero padded rows
             # NOTE: the official LRA code zeroes before the projection (padded rows = its bias)
             y = self.W_o(o.transpose(1, 2).reshape(B, N, D))  # (B, N, D)

@@ -9,19 +9,18 @@ Two model styles, because the official code of the three papers uses two:
            Linear(F -> D)·√D + learned position table, post-LN blocks, final LayerNorm,
            GELU, padded steps zeroed, flatten, linear head.
 
-The attention of each layer is chosen by name ("softmax", "agf", "primal", "gfsa"); a list gives
-one kind per layer, and "primal+trans" is the papers' hybrid (softmax layers, Primal last).
-Every attention follows one interface (DESIGN.md):
+The attention of each layer is chosen by name (ATTENTION below); a list gives one kind per layer,
+and "primal+trans" is the papers' hybrid (softmax layers, Primal last). Every attention has one
+interface and checks its inputs against it (TypeError: wrong dtype, ValueError: wrong shape):
     forward(x (B, N, D), mask (B, N) bool, True = real token) -> (y (B, N, D), aux_loss ())
 `Classifier.forward` returns (logits (B, C), aux_loss ()), where aux_loss is the mean over the
 layers whose mechanism has an auxiliary loss (AGF, Primal), as in the official code.
 
 Dims:  B batch, N tokens, D model width, H heads, d = D / H, C classes, F input channels (UEA)
-Run:   python model.py   -> shapes, parameter counts and a padding check for each attention kind
-Depends on: torch; the mechanism files (agf.py, ksvd_attention.py, gfsa.py), imported lazily
+Run:   python model.py   -> logits, aux loss, parameter count and a padding check per attention
+Depends on: torch, agf.py (+ polynomials.py), ksvd_attention.py, gfsa.py
 """
 
-import importlib
 import math
 from dataclasses import dataclass, field
 from typing import Optional, Union
@@ -31,12 +30,23 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from agf import AGFAttention
+from gfsa import GFSAttention
+from ksvd_attention import PrimalAttention
+
+
+def _check_mask(mask: Optional[Tensor], B: int, N: int, name: str = "mask") -> None:
+    """None or a bool (B, N) mask passes, else TypeError (dtype) or ValueError (shape)."""
+    if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (B, N)):
+        error = TypeError if mask.dtype != torch.bool else ValueError
+        want = f"a bool tensor of shape {(B, N)} (True = real token)"
+        raise error(f"{name}: expected {want}, got {mask.dtype} of shape {tuple(mask.shape)}")
+
 
 class SoftmaxAttention(nn.Module):
-    """Multi-head softmax attention, the baseline:  Y = softmax(QKᵀ/√d) V.
-
-    Written with `F.scaled_dot_product_attention`, which uses a fused kernel where one exists and
-    never keeps the N x N matrix for backward on those kernels.
+    """Multi-head softmax attention, the baseline:  Y = softmax(QKᵀ/√d) V.  Written with
+    `F.scaled_dot_product_attention`: a fused kernel where one exists, which then never keeps the
+    N x N matrix for backward.
 
     Args:
         d_model: D, token width.
@@ -49,77 +59,64 @@ class SoftmaxAttention(nn.Module):
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-        self.n_heads, self.d_head = n_heads, d_model // n_heads
+        self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.dropout, self.causal = dropout, causal
         self.W_qkv = nn.Linear(d_model, 3 * d_model)  # W_Q, W_K, W_V of all heads, fused
         self.W_o = nn.Linear(d_model, d_model)  # output projection
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+        if not x.is_floating_point() or x.dim() != 3 or x.shape[-1] != self.d_model:
+            error = ValueError if x.is_floating_point() else TypeError
+            want = f"a float tensor of shape (B, N, {self.d_model})"
+            raise error(f"x: expected {want}, got {x.dtype} of shape {tuple(x.shape)}")
         B, N, D = x.shape
+        _check_mask(mask, B, N)  # a float 0/1 mask would act in SDPA as an additive bias
         # 1) project, split heads: (B, N, 3D) -> 3 x (B, H, N, d)
         q, k, v = self.W_qkv(x).view(B, N, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
-        # 2) boolean mask, True = may attend: padded keys are excluded (and future keys if causal)
-        allowed = None if mask is None else mask[:, None, None, :]  # (B, 1, 1, N)
-        if self.causal and allowed is not None:
+        # 2) boolean mask, True = may attend: padded keys are excluded (and future keys if causal);
+        #    an all-padding sequence may use every key (else softmax of nothing = NaN), see step 4
+        allowed = None if mask is None else (mask | ~mask.any(1, keepdim=True))[:, None, None, :]
+        if self.causal:  # query t sees keys <= t; the diagonal keeps left-padded rows non-empty
             tril = torch.ones(N, N, dtype=torch.bool, device=x.device).tril()
-            allowed = allowed & tril  # (B, 1, N, N)
-        # 3) Y = softmax(QKᵀ/√d) V, fused
-        y = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=allowed,
-            dropout_p=self.dropout if self.training else 0.0,
-            is_causal=self.causal and allowed is None,
-        )  # (B, H, N, d)
+            eye = torch.eye(N, dtype=torch.bool, device=x.device)
+            allowed = tril if allowed is None else (allowed | eye) & tril  # (B, 1, N, N)
+        # 3) Y = softmax(QKᵀ/√d) V, fused: (B, H, N, d)
+        dropout_p = self.dropout if self.training else 0.0
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
         # 4) merge heads, project; padded query rows are set to zero (they are never read)
         y = self.W_o(y.transpose(1, 2).reshape(B, N, D))
         if mask is not None:
-            y = y * mask[..., None]
+            y = y.masked_fill(~mask[..., None], 0.0)
         return y, x.new_zeros(())
 
 
-# A plain dict, not a registry: name -> (file, class). The mechanism files are imported only when
-# a model asks for them, so model.py works while one of them is still missing.
+# A plain dict, not a registry: one place to read which name builds which class.
 ATTENTION = {
-    "softmax": ("model", "SoftmaxAttention"),
-    "agf": ("agf", "AGFAttention"),
-    "primal": ("ksvd_attention", "PrimalAttention"),
-    "gfsa": ("gfsa", "GFSAttention"),
+    "softmax": SoftmaxAttention,
+    "agf": AGFAttention,
+    "primal": PrimalAttention,
+    "gfsa": GFSAttention,
 }
 AUX_KINDS = ("agf", "primal")  # mechanisms with an auxiliary loss, averaged over their layers
 
 
 def layer_kinds(attention: Union[str, list], n_layers: int) -> list:
-    """Expand an attention choice into one kind per layer.
-
-    "agf" -> ["agf"] * n_layers;  "primal+trans" -> ["softmax"] * (n_layers - 1) + ["primal"]
-    (the papers' Primal.+Trans.: canonical layers, Primal-Attention in the last one);
-    a list is taken as it is and must have n_layers entries.
-    """
-    if isinstance(attention, str):
-        kinds = (
-            ["softmax"] * (n_layers - 1) + ["primal"]
-            if attention == "primal+trans"
-            else ([attention] * n_layers)
-        )
-    else:
-        kinds = list(attention)
+    """One kind per layer: "agf" -> ["agf"] * n_layers; a list is taken as it is; "primal+trans"
+    -> ["softmax"] * (n_layers - 1) + ["primal"] (the papers' Primal.+Trans.: Primal last)."""
+    kinds = [attention] * n_layers if isinstance(attention, str) else list(attention)
+    if attention == "primal+trans":
+        kinds = ["softmax"] * (n_layers - 1) + ["primal"]
     if len(kinds) != n_layers:
         raise ValueError(f"attention list {kinds} has {len(kinds)} entries for {n_layers} layers")
     for kind in kinds:
         if kind not in ATTENTION:
-            raise ValueError(
-                f"unknown attention {kind!r}; choose from {sorted(ATTENTION)} or 'primal+trans'"
-            )
+            raise ValueError(f"unknown attention {kind!r}; choose from {list(ATTENTION)}")
     return kinds
 
 
 def build_attention(kind: str, d_model: int, n_heads: int, **kwargs) -> nn.Module:
     """Construct attention `kind` (see ATTENTION) as Class(d_model, n_heads, **kwargs)."""
-    file, name = ATTENTION[kind]
-    cls = globals()[name] if file == "model" else getattr(importlib.import_module(file), name)
-    return cls(d_model, n_heads, **kwargs)
+    return ATTENTION[kind](d_model, n_heads, **kwargs)
 
 
 @dataclass
@@ -151,17 +148,13 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig, attention: nn.Module):
         super().__init__()
-        self.pre_ln = cfg.style == "lra"
-        self.attn = attention
+        self.attn, self.pre_ln = attention, cfg.style == "lra"
         self.norm1, self.norm2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
         # The UEA code writes this as two 1x1 Conv1d; a Linear on the last axis is the same map.
+        D, p = cfg.d_model, cfg.dropout
         self.mlp = nn.Sequential(
-            nn.Linear(cfg.d_model, cfg.d_ff),
-            nn.GELU(),
-            nn.Dropout(cfg.dropout),
-            nn.Linear(cfg.d_ff, cfg.d_model),
-            nn.Dropout(cfg.dropout),
+            nn.Linear(D, cfg.d_ff), nn.GELU(), nn.Dropout(p), nn.Linear(cfg.d_ff, D), nn.Dropout(p)
         )
 
     def forward(self, x: Tensor, mask: Optional[Tensor]) -> tuple[Tensor, Tensor]:
@@ -185,83 +178,62 @@ class Classifier(nn.Module):
             raise ValueError(f"style must be 'lra' or 'uea', got {cfg.style!r}")
         if cfg.two_tower and cfg.style != "lra":
             raise ValueError("two_tower needs style='lra' (the UEA head flattens one sequence)")
-        self.cfg = cfg
-        D = cfg.d_model
+        self.cfg, D, tokens = cfg, cfg.d_model, cfg.vocab_size > 0
         self.kinds = layer_kinds(cfg.attention, cfg.n_layers)
-        if cfg.vocab_size > 0:
-            self.embed = nn.Embedding(cfg.vocab_size, D)
-        else:
-            self.embed = nn.Linear(cfg.n_features, D)
+        self.embed = nn.Embedding(cfg.vocab_size, D) if tokens else nn.Linear(cfg.n_features, D)
         self.pos = nn.Parameter(torch.empty(cfg.max_len, D))  # learned position table
         if cfg.style == "lra":  # Nystromformer LRA code: both tables N(0, 0.02)
             nn.init.normal_(self.pos, std=0.02)
-            if cfg.vocab_size > 0:
+            if tokens:
                 nn.init.normal_(self.embed.weight, std=0.02)
         else:  # mvts LearnablePositionalEncoding: U(-0.02, 0.02)
             nn.init.uniform_(self.pos, -0.02, 0.02)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg, self._attention(kind)) for kind in self.kinds)
         self.norm = nn.LayerNorm(D)
-        if cfg.style == "lra":
-            width = 4 * D if cfg.two_tower else D
-            hidden = cfg.head_hidden
-            self.head = nn.Sequential(
-                nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, cfg.n_classes)
-            )
-        else:
+        if cfg.style == "lra":  # MLP head on the pooled vector, or on [a, b, a*b, a-b]
+            width, hidden, C = (4 * D if cfg.two_tower else D), cfg.head_hidden, cfg.n_classes
+            self.head = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, C))
+        else:  # one linear map of the flattened (max_len, D) sequence
             self.head = nn.Linear(cfg.max_len * D, cfg.n_classes)
 
     def _attention(self, kind: str) -> nn.Module:
-        """Build one layer's attention with the config's keyword arguments for that kind."""
-        kwargs = dict(self.cfg.attention_kwargs.get(kind, {}))
-        if kind == "softmax":
-            kwargs.setdefault("dropout", self.cfg.attn_dropout)
-        if kind == "primal":  # Primal-Attention samples m = min(max_len, s·rank_multi) tokens
-            kwargs.setdefault("max_len", self.cfg.max_len)
-        return build_attention(kind, self.cfg.d_model, self.cfg.n_heads, **kwargs)
+        """Build one layer's attention: config defaults, then the config's kwargs for that kind."""
+        cfg = self.cfg  # Primal-Attention samples m = min(max_len, s·rank_multi) tokens
+        defaults = {"softmax": {"dropout": cfg.attn_dropout}, "primal": {"max_len": cfg.max_len}}
+        kwargs = {**defaults.get(kind, {}), **cfg.attention_kwargs.get(kind, {})}
+        return build_attention(kind, cfg.d_model, cfg.n_heads, **kwargs)
 
-    def _check(self, x: Tensor, mask: Optional[Tensor], name: str) -> Tensor:
+    def _check(self, x: Tensor, mask: Optional[Tensor], names: tuple) -> Tensor:
         """Validate one input and its mask; return the mask (all True when None)."""
-        cfg = self.cfg
-        if cfg.vocab_size > 0:
-            if x.dim() != 2 or x.dtype.is_floating_point:
-                raise ValueError(
-                    f"{name}: expected integer token ids of shape (B, N), got "
-                    f"{x.dtype} of shape {tuple(x.shape)}"
-                )
-            if x.numel() and (x.min() < 0 or x.max() >= cfg.vocab_size):
-                raise ValueError(
-                    f"{name}: token ids must lie in [0, {cfg.vocab_size}), found "
-                    f"[{x.min().item()}, {x.max().item()}]"
-                )
-        elif x.dim() != 3 or x.shape[-1] != cfg.n_features or not x.dtype.is_floating_point:
-            raise ValueError(
-                f"{name}: expected float features of shape (B, N, {cfg.n_features}), "
-                f"got {x.dtype} of shape {tuple(x.shape)}"
-            )
+        cfg, (x_name, mask_name) = self.cfg, names
+        V, n_in = cfg.vocab_size, cfg.n_features  # token ids (B, N) or features (B, N, n_in)
+        want = (
+            "integer token ids of shape (B, N)" if V else f"float features of shape (B, N, {n_in})"
+        )
+        dtype_ok = x.dtype.is_floating_point != (V > 0)
+        shape_ok = x.dim() == 2 if V else (x.dim() == 3 and x.shape[-1] == n_in)
+        if not (dtype_ok and shape_ok):
+            error = ValueError if dtype_ok else TypeError
+            raise error(f"{x_name}: expected {want}, got {x.dtype} of shape {tuple(x.shape)}")
         B, N = x.shape[:2]
+        if V > 0 and x.numel() and (x.min() < 0 or x.max() >= V):
+            found = f"[{x.min().item()}, {x.max().item()}]"
+            raise ValueError(f"{x_name}: token ids must lie in [0, {V}), found {found}")
         if N > cfg.max_len:
-            raise ValueError(
-                f"{name}: sequence length {N} exceeds the position table (max_len={cfg.max_len})"
-            )
+            raise ValueError(f"{x_name}: length {N} exceeds the position table ({cfg.max_len=})")
         if mask is None:
             return torch.ones(B, N, dtype=torch.bool, device=x.device)
-        if mask.dtype != torch.bool or tuple(mask.shape) != (B, N):
-            raise ValueError(
-                f"{name}: mask must be bool of shape {(B, N)} (True = real token), "
-                f"got {mask.dtype} of shape {tuple(mask.shape)}"
-            )
+        _check_mask(mask, B, N, mask_name)
         if not mask.any(dim=1).all():
-            raise ValueError(f"{name}: every sequence needs at least one real token in its mask")
+            raise ValueError(f"{mask_name}: every sequence needs at least one real token")
         return mask
 
     def encode(self, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, list]:
         """Embed and run the blocks -> (h (B, N, D), aux (), [L+1 hidden states (B, N, D)])."""
-        N = x.shape[1]
-        h = self.embed(x)  # (B, N, D)
-        if self.cfg.style == "uea":  # mvts: the input projection is scaled by √D
-            h = h * math.sqrt(self.cfg.d_model)
-        h = self.drop(h + self.pos[:N])
+        # UEA (mvts code): the input projection is scaled by √D; LRA: no scale
+        scale = math.sqrt(self.cfg.d_model) if self.cfg.style == "uea" else 1.0
+        h = self.drop(self.embed(x) * scale + self.pos[: x.shape[1]])  # (B, N, D)
         hidden, aux = [h], []
         attention_mask = mask if self.cfg.attention_mask else None
         for kind, block in zip(self.kinds, self.blocks, strict=True):
@@ -292,29 +264,22 @@ class Classifier(nn.Module):
         mask2: Optional[Tensor] = None,
         return_hidden: bool = False,
     ):
-        """Classify a batch.
-
-        Args:
-            x:    token ids (B, N) long, or features (B, N, F) float.
-            mask: (B, N) bool, True = real token; None = no padding.
-            x2, mask2: the second document of a two-tower model (LRA Retrieval).
-            return_hidden: also return the hidden states [embedding, block 1, ..., block L].
-        Returns:
-            logits (B, C), aux_loss () [, hidden states: list of (B, N, D), one list per tower]
-        """
-        mask = self._check(x, mask, "x")
+        """Classify x: token ids (B, N) long or features (B, N, F) float, with mask (B, N) bool
+        (True = real token; None = no padding); x2, mask2: the second document of a two-tower
+        model (LRA Retrieval). Returns logits (B, C), aux_loss () and, if return_hidden, the hidden
+        states [embedding, block 1, ..., block L], each (B, N, D), one list per tower."""
+        if self.cfg.two_tower != (x2 is not None):
+            need = "needs the second document x2" if self.cfg.two_tower else "takes no x2"
+            raise ValueError(f"this model (two_tower={self.cfg.two_tower}) {need}")
+        mask = self._check(x, mask, ("x", "mask"))
         h, aux, hidden = self.encode(x, mask)
         z = self.pool(h, mask)
         if self.cfg.two_tower:
-            if x2 is None:
-                raise ValueError("a two-tower model needs the second document x2")
-            mask2 = self._check(x2, mask2, "x2")
+            mask2 = self._check(x2, mask2, ("x2", "mask2"))
             h2, aux2, hidden2 = self.encode(x2, mask2)
             z2 = self.pool(h2, mask2)
             z = torch.cat([z, z2, z * z2, z - z2], dim=-1)  # (B, 4D), the LRA "NLI" interaction
             aux, hidden = (aux + aux2) / 2, [hidden, hidden2]
-        elif x2 is not None:
-            raise ValueError("x2 was given but the model is not two_tower")
         logits = self.head(z)
         return (logits, aux, hidden) if return_hidden else (logits, aux)
 
@@ -325,11 +290,9 @@ def layerwise_cosine_similarity(hidden_states: list, mask: Optional[Tensor] = No
     For unit vectors x̂_i, Σ_{i≠j} x̂_i·x̂_j = ‖Σ_i x̂_i‖² − n, so the mean over the n(n−1) ordered
     pairs costs O(N D) per sequence: no N x N matrix. 1 means all tokens point the same way.
 
-    Args:
-        hidden_states: list of L tensors (B, N, D), e.g. from `Classifier(..., return_hidden=True)`.
-        mask: (B, N) bool, True = real token; every sequence needs >= 2 real tokens.
-    Returns:
-        (L,) similarity per layer, averaged over the sequences of the batch.
+    Args: hidden_states, L tensors (B, N, D), e.g. from `Classifier(..., return_hidden=True)`;
+        mask (B, N) bool, True = real token, >= 2 real tokens per sequence.
+    Returns: (L,) similarity per layer, averaged over the sequences of the batch.
     """
     out = []
     for h in hidden_states:
@@ -349,35 +312,18 @@ def count_parameters(model: nn.Module) -> int:
 
 
 if __name__ == "__main__":
-    # `python model.py`: build both styles with each attention kind that is available, check that
-    # junk in the padding leaves the logits unchanged, and print shapes and sizes. CPU, seconds.
+    # `python model.py`: each attention in both styles; junk in the padding must not change logits.
     torch.manual_seed(0)
-    B, N = 2, 64
-    tokens = torch.randint(1, 20, (B, N))
-    feats = torch.randn(B, N, 12)
-    mask = torch.ones(B, N, dtype=torch.bool)
-    mask[1, 40:] = False  # the second sequence has 24 padded positions
+    mask = torch.arange(64) < torch.tensor([[64], [40]])  # (2, 64): 24 padded steps in row 2
+    inputs = {"lra": torch.randint(1, 20, (2, 64)), "uea": torch.randn(2, 64, 12)}
     for kind in ["softmax", "agf", "primal", "primal+trans", "gfsa"]:
-        for style, x in (("lra", tokens), ("uea", feats)):
-            cfg = ModelConfig(
-                n_classes=5,
-                max_len=N,
-                style=style,
-                attention=kind,
-                vocab_size=20 if style == "lra" else 0,
-                n_features=12 if style == "uea" else 0,
-            )
-            try:
-                model = Classifier(cfg).eval()
-            except ImportError as e:
-                print(f"{kind:13s} {style}: not available ({e})")
-                continue
-            junk = x.clone()
-            junk[1, 40:] = 7 if style == "lra" else 1e3  # change only the padded positions
+        for style, x in inputs.items():
+            sizes = dict(vocab_size=20) if style == "lra" else dict(n_features=12)
+            model = Classifier(ModelConfig(5, 64, style=style, attention=kind, **sizes)).eval()
+            junk = torch.where(mask if style == "lra" else mask[..., None], x, 7)  # padding only
             with torch.no_grad():
                 (logits, aux), (logits2, _) = model(x, mask), model(junk, mask)
-            same = torch.allclose(logits, logits2, atol=1e-5)
+            same, n = torch.allclose(logits, logits2, atol=1e-5), count_parameters(model)
             print(
-                f"{kind:13s} {style}: logits {tuple(logits.shape)}  aux {aux.item():8.4f}  "
-                f"params {count_parameters(model):9,d}  padding ignored: {same}"
+                f"{kind:12s} {style}  aux {aux.item():.4f}  params {n:,}  padding ignored: {same}"
             )

@@ -147,8 +147,10 @@ class PolynomialFilter(nn.Module):
         fix_theta0: bool = True,
     ):
         super().__init__()
-        assert order >= 0, f"order K={order} must be >= 0"
-        assert basis in BASES, f"unknown basis {basis!r}; choose one of {BASES}"
+        if order < 0:
+            raise ValueError(f"order K={order} must be >= 0")
+        if basis not in BASES:
+            raise ValueError(f"unknown basis {basis!r}; choose one of {BASES}")
         self.order, self.basis, self.alpha, self.beta = order, basis, alpha, beta
         self.theta = nn.Parameter(torch.zeros(order))  # θ_1..θ_K; tanh(0) = 0: g starts flat
         # θ_0: None means "frozen at θ̃_0 = 1" (a constant needs no parameter)
