@@ -1,25 +1,24 @@
 """
 uea_data.py: the UEA multivariate time-series archive, from `.ts` files to padded arrays.
 
-    read_ts       a `.ts` reader in the standard library and numpy: every header tag, ':'-separated
-                  dimensions, unequal lengths, '?' missing values (linear interpolation per case
-                  and channel, as the official loader); errors name the file, the line and what
-                  is wrong (TsFormatError)
-    load_uea      <data-dir>/<Name>/<Name>_{TRAIN,TEST}.ts -> standardised (TRAIN statistics
-                  only), zero-padded arrays with a padding mask
+    read_ts    a `.ts` reader (standard library + numpy): every header tag, unequal lengths, '?'
+               missing values interpolated as the official loader; errors name file, line, fault
+    load_uea   <data-dir>/<Name>/<Name>_{TRAIN,TEST}.ts -> standardised (TRAIN statistics only),
+               zero-padded arrays with a padding mask
     download_dataset   one dataset's zip from the UEA archive, with a progress bar
 
-Format and the official loaders' behaviour: spec DATA.md §2.
+Format: aeon-toolkit/aeon aeon/datasets/_data_loaders.py. Official loader (thuml/Flowformer and
+Primal-Attention reuse it): gzerveas/mvts_transformer src/datasets/{data,dataset}.py.
 Depends on: numpy, torch (tensors for the padded batches), tqdm
 """
 
 import pathlib
+import re
 import shutil
 import sys
-import urllib.error
 import urllib.request
 import zipfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -28,13 +27,12 @@ from torch import Tensor
 from tqdm import tqdm
 
 # ---------------------------------------------------------------------------------------------
-# The .ts reader (format: DATA.md §2.1; the aeon / sktime readers), standard library + numpy.
+# The .ts reader (format: the aeon / sktime readers), standard library + numpy.
 ARCHIVE_PAGE = "https://www.timeseriesclassification.com/dataset.php"
 ARCHIVE_ZIPS = "https://timeseriesclassification.com/aeon-toolkit"  # <Name>.zip, as aeon uses
-HEADER_TAGS = (
-    "problemname", "timestamps", "missing", "univariate", "dimensions",
-    "equallength", "serieslength", "classlabel", "targetlabel", "data",
-)  # fmt: skip
+HEADER_TAGS = ("problemname", "timestamps", "missing", "univariate", "dimensions", "equallength",
+               "serieslength", "classlabel", "targetlabel", "data")  # fmt: skip
+NUMBER = r"[-+.\deE?]+"  # a value or '?', as it may stand in the label's place
 
 
 class TsFormatError(ValueError):
@@ -46,70 +44,65 @@ class TsFormatError(ValueError):
 
 
 class DatasetNotFoundError(FileNotFoundError):
-    """The dataset's .ts files are not where --data-dir says."""
+    """The dataset's .ts files are not where --data-dir says, or could not be downloaded."""
 
 
 @dataclass
 class TsFile:
-    """One parsed .ts file.
-
-    Attributes:
-        header: lower-case tag -> value as written, e.g. {"problemname": "JapaneseVowels"}.
-        series: one float64 array (L_i, F) per case; missing values already interpolated.
-        labels: int64 (n,) indices into class_names, float64 (n,) targets, or None.
-        class_names: the @classLabel vocabulary, in the order the header lists it.
-        line_numbers: the file line of each case, for error messages.
-    """
+    """One parsed .ts file."""
 
     path: str
-    header: dict
-    series: list
-    labels: Optional[np.ndarray]
-    class_names: list
-    line_numbers: list
+    header: dict  # lower-case tag -> value as written, e.g. {"problemname": "JapaneseVowels"}
+    series: list  # one float64 array (L_i, F) per case; missing values already interpolated
+    labels: Optional[np.ndarray]  # int64 (n,) indices into class_names, float64 targets, or None
+    class_names: list  # the @classLabel vocabulary, in the order the header lists it
+    line_numbers: list  # the file line of each case, for error messages
 
 
 def read_ts(path) -> TsFile:
     """Read a UEA/aeon `.ts` file: multivariate, equal or unequal length, '?' = missing.
 
-    Labels map to indices in the order of `@classLabel`.
-    NOTE: differs from the official loader (pandas category codes = SORTED label strings),
-    because the issue asks for the header's order. Only the numbering of the classes changes
-    (e.g. BasicMotions: Standing = 0 here, Badminton = 0 there), not what is learned.
+    NOTE: labels map to indices in `@classLabel` order, unlike the official loader (pandas
+    category codes = SORTED labels found in that one file), because the header lists the whole
+    vocabulary: a split lacking a class would shift the codes. Only the numbering changes
+    (BasicMotions: Standing = 0 here, Badminton = 0 there).
 
     Raises:
         TsFormatError: naming the file, the line and the problem.
     """
     header, class_names, series, labels, line_numbers = {}, [], [], [], []
     n_dims, has_label, in_data = None, False, False
-    # Some archive files carry non-UTF-8 bytes in their comments (DATA.md §2.1).
-    with open(path, encoding="utf-8", errors="replace") as f:
-        lines = f.read().splitlines()
-    for line_no, raw in enumerate(lines, start=1):
+    data = pathlib.Path(path).read_bytes()
+    if not data.strip():
+        raise TsFormatError(path, None, "empty file")
+    if b"\0" in data:  # text never holds NUL; zip, gzip, UTF-16 text and other binaries do
+        raise TsFormatError(path, None, "NUL bytes: a binary or UTF-16 file, not .ts text")
+    # Archive comments may hold non-UTF-8 bytes (a latin-1 µ): replace them; refuse them below.
+    for line_no, raw in enumerate(data.decode("utf-8", "replace").splitlines(), start=1):
         line = raw.strip().lstrip("\ufeff")
         if not line or line.startswith("#"):
             continue
+        if "\ufffd" in line and (in_data or line.startswith("@")):
+            raise TsFormatError(path, line_no, "bytes that are not UTF-8 text (a binary file?)")
         if in_data:
-            values, label = _parse_case(line, has_label, n_dims, header, path, line_no)
+            values, label = _parse_case(line, has_label, n_dims, class_names, header, path, line_no)
             n_dims = len(values)
             series.append(_fill_missing(values, path, line_no))
             labels.append(_parse_label(label, class_names, header, path, line_no))
             line_numbers.append(line_no)
-        elif line.startswith("@"):
+        elif line.startswith("@"):  # aeon tolerates free text before @data; so do we
             tag, value = (line[1:].split(maxsplit=1) + [""])[:2]
             in_data = _parse_tag(tag.lower(), value.strip(), header, class_names, path, line_no)
             if in_data:
                 has_label = _bool(header, "classlabel") or _bool(header, "targetlabel")
-                n_dims = int(header["dimensions"]) if "dimensions" in header else None
-        # aeon tolerates free text before @data; so do we.
+                # @dimensions, else 1 for @univariate true, else None: set by the first case
+                n_dims = int(header.get("dimensions", _bool(header, "univariate"))) or None
     if not in_data:
         raise TsFormatError(path, None, "no @data line (is this a .ts file?)")
     if not series:
         raise TsFormatError(path, None, "no cases after @data")
-    if class_names:
-        labels = np.array(labels, dtype=np.int64)
-    else:
-        labels = np.array(labels, dtype=np.float64) if _bool(header, "targetlabel") else None
+    dtype = np.int64 if class_names else np.float64  # class indices or regression targets
+    labels = np.array(labels, dtype) if class_names or _bool(header, "targetlabel") else None
     return TsFile(str(path), header, series, labels, class_names, line_numbers)
 
 
@@ -147,33 +140,35 @@ def _parse_tag(tag: str, value: str, header: dict, class_names: list, path, line
     return tag == "data"
 
 
-def _parse_case(line: str, has_label: bool, n_dims, header: dict, path, line_no):
+def _parse_case(line: str, has_label: bool, n_dims, class_names, header, path, line_no):
     """One data line 'v,v,...:v,v,...:label' -> (list of F float arrays, label string)."""
     fields = line.split(":")
     label = fields.pop().strip() if has_label else None
+    # The label is the field after the last ':', so a line without one loses a channel to it:
+    # the "label" is then empty, holds commas, or is a number on a case one dimension short.
+    short = n_dims is not None and len(fields) == n_dims - 1 and re.fullmatch(NUMBER, label or "")
+    if has_label and label not in class_names and (not label or "," in label or short):
+        what = "class label" if class_names else "target value"
+        why = f"{label[:40]!r} holds values" if label else "the line ends in ':'"
+        raise TsFormatError(path, line_no, f"the {what} is missing ({why})")
     if not fields:
         raise TsFormatError(path, line_no, "a case needs values before its label")
-    if n_dims is None and _bool(header, "univariate"):
-        n_dims = 1
     if n_dims is not None and len(fields) != n_dims:
-        raise TsFormatError(
-            path, line_no, f"found {len(fields)} dimensions, expected {n_dims} (header or case 1)"
-        )
-    values = [_parse_values(field, k, path, line_no) for k, field in enumerate(fields)]
+        source = "the header" if "dimensions" in header or _bool(header, "univariate") else "case 1"
+        raise TsFormatError(path, line_no, f"{len(fields)} dimension(s), not {n_dims} ({source})")
+    values = [_parse_values(text, k, path, line_no) for k, text in enumerate(fields)]
     lengths = sorted({len(v) for v in values})
     if len(lengths) > 1:
         raise TsFormatError(path, line_no, f"channels of different lengths {lengths} in one case")
-    if _bool(header, "equallength") and "serieslength" in header:
-        if lengths[0] != int(header["serieslength"]):
-            raise TsFormatError(
-                path, line_no, f"length {lengths[0]}, but @seriesLength {header['serieslength']}"
-            )
+    if _bool(header, "equallength") and int(header.get("serieslength", lengths[0])) != lengths[0]:
+        what = f"length {lengths[0]}, but @seriesLength {header['serieslength']}"
+        raise TsFormatError(path, line_no, what)
     return values, label
 
 
-def _parse_values(field: str, dim: int, path, line_no) -> np.ndarray:
+def _parse_values(text: str, dim: int, path, line_no) -> np.ndarray:
     """'1.5,?,2' -> [1.5, nan, 2.0]; '?' (and 'nan') mark missing values."""
-    tokens = [t.strip() for t in field.split(",")]
+    tokens = [t.strip() for t in text.split(",")]
     try:  # fast path: numpy parses the whole channel at once
         out = np.array(tokens, dtype=np.float64)
     except ValueError:
@@ -190,10 +185,9 @@ def _parse_values(field: str, dim: int, path, line_no) -> np.ndarray:
 
 
 def _fill_missing(values: list, path, line_no) -> np.ndarray:
-    """NaN -> linear interpolation over time per channel; the ends take the nearest value.
+    """NaN -> linear interpolation over time per channel, ends = nearest value -> (L, F).
 
-    Same as the official loader's pandas interpolate(method="linear", limit_direction="both")
-    on each case and channel. Returns (L, F).
+    As the official loader's pandas interpolate(method="linear", limit_direction="both").
     """
     x = np.stack(values, axis=1)  # (L, F)
     steps = np.arange(len(x))
@@ -209,9 +203,8 @@ def _parse_label(label, class_names: list, header: dict, path, line_no):
     """Label string -> class index (@classLabel order) or float target; None if unlabelled."""
     if class_names:
         if label not in class_names:
-            raise TsFormatError(
-                path, line_no, f"unknown class label {label!r}; @classLabel lists {class_names}"
-            )
+            what = f"unknown class label {label!r}; @classLabel lists {class_names}"
+            raise TsFormatError(path, line_no, what)
         return class_names.index(label)
     if _bool(header, "targetlabel"):
         try:
@@ -231,18 +224,20 @@ def dataset_paths(data_dir: str, name: str) -> tuple[pathlib.Path, pathlib.Path]
     NOTE: differs from the official SpokenArabicDigits commands, which omit --pattern TRAIN so
     that the first .ts file glob returns (possibly TEST) becomes the training set.
     """
+    if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\"):
+        raise ValueError(f"dataset name must be a plain name such as 'Heartbeat', got {name!r}")
     folder = pathlib.Path(data_dir) / name
     return folder / f"{name}_TRAIN.ts", folder / f"{name}_TEST.ts"
 
 
-def missing_dataset_message(data_dir: str, name: str, base_url: str) -> str:
-    """Where we looked and how to get the data."""
+def missing_dataset_message(data_dir: str, name: str, base_url: str, download: bool = True) -> str:
+    """Where we looked and how to get the data: by hand, or (download=True) with --download."""
     train, test = dataset_paths(data_dir, name)
+    rerun = ", or rerun with --download true to fetch and unpack that zip." if download else "."
     return (
         f"UEA dataset {name!r} not found; looked for\n  {train}\n  {test}\n"
-        f"Get it from the UEA archive, {ARCHIVE_PAGE} (Multivariate2018_ts.zip; put the two "
-        f"files at the paths above),\nor the per-dataset zip {base_url}/{name}.zip, "
-        f"or rerun with --download true to fetch and unpack that zip."
+        f"Get it from the UEA archive, {ARCHIVE_PAGE} (Multivariate2018_ts.zip; put the two files "
+        f"at the paths above),\nor the per-dataset zip {base_url.rstrip('/')}/{name}.zip{rerun}"
     )
 
 
@@ -252,34 +247,33 @@ def download_dataset(name: str, data_dir: str, base_url: str, progress: bool = T
     Only the two .ts files are written, each to a path we build (no other member of the zip
     is extracted, so a hostile archive cannot write outside the folder).
     """
-    url = f"{base_url.rstrip('/')}/{name}.zip"
-    folder = pathlib.Path(data_dir) / name
+    paths = dataset_paths(data_dir, name)
+    url, folder = f"{base_url.rstrip('/')}/{name}.zip", paths[0].parent
+    by_hand = "\n" + missing_dataset_message(data_dir, name, base_url, download=False)
     folder.mkdir(parents=True, exist_ok=True)
     part = folder / f"{name}.zip.part"
     try:
         with urllib.request.urlopen(url) as response, open(part, "wb") as f:
             total = int(response.headers.get("Content-Length") or 0) or None
             show = progress and sys.stderr.isatty()
-            bar = tqdm(total=total, unit="B", unit_scale=True, desc=name, disable=not show)
-            with bar:
+            with tqdm(total=total, unit="B", unit_scale=True, desc=name, disable=not show) as bar:
                 while chunk := response.read(1 << 16):
                     f.write(chunk)
                     bar.update(len(chunk))
-    except (urllib.error.URLError, OSError) as e:
+    except (OSError, ValueError) as e:  # URLError is an OSError; ValueError: not a URL at all
         part.unlink(missing_ok=True)
-        msg = f"could not download {url}: {e}\n" + missing_dataset_message(data_dir, name, base_url)
-        raise DatasetNotFoundError(msg) from None
+        raise DatasetNotFoundError(f"could not download {url}: {e}{by_hand}") from None
     try:
         with zipfile.ZipFile(part) as archive:
             members = {pathlib.PurePosixPath(m).name.lower(): m for m in archive.namelist()}
-            for path in dataset_paths(data_dir, name):
+            for path in paths:
                 member = members.get(path.name.lower())
                 if member is None:
-                    raise DatasetNotFoundError(f"{url} holds no {path.name}: {sorted(members)}")
+                    raise DatasetNotFoundError(f"{url} holds no {path.name}{by_hand}")
                 with archive.open(member) as src, open(path, "wb") as dst:
                     shutil.copyfileobj(src, dst)
     except zipfile.BadZipFile:
-        raise DatasetNotFoundError(f"{url} is not a zip file") from None
+        raise DatasetNotFoundError(f"{url} is not a zip file (an error page?){by_hand}") from None
     finally:
         part.unlink()
 
@@ -296,8 +290,9 @@ class UEAData:
     y_test: Tensor
     class_names: list
     mean: np.ndarray  # (F,) standardisation statistics, from TRAIN only
-    std: np.ndarray  # (F,)
+    std: np.ndarray  # (F,) ddof = 1; 0 when TRAIN has a single time step
     n_clipped: int  # TEST cases longer than max_len, clipped
+    constant_channels: list = field(default_factory=list)  # 0-based, constant in TRAIN: centred
 
 
 def load_uea(data_dir: str, name: str, max_len: int = 0) -> UEAData:
@@ -315,45 +310,50 @@ def load_uea(data_dir: str, name: str, max_len: int = 0) -> UEAData:
     train, test = read_ts(train_path), read_ts(test_path)
     for split in (train, test):
         if not split.class_names:
-            raise TsFormatError(split.path, None, "no @classLabel: not a classification file")
-        if split.series[0].shape[1] != train.series[0].shape[1]:
-            raise TsFormatError(split.path, None, "TRAIN and TEST have different dimensions")
+            raise TsFormatError(split.path, None, "no '@classLabel true <labels>' to classify")
+    if (f_test := test.series[0].shape[1]) != (f := train.series[0].shape[1]):
+        raise TsFormatError(test.path, None, f"{f_test} dimensions, TRAIN has {f}")
     # TEST may list its labels in another order: map them by name onto the TRAIN indices.
-    to_train = [_train_index(train, test, c) for c in test.class_names]
-    y_test = np.array(to_train, dtype=np.int64)[test.labels]
-    # Per-feature standardisation with TRAIN statistics only (mvts "standardization", pandas
-    # ddof=1, eps = float64 machine epsilon). TSLib normalises TEST with TEST statistics: a
-    # leak we avoid.
+    if unknown := [c for c in test.class_names if c not in train.class_names]:
+        raise TsFormatError(test.path, None, f"classes {unknown} not in TRAIN {train.class_names}")
+    y_test = np.array([train.class_names.index(c) for c in test.class_names], np.int64)[test.labels]
+    # Per-feature standardisation with TRAIN statistics only, as mvts (pandas ddof=1; ddof=0 for
+    # a lone time step, where ddof=1 is NaN). TSLib uses TEST statistics on TEST: a leak we avoid.
     steps = np.concatenate(train.series)  # (all TRAIN time steps, F)
-    mean, std = steps.mean(axis=0), steps.std(axis=0, ddof=1)
-    max_len = max_len or max(len(s) for s in train.series)
-    x_train, m_train = pad_series(train.series, mean, std, max_len)
-    x_test, m_test = pad_series(test.series, mean, std, max_len)
+    mean, std = steps.mean(axis=0), steps.std(axis=0, ddof=min(1, len(steps) - 1))
+    # NOTE: differs from the mvts Normalizer, (x - mean) / (std + eps), where a channel constant
+    # in TRAIN divides TEST's other values by eps. As scikit-learn's StandardScaler, a scale that
+    # is 0 or rounding noise (equal values give std ~ eps * |mean|) becomes 1: only centred.
+    constant = std < 10 * np.finfo(np.float64).eps * np.maximum(1.0, np.abs(mean))
+    scale = np.where(constant, 1.0, std)
+    max_len = max_len or max(len(s) for s in train.series)  # pad_series checks it
+    x_train, m_train = pad_series(train.series, mean, scale, max_len)
+    x_test, m_test = pad_series(test.series, mean, scale, max_len)
     return UEAData(
         x_train, m_train, torch.from_numpy(train.labels), x_test, m_test,
         torch.from_numpy(y_test), train.class_names, mean, std,
         n_clipped=sum(len(s) > max_len for s in test.series),
+        constant_channels=np.flatnonzero(constant).tolist(),
     )  # fmt: skip
 
 
-def _train_index(train: TsFile, test: TsFile, label: str) -> int:
-    """Index of a TEST class name in the TRAIN vocabulary."""
-    if label not in train.class_names:
-        raise TsFormatError(test.path, None, f"class {label!r} is not in TRAIN's @classLabel")
-    return train.class_names.index(label)
-
-
 def pad_series(series: list, mean: np.ndarray, std: np.ndarray, max_len: int):
-    """Standardise, zero-pad or clip to max_len -> x (n, max_len, F) float32, mask (n, max_len).
+    """(x - mean) / std, zero-padded or clipped to max_len -> x (n, max_len, F) float32, mask.
 
-    mask is True at real time steps; padded steps are exactly 0 (the mean after scaling).
+    std is the scale to divide by: positive (load_uea puts 1 for a constant channel). mask
+    (n, max_len) is True at real time steps; padded steps are exactly 0 (the mean after scaling).
     """
-    # eps keeps a constant channel (std = 0) finite, as in the official Normalizer.
-    eps = np.finfo(np.float64).eps
+    mean, std = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
+    if not isinstance(max_len, (int, np.integer)) or max_len < 1:
+        raise ValueError(f"max_len must be a positive integer (or 0 in load_uea), got {max_len!r}")
+    if mean.shape != std.shape or mean.ndim != 1 or not (np.isfinite(mean + std) & (std > 0)).all():
+        raise ValueError(f"need finite mean and positive std of shape (F,): {mean}, {std}")
+    if bad := [i for i, s in enumerate(series) if np.shape(s)[1:] != mean.shape]:
+        raise ValueError(f"cases {bad[:9]} are not (L, F) arrays with F = {len(mean)} channels")
     x = np.zeros((len(series), max_len, len(mean)), dtype=np.float32)
     mask = np.zeros((len(series), max_len), dtype=bool)
     for i, s in enumerate(series):
         n = min(len(s), max_len)
-        x[i, :n] = (s[:n] - mean) / (std + eps)
+        x[i, :n] = (np.asarray(s[:n]) - mean) / std
         mask[i, :n] = True
     return torch.from_numpy(x), torch.from_numpy(mask)
