@@ -1,20 +1,9 @@
 """
 lra_data.py: the Long Range Arena data, from files on disk (or a generator) to numpy arrays.
-
-    ListOps     generated here with the released generator's algorithm, seeded, written in the
-                release's tsv format; or the release's listops-1000/basic_*.tsv
-    Text        the standard aclImdb folder, UTF-8 bytes + 1 (0 = padding)
-    Retrieval   the release's tsv_data/new_aan_pairs.*.tsv, two documents per example
-    Image       the CIFAR-10 python batches, converted to grayscale with TF's formula
-    Pathfinder  the release's pathfinder32/<difficulty>/{metadata, imgs} (PNG read with zlib)
-    any task    the pickles of the PyTorch LRA code (Nystromformer, Skyformer, Primal, AGF)
-
-Formats and the official behaviour: spec DATA.md §1. Every reader returns a `Split` of int
-arrays padded with 0 plus the true lengths, so the mask is `arange(N) < length`, never
-`ids != 0` (a pixel of value 0 is a real token). Malformed files raise `DataError` naming the
-file and the line. `cfg` below is train_lra.TrainConfig (any object with its fields works).
-
-Depends on: numpy, tqdm, torch (only torch.distributed, to let rank 0 generate ListOps)
+Each reader returns a `Split`: int16 ids right-padded with 0 and the true lengths, so the mask
+is `arange(N) < length`, never `ids != 0` (a pixel of value 0 is a real token). Official code:
+google-research/long-range-arena lra_benchmarks/, mlpen/Nystromformer LRA/ (the pickles).
+Depends on: numpy, tqdm
 """
 
 import csv
@@ -26,33 +15,49 @@ import statistics
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
-import torch.distributed as dist
 from tqdm import tqdm
 
 # Token ids per task: ListOps 0 pad, 1..15 tokens, 16 OOV; bytes + 1 with 0 pad; pixel values.
 VOCAB = {"listops": 17, "text": 257, "retrieval": 257, "image": 256, "pathfinder": 256}
 N_CLASSES = {"listops": 10, "text": 2, "retrieval": 2, "image": 10, "pathfinder": 2}
+SPLITS = ("train", "val", "test")
+# load_task's defaults: the paper's ListOps (lra_benchmarks/data/listops.py's default flags)
+LISTOPS_PAPER = dict(folder="listops-1000", train=96000, val=2000, test=2000)  # example counts
+LISTOPS_PAPER |= dict(min_len=500, max_len=2000, depth=10, args=10)  # length and tree bounds
+PATH_HARD = "pathfinder32/curv_contour_length_14"  # and the paper's "Path": Pathfinder32, hard
 
-# ----------------------------------------------------------------------------------------------
-# 1. ListOps: the released generator's algorithm (lra_benchmarks/data/listops.py), seeded
-# ----------------------------------------------------------------------------------------------
 
+class DataError(ValueError):
+    """Missing or malformed data; the message names the file (and line) and what is wrong."""
+
+
+@dataclass
+class Split:
+    """One split in memory: token ids, 0 = padding, real tokens first."""
+
+    x: np.ndarray  # (n, max_len) int16
+    lengths: np.ndarray  # (n,) int64, real tokens per row
+    y: np.ndarray  # (n,) int64 labels
+    x2: np.ndarray | None = None  # (n, max_len) Retrieval: the second document
+    lengths2: np.ndarray | None = None  # (n,)
+
+
+# ListOps: the algorithm of lra_benchmarks/data/listops.py, seeded
 OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")  # SM = sum modulo 10
-END = "]"
-VALUE_P = 0.25  # probability that a node below max_depth is an operator, not a leaf
+END, VALUE_P = "]", 0.25  # VALUE_P: P(operator) for a node at depth < max_depth, else a leaf
+APPLY = {"[MIN": min, "[MAX": max, "[SM": lambda xs: sum(xs) % 10}
+APPLY["[MED"] = lambda xs: int(statistics.median(xs))  # the official int(np.median(xs))
+# NOTE: ids 1..15 in a fixed order; lra_benchmarks/listops/input_pipeline.py's is a set's order
+LISTOPS_TOKENS = tuple("0123456789") + OPERATORS + ("X",)
+LISTOPS_IDS = {token: i + 1 for i, token in enumerate(LISTOPS_TOKENS)}
 
 
-def generate_tree(rng: random.Random, depth: int, max_depth: int, max_args: int):
-    """One random expression as the official left-nested tuple tree -> (tree, length in tokens).
-
-    The random draws come in the official order: node kind, number of arguments, the arguments
-    (recursively), then the operator.
-    """
-    r = rng.random() if depth < max_depth else 1.0
-    if r > VALUE_P:
+def generate_tree(rng: random.Random, depth: int, max_depth: int, max_args: int) -> tuple:
+    """One random expression as the official left-nested tuple tree -> (tree, length in tokens)."""
+    # The draws in the official order: node kind, argument count, arguments, then the operator.
+    if (rng.random() if depth < max_depth else 1.0) > VALUE_P:
         return rng.choice(range(10)), 1
     length, args = 2, []  # the operator token and "]"
     for _ in range(rng.randint(2, max_args)):
@@ -80,99 +85,54 @@ def to_value(tree):
     if left in OPERATORS:
         return (left, [right])
     op, args = left
-    if right != END:
-        return (op, args + [right])
-    if op == "[MIN":
-        return min(args)
-    if op == "[MAX":
-        return max(args)
-    if op == "[MED":  # official int(np.median(xs)): the mean of the two middle values, truncated
-        return int(statistics.median(args))
-    return sum(args) % 10
+    return APPLY[op](args) if right == END else (op, args + [right])
 
 
-def generate_listops(
-    n: int,
-    seed: int,
-    min_len: int,
-    max_len: int,
-    max_depth: int = 10,
-    max_args: int = 10,
-    progress: bool = True,
-) -> list:
-    """n distinct (expression, label) pairs with min_len < length < max_len (both strict).
-
-    As the official generator, but seeded (random.Random(seed), never the global RNG) and
-    deduplicated in first-seen order; the official code converts a set to a list, whose order
-    is arbitrary. About 2 s per 1000 examples at the paper's lengths (8 % of draws accepted).
-    """
+def generate_listops(n, seed, min_len, max_len, max_depth=10, max_args=10, progress=True) -> list:
+    """n distinct (expression, label) pairs with min_len < length < max_len (both strict)."""
+    # NOTE: seeded and deduplicated in first-seen order; the official code: global RNG, a set
     rng, found, misses = random.Random(seed), {}, 0
-    bar = tqdm(total=n, desc="generating ListOps", disable=not progress, leave=False)
-    while len(found) < n:
-        tree, length = generate_tree(rng, 1, max_depth, max_args)
-        text = to_string(tree) if min_len < length < max_len else None
-        if text is None or text in found:
-            misses += 1
-            if misses == 200_000:  # bounds that (almost) no tree meets, or n too large for them
-                raise DataError(
-                    f"ListOps: 200000 draws in a row gave no new expression with {min_len} < "
-                    f"length < {max_len}, depth <= {max_depth}, <= {max_args} arguments"
-                )
-            continue
-        found[text], misses = to_value(tree), 0
-        bar.update()
-    bar.close()
+    with tqdm(total=n, desc="generating ListOps", disable=not progress or None, leave=False) as bar:
+        while len(found) < n:
+            tree, length = generate_tree(rng, 1, max_depth, max_args)
+            text = to_string(tree) if min_len < length < max_len else None
+            if text is not None and text not in found:
+                found[text], misses = to_value(tree), 0
+                bar.update()
+            elif (misses := misses + 1) == 200_000:  # bounds (almost) no tree meets, n too large
+                raise DataError(f"ListOps: no new tree of {min_len} < length < {max_len} found")
     return list(found.items())
-
-
-# The vocabulary in a FIXED order: ids 1..15. The official order came from a Python set (DATA.md
-# §1.2), i.e. arbitrary; id 0 = padding, id 16 = out of vocabulary, 17 ids in all.
-LISTOPS_TOKENS = tuple("0123456789") + OPERATORS + ("X",)
-LISTOPS_IDS = {token: i + 1 for i, token in enumerate(LISTOPS_TOKENS)}
-LISTOPS_OOV = len(LISTOPS_TOKENS) + 1
 
 
 def tokenize_listops(expression: str) -> list:
     """LRA input pipeline: "]" -> "X", drop parentheses, split on whitespace, map to ids."""
     tokens = expression.replace("]", "X").replace("(", "").replace(")", "").split()
-    return [LISTOPS_IDS.get(token, LISTOPS_OOV) for token in tokens]
+    return [LISTOPS_IDS.get(token, len(LISTOPS_TOKENS) + 1) for token in tokens]
 
 
-# ----------------------------------------------------------------------------------------------
-# 2. Readers: the released (or standard) format of each task -> numpy arrays in memory
-# ----------------------------------------------------------------------------------------------
+def write_listops(folder: pathlib.Path, settings: dict, progress: bool = True) -> None:
+    """Generate ListOps with settings (generator.json's keys) into folder, as the release."""
+    folder, sizes = pathlib.Path(folder), [settings[split] for split in SPLITS]
+    limits = [settings[k] for k in ("min_length", "max_length", "max_depth", "max_args")]
+    pairs = generate_listops(sum(sizes), settings["seed"], *limits, progress=progress)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "generator.json").write_text(json.dumps(settings) + "\n")  # first: no tsv lacks it
+    for split, start in zip(SPLITS, [0, sizes[0], sizes[0] + sizes[1]], strict=True):
+        tmp = folder / f"basic_{split}.tmp"  # written whole, then renamed: no half files
+        with open(tmp, "w", newline="") as f:  # as the release: csv, tabs, \r\n, a header
+            rows = [("Source", "Target"), *pairs[start : start + settings[split]]]
+            csv.writer(f, delimiter="\t").writerows(rows)
+        tmp.replace(folder / f"basic_{split}.tsv")
 
 
-class DataError(ValueError):
-    """Missing or malformed data; the message names the file (and line) and what was expected."""
-
-
-@dataclass
-class Split:
-    """One split in memory: token ids (n, max_len), 0 = padding, real tokens first."""
-
-    x: np.ndarray  # (n, max_len) int16
-    lengths: np.ndarray  # (n,) real tokens per row
-    y: np.ndarray  # (n,) int64 labels
-    x2: Optional[np.ndarray] = None  # Retrieval: the second document
-    lengths2: Optional[np.ndarray] = None
-
-
-def pack(sequences: list, max_len: int) -> tuple:
-    """Cut each id sequence to max_len and right-pad with 0 -> (ids (n, max_len), lengths (n,))."""
-    # int16 holds every id (< 257) in half the memory of int32: Retrieval's 147k training
-    # pairs of 2 x 4000 ids take 2.4 GB. Batches are widened to int64 in to_tensors.
-    x = np.zeros((len(sequences), max_len), dtype=np.int16)
-    lengths = np.zeros(len(sequences), dtype=np.int64)
+def pack(sequences: list, max_len: int, shift: int = 0) -> tuple:
+    """Cut to max_len, add shift, right-pad with 0 -> (ids (n, max_len) int16, lengths (n,))."""
+    # shift=1 for bytes (tfds ByteTextEncoder: id = byte + 1, 0 = padding); int16 holds ids < 257
+    x, lengths = np.zeros((len(sequences), max_len), np.int16), np.zeros(len(sequences), np.int64)
     for i, seq in enumerate(sequences):
-        seq = np.asarray(seq[:max_len], dtype=np.int16)
+        seq = np.asarray(seq[:max_len], dtype=np.int16) + shift
         x[i, : len(seq)], lengths[i] = seq, len(seq)
     return x, lengths
-
-
-def byte_ids(text: bytes) -> np.ndarray:
-    """tfds ByteTextEncoder: id = UTF-8 byte + 1, so that 0 stays free for padding."""
-    return np.frombuffer(text, dtype=np.uint8).astype(np.int16) + 1
 
 
 def read_listops_tsv(path: pathlib.Path, max_len: int) -> Split:
@@ -182,11 +142,9 @@ def read_listops_tsv(path: pathlib.Path, max_len: int) -> Split:
         reader = csv.reader(f, delimiter="\t")
         for row in reader:
             where = f"{path}:{reader.line_num}"
-            if not row:  # a blank line
-                continue
-            if reader.line_num == 1:
-                if row != ["Source", "Target"]:
-                    raise DataError(f"{where}: expected the header 'Source<TAB>Target', got {row}")
+            if reader.line_num == 1 and row != ["Source", "Target"]:
+                raise DataError(f"{where}: expected the header 'Source<TAB>Target', got {row}")
+            if not row or reader.line_num == 1:  # a blank line, the header
                 continue
             if len(row) != 2 or not row[1].strip().isdigit() or int(row[1]) > 9:
                 raise DataError(f"{where}: expected 'expression<TAB>label 0..9', got {row}"[:300])
@@ -195,80 +153,23 @@ def read_listops_tsv(path: pathlib.Path, max_len: int) -> Split:
     return Split(*pack(sequences, max_len), np.array(labels, dtype=np.int64))
 
 
-def prepare_listops(cfg, rank: int = 0) -> pathlib.Path:
-    """The ListOps folder; generated (once, by rank 0) when it holds no tsv files.
-
-    A folder with tsv files but no generator.json is taken as the release (or the user's own
-    data) and used as it is. A generated folder whose generator.json differs from the
-    requested settings is an error, never silently reused or overwritten.
-    """
-    folder = pathlib.Path(cfg.data_dir) / cfg.listops_dir
-    files = [folder / f"basic_{s}.tsv" for s in ("train", "val", "test")]
-    marker = folder / "generator.json"
-    sizes = [cfg.listops_size, cfg.listops_eval_size, cfg.listops_eval_size]
-    wanted = dict(
-        seed=cfg.data_seed,
-        train=sizes[0],
-        val=sizes[1],
-        test=sizes[2],
-        min_length=cfg.listops_min_len,
-        max_length=cfg.listops_max_len,
-        max_depth=cfg.listops_depth,
-        max_args=cfg.listops_args,
-    )
-    present = [f.exists() for f in files]
-    if rank == 0 and any(present) and not all(present):
-        raise DataError(f"{folder}: incomplete, expected all of {[f.name for f in files]}")
-    if rank == 0 and all(present) and marker.exists():
-        if json.loads(marker.read_text()) != wanted:
-            raise DataError(
-                f"{folder} was generated with {marker.read_text().strip()}, but this run asks "
-                f"for {json.dumps(wanted)}: pick another --listops-dir or delete that folder"
-            )
-    if rank == 0 and not any(present):
-        print(f"generating ListOps into {folder} ({sum(sizes)} examples, once)", flush=True)
-        pairs = generate_listops(
-            sum(sizes),
-            cfg.data_seed,
-            cfg.listops_min_len,
-            cfg.listops_max_len,
-            cfg.listops_depth,
-            cfg.listops_args,
-        )
-        folder.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps(wanted) + "\n")  # first: tsv files never lack it
-        ends = np.cumsum(sizes)
-        for file, start, end in zip(files, [0, *ends[:2]], ends, strict=True):
-            tmp = file.with_suffix(".tmp")  # written whole, then renamed: no half files
-            with open(tmp, "w", newline="") as f:
-                writer = csv.writer(f, delimiter="\t")  # as the release (and its \r\n endings)
-                writer.writerow(["Source", "Target"])
-                writer.writerows(pairs[start:end])
-            tmp.replace(file)
-    if dist.is_initialized():
-        dist.barrier()  # the other processes wait for rank 0's checks and files
-    return folder
-
-
 def read_imdb(folder: pathlib.Path, max_len: int) -> dict:
-    """aclImdb/{train,test}/{neg,pos}/*.txt -> bytes + 1. neg = 0, pos = 1 (tfds ClassLabel)."""
+    """aclImdb/{train,test}/{neg,pos}/*.txt -> bytes + 1; neg = 0, pos = 1 (tfds ClassLabel)."""
     splits = {}
     for split in ("train", "test"):
-        sequences, labels = [], []
-        for label, polarity in enumerate(("neg", "pos")):
-            files = sorted((folder / split / polarity).glob("*.txt"))
-            if not files:
-                raise DataError(f"no *.txt files in {folder / split / polarity}")
-            for file in tqdm(files, desc=f"reading {split}/{polarity}", leave=False):
-                try:  # tfds: text = f.read().strip(), then UTF-8 bytes
-                    text = file.read_text(encoding="utf-8").strip().encode("utf-8")
-                except UnicodeDecodeError as e:
-                    raise DataError(f"{file}: not UTF-8 text ({e})") from None
-                sequences.append(byte_ids(text[:max_len]))
-                labels.append(label)
-        splits[split] = Split(*pack(sequences, max_len), np.array(labels, dtype=np.int64))
-    # Official LRA pipeline: there is no IMDB validation split, val = test.
-    return {"train": splits["train"], "val": splits["test"], "test": splits["test"]}
+        neg, pos = (sorted((folder / split / p).glob("*.txt")) for p in ("neg", "pos"))
+        if not neg or not pos:
+            raise DataError(f"no *.txt files in {folder / split}/neg or {folder / split}/pos")
+        texts = []
+        for file in tqdm(neg + pos, desc=f"reading {split}", leave=False, disable=None):
+            try:  # tfds: text = f.read().strip(), then UTF-8 bytes
+                text = file.read_text(encoding="utf-8").strip().encode()
+            except UnicodeDecodeError as e:
+                raise DataError(f"{file}: not UTF-8 text ({e})") from None
+            texts.append(np.frombuffer(text[:max_len], np.uint8))
+        labels = np.array([0] * len(neg) + [1] * len(pos), dtype=np.int64)
+        splits[split] = Split(*pack(texts, max_len, 1), labels)
+    return {"train": splits["train"], "val": splits["test"], "test": splits["test"]}  # official
 
 
 def read_aan_tsv(path: pathlib.Path, max_len: int) -> Split:
@@ -280,244 +181,163 @@ def read_aan_tsv(path: pathlib.Path, max_len: int) -> Split:
             if fields == [b""]:  # a blank line
                 continue
             try:  # the official reader parses the label as a float, then casts it to int
-                label = int(float(fields[0]))
-                assert len(fields) == 5 and label in (0, 1)
-            except (ValueError, AssertionError):
-                raise DataError(
-                    f"{path}:{line_num}: expected 5 tab-separated columns 'label id1 id2 "
-                    f"text1 text2' with label 0 or 1, got {len(fields)} columns"
-                ) from None
-            # each text is cut to 10000 bytes before encoding, then to max_len (DATA.md §1.4)
-            docs1.append(byte_ids(fields[3][:10000][:max_len]))
-            docs2.append(byte_ids(fields[4][:10000][:max_len]))
-            labels.append(label)
-    x, lengths = pack(docs1, max_len)
-    x2, lengths2 = pack(docs2, max_len)
+                labels.append(int(float(fields[0])))
+                if len(fields) != 5 or labels[-1] not in (0, 1):
+                    raise ValueError
+            except (ValueError, OverflowError):
+                msg = "expected 5 tab-separated columns 'label id1 id2 text1 text2', label 0/1"
+                raise DataError(f"{path}:{line_num}: {msg}, got {len(fields)}") from None
+            # lra_benchmarks/matching/input_pipeline.py: each text cut to 10000 bytes, then max_len
+            docs1.append(np.frombuffer(fields[3][:10000][:max_len], np.uint8))
+            docs2.append(np.frombuffer(fields[4][:10000][:max_len], np.uint8))
+    (x, lengths), (x2, lengths2) = pack(docs1, max_len, 1), pack(docs2, max_len, 1)  # byte + 1
     return Split(x, lengths, np.array(labels, dtype=np.int64), x2, lengths2)
 
 
-def cifar_gray(rgb: np.ndarray) -> np.ndarray:
-    """(n, 3072) uint8, channel-first as in the CIFAR batches -> (n, 1024) gray values 0..255.
-
-    tf.image.rgb_to_grayscale on uint8 (DATA.md §1.5): /255, weighted sum, *255.5, truncate.
-    NOTE: computed in float64; TF uses float32, so a value on a rounding edge may differ by 1.
-    """
-    r, g, b = (rgb[:, k * 1024 : (k + 1) * 1024].astype(np.float64) for k in range(3))
-    return (((0.2989 * r + 0.5870 * g + 0.1140 * b) / 255) * 255.5).astype(np.int16)
-
-
 def read_cifar(folder: pathlib.Path) -> dict:
-    """cifar-10-batches-py (python pickles) -> 1024 gray pixels per image, no padding.
-
-    Pixel value 0 is a real value, not padding, so the masks are all True and the vocabulary
-    is the 256 pixel values. (The PyTorch LRA code masks `input_ids != 0`: black pixels drop
-    out of attention there; we do not copy that quirk.) Split as LRA: train[:90%] / train[90%:].
-    """
-    parts = {}
+    """cifar-10-batches-py -> 1024 gray pixels, all real; train[:90%], train[90%:], test."""
+    xs, ys = [], []  # data_batch_1..5, test_batch
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         try:
-            with open(folder / name, "rb") as f:
-                batch = pickle.load(f, encoding="bytes")
-            data, labels = np.asarray(batch[b"data"], dtype=np.uint8), batch[b"labels"]
-        except (OSError, pickle.UnpicklingError, KeyError, TypeError, EOFError) as e:
+            batch = pickle.loads((folder / name).read_bytes(), encoding="bytes")
+            ys.append(np.asarray(batch[b"labels"], dtype=np.int64))
+            rgb = np.asarray(batch[b"data"], dtype=np.uint8).reshape(len(ys[-1]), 3, 1024)
+        except (OSError, pickle.UnpicklingError, KeyError, TypeError, EOFError, ValueError) as e:
             raise DataError(f"{folder / name}: not a CIFAR-10 python batch ({e!r})") from None
-        if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
-            raise DataError(f"{folder / name}: expected data (n, 3072) and n labels")
-        parts[name] = (cifar_gray(data), np.asarray(labels, dtype=np.int64))
-    x = np.concatenate([parts[f"data_batch_{i}"][0] for i in range(1, 6)])
-    y = np.concatenate([parts[f"data_batch_{i}"][1] for i in range(1, 6)])
-    cut = len(x) * 9 // 10
-    x_test, y_test = parts["test_batch"]
-    return {
-        "train": _unpadded(x[:cut], y[:cut]),
-        "val": _unpadded(x[cut:], y[cut:]),
-        "test": _unpadded(x_test, y_test),
-    }
-
-
-def _unpadded(x: np.ndarray, y: np.ndarray) -> Split:
-    """A split of images: every pixel is a real token."""
-    return Split(x, np.full(len(x), x.shape[1], dtype=np.int64), y)
-
-
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+        # tf.image.rgb_to_grayscale on uint8: /255, weighted sum, *255.5, truncate.
+        # NOTE: float64 here, float32 in TF: a value on a rounding edge may differ by 1.
+        r, g, b = rgb.astype(np.float64).transpose(1, 0, 2)  # (n, 1024) each
+        xs.append((((0.2989 * r + 0.5870 * g + 0.1140 * b) / 255) * 255.5).astype(np.int16))
+    x, y = np.concatenate(xs[:5]), np.concatenate(ys[:5])  # (50000, 1024), (50000,)
+    cut = len(x) * 9 // 10  # the split of lra_benchmarks/image/input_pipeline.py
+    parts = {"train": (x[:cut], y[:cut]), "val": (x[cut:], y[cut:]), "test": (xs[5], ys[5])}
+    return {s: Split(x, np.full(len(x), 1024, dtype=np.int64), y) for s, (x, y) in parts.items()}
 
 
 def read_png_gray(path: pathlib.Path) -> np.ndarray:
-    """Decode an 8-bit grayscale, non-interlaced PNG with zlib alone -> (height, width) uint8.
-
-    Enough for the Pathfinder images, so that PIL is not a dependency. Each scanline starts
-    with a filter byte; filters 1-4 predict a byte from its left (a), upper (b) and upper-left
-    (c) neighbours, and the stored byte is the difference modulo 256 (PNG spec §9).
-    """
-    data = path.read_bytes()
-    if data[:8] != PNG_SIGNATURE:
-        raise DataError(f"{path}: not a PNG file")
-    pos, compressed, header = 8, [], None
-    while pos + 8 <= len(data):
+    """An 8-bit grayscale non-interlaced PNG -> (h, w) uint8, with zlib alone (no PIL)."""
+    data, pos, chunks = path.read_bytes(), 8, {}
+    while pos + 8 <= len(data) and b"IEND" not in chunks:  # each: length, type, body, CRC
         size, kind = struct.unpack(">I4s", data[pos : pos + 8])
-        body, pos = data[pos + 8 : pos + 8 + size], pos + 12 + size  # 4 bytes length, 4 type, CRC
-        if kind == b"IHDR":
-            header = struct.unpack(">IIBBBBB", body)
-        elif kind == b"IDAT":
-            compressed.append(body)
-        elif kind == b"IEND":
-            break
-    if header is None or header[2:4] != (8, 0) or header[6] != 0:
-        raise DataError(
-            f"{path}: only 8-bit grayscale non-interlaced PNGs are read (IHDR {header})"
-        )
-    width, height = header[0], header[1]
-    try:
-        raw = np.frombuffer(zlib.decompress(b"".join(compressed)), dtype=np.uint8)
-        rows = raw.reshape(height, width + 1).astype(np.int64)
+        chunks[kind], pos = chunks.get(kind, b"") + data[pos + 8 : pos + 8 + size], pos + 12 + size
+    header = struct.unpack(">IIBBBBB", chunks.get(b"IHDR", b"").ljust(13, b"\0")[:13])
+    if data[:8] != b"\x89PNG\r\n\x1a\n" or header[2:4] != (8, 0) or header[6] != 0:
+        raise DataError(f"{path}: not an 8-bit grayscale non-interlaced PNG (IHDR {header})")
+    try:  # rows (h, 1 + w): the filter type, then the filtered bytes
+        raw = np.frombuffer(zlib.decompress(chunks.get(b"IDAT", b"")), dtype=np.uint8)
+        image = raw.reshape(header[1], header[0] + 1).astype(np.int64)
     except (zlib.error, ValueError) as e:
         raise DataError(f"{path}: corrupt image data ({e})") from None
-    image, above = np.zeros((height, width), dtype=np.int64), np.zeros(width, dtype=np.int64)
-    for i, (kind, line) in enumerate(zip(rows[:, 0], rows[:, 1:], strict=True)):
-        if kind == 0:  # None
-            line = line.copy()
-        elif kind == 1:  # Sub: x + a, a running sum along the row
-            line = np.cumsum(line) % 256
+    # Filters 1 Sub, 2 Up, 3 Average, 4 Paeth add a prediction from the left (a), upper (b),
+    # upper-left (c) bytes, modulo 256 (PNG spec 9); column 0 becomes the first byte's a = 0.
+    kinds, image[:, 0], above = image[:, 0].copy(), 0, np.zeros(image.shape[1], dtype=np.int64)
+    for i, (kind, line) in enumerate(zip(kinds, image, strict=True)):  # line: a view
+        if kind == 1:  # Sub: x + a, a running sum along the row
+            line[:] = np.cumsum(line) % 256
         elif kind == 2:  # Up: x + b
-            line = (line + above) % 256
+            line[:] = (line + above) % 256
         elif kind in (3, 4):  # Average: x + (a + b) // 2;  Paeth: x + the neighbour nearest p
-            line = line.copy()
-            for j in range(width):
-                a, b = (line[j - 1], above[j]) if j else (0, above[j])
-                c = above[j - 1] if j else 0
-                if kind == 3:
-                    line[j] = (line[j] + (a + b) // 2) % 256
-                    continue
-                p = a + b - c
-                nearest = min((abs(p - a), 0, a), (abs(p - b), 1, b), (abs(p - c), 2, c))[2]
-                line[j] = (line[j] + nearest) % 256
-        else:
+            for j in range(1, len(line)):
+                a, b, c = line[j - 1], above[j], above[j - 1]
+                p = a + b - c  # the middle entries break ties: a, then b, then c
+                paeth = min((abs(p - a), 0, a), (abs(p - b), 1, b), (abs(p - c), 2, c))[2]
+                line[j] = (line[j] + ((a + b) // 2 if kind == 3 else paeth)) % 256
+        elif kind != 0:  # 0: None
             raise DataError(f"{path}: row {i} has the unknown filter type {kind}")
-        image[i], above = line, line
-    return image.astype(np.uint8)
+        above = line
+    return image[:, 1:].astype(np.uint8)
 
 
 def read_pathfinder(folder: pathlib.Path, max_len: int, seed: int) -> dict:
-    """pathfinder32/<difficulty>: metadata/*.npy (text lines) + PNGs -> seeded 80/10/10 split.
-
-    Metadata fields, split on ' ': [imgs/<k>, sample_<i>.png, i, label, ...]; the image is
-    <folder>/<f0>/<f1>, the label field 3 (1 = the two markers lie on the same path). Empty
-    PNG files exist in the release and are skipped, as by the official preprocessing.
-    """
-    meta_files = sorted((folder / "metadata").glob("*.npy"), key=lambda p: (len(p.stem), p.stem))
-    if not meta_files:
+    """pathfinder32/<difficulty>: metadata/*.npy (text lines) + PNGs -> seeded 80/10/10 split."""
+    metas = sorted((folder / "metadata").glob("*.npy"), key=lambda p: (len(p.stem), p.stem))
+    if not metas:
         raise DataError(f"no metadata/*.npy in {folder}")
     images, labels = [], []
-    for meta in tqdm(meta_files, desc="reading Pathfinder", leave=False):
+    for meta in tqdm(metas, desc="reading Pathfinder", leave=False, disable=None):
         for line_num, line in enumerate(meta.read_text().splitlines(), start=1):
-            if not line.strip():
+            # "imgs/<k> sample_<i>.png i label ...", label 1 = the markers are on the same path
+            fields, where = line.split(" "), f"{meta}:{line_num}"
+            if not line.strip():  # a blank line
                 continue
-            fields = line.split(" ")
             if len(fields) < 4 or fields[3] not in ("0", "1"):
-                raise DataError(f"{meta}:{line_num}: expected 'imgs/<k> sample_<i>.png i label'")
-            png = folder / fields[0] / fields[1]
-            if not png.exists():
-                raise DataError(f"{meta}:{line_num}: image {png} does not exist")
-            if png.stat().st_size == 0:
+                raise DataError(f"{where}: expected 'imgs/<k> sample_<i>.png i label'")
+            if not (png := folder / fields[0] / fields[1]).exists():
+                raise DataError(f"{where}: image {png} does not exist")
+            if png.stat().st_size == 0:  # the release has empty PNGs: skipped, as officially
                 continue
-            pixels = read_png_gray(png).reshape(-1)
-            if len(pixels) != max_len:
-                raise DataError(f"{png}: {len(pixels)} pixels, but --max-len is {max_len}")
-            images.append(pixels)
+            images.append(read_png_gray(png).reshape(-1))
+            if len(images[-1]) != max_len:
+                raise DataError(f"{png}: {len(images[-1])} pixels, but max_len is {max_len}")
             labels.append(int(fields[3]))
     x, y = np.stack(images).astype(np.int16), np.array(labels, dtype=np.int64)
-    order = np.random.default_rng(seed).permutation(len(x))  # the official split is shuffled too
-    cuts = [0, len(x) * 8 // 10, len(x) * 9 // 10, len(x)]
-    return {
-        name: Split(x[idx], np.full(len(idx), max_len, dtype=np.int64), y[idx])
-        for name, idx in zip(("train", "val", "test"), np.split(order, cuts[1:3]), strict=True)
-    }
+    order = np.random.default_rng(seed).permutation(len(x))  # NOTE: PyTorch-LRA: random.shuffle
+    parts = np.split(order, [len(x) * 8 // 10, len(x) * 9 // 10])
+    lengths = np.full(len(x), max_len, dtype=np.int64)  # every pixel is a real token
+    return {s: Split(x[i], lengths[i], y[i]) for s, i in zip(SPLITS, parts, strict=True)}
 
 
 def read_lra_pickle(path: pathlib.Path, task: str, max_len: int) -> Split:
-    """A PyTorch-LRA pickle: a list of dicts with input_ids_0 (, input_ids_1), label.
-
-    Token tasks: the real tokens are those before the trailing zeros. Image tasks: every pixel
-    is real (their mask `input_ids != 0` drops black pixels; we do not copy that quirk).
-    Only open pickles you trust: unpickling can run code.
-    """
+    """A PyTorch-LRA pickle (only open one you trust): dicts of input_ids_0 (, _1), label."""
+    keys = ["input_ids_0", "input_ids_1"] if task == "retrieval" else ["input_ids_0"]
     try:
-        with open(path, "rb") as f:
-            items = pickle.load(f)
-        columns = {key: [item[key] for item in items] for key in ("input_ids_0", "label")}
-        if task == "retrieval":
-            columns["input_ids_1"] = [item["input_ids_1"] for item in items]
-    except (pickle.UnpicklingError, EOFError, KeyError, TypeError) as e:
+        items = pickle.loads(path.read_bytes())
+        columns = {key: [item[key] for item in items] for key in ["label", *keys]}
+    except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError) as e:
         raise DataError(f"{path}: not a PyTorch-LRA pickle (list of dicts): {e!r}") from None
-
-    def ids_and_lengths(key: str) -> tuple:
+    documents = []  # ids, lengths of input_ids_0 (, of input_ids_1)
+    for key in keys:
         x = np.stack([np.asarray(a, dtype=np.int64)[:max_len] for a in columns[key]])
-        x = np.pad(x, ((0, 0), (0, max_len - x.shape[1])))
+        x = np.pad(x, ((0, 0), (0, max_len - x.shape[1])))  # (n, max_len)
         if x.min() < 0 or x.max() >= VOCAB[task]:
             raise DataError(f"{path}: {key} outside [0, {VOCAB[task]}) for task {task}")
+        lengths = np.where((x != 0).any(1), max_len - np.argmax((x != 0)[:, ::-1], axis=1), 0)
+        # NOTE: images keep every pixel; mlpen/Nystromformer LRA/code/dataset.py masks ids == 0
         if task in ("image", "pathfinder"):
-            return x.astype(np.int16), np.full(len(x), max_len, dtype=np.int64)
-        lengths = max_len - np.argmax((x != 0)[:, ::-1], axis=1)  # after the last nonzero id
-        return x.astype(np.int16), np.where((x != 0).any(1), lengths, 0)
-
-    x, lengths = ids_and_lengths("input_ids_0")
-    x2, lengths2 = ids_and_lengths("input_ids_1") if task == "retrieval" else (None, None)
-    return Split(x, lengths, np.asarray(columns["label"], dtype=np.int64), x2, lengths2)
+            lengths = np.full(len(x), max_len, dtype=np.int64)
+        documents += [x.astype(np.int16), lengths]
+    return Split(documents[0], documents[1], np.asarray(columns["label"], np.int64), *documents[2:])
 
 
-# Where each task's data comes from, for the message when it is missing.
-DATA_SOURCES = {
-    "listops": "LRA release listops-1000/basic_{train,val,test}.tsv",
-    "text": "IMDB folder aclImdb/{train,test}/{neg,pos}/*.txt from ai.stanford.edu/~amaas/data/"
-    "sentiment",
-    "retrieval": "LRA release tsv_data/new_aan_pairs.{train,eval,test}.tsv",
-    "image": "CIFAR-10 python batches cifar-10-batches-py/ from cs.toronto.edu/~kriz/cifar.html",
-    "pathfinder": "LRA release pathfinder32/<difficulty>/{metadata/*.npy, imgs/<k>/*.png}",
-}
-
-
-def read_release(cfg, rank: int = 0) -> dict:
-    """{"train", "val", "test"} -> Split, from the release (or standard) format of the task."""
-    root, L = pathlib.Path(cfg.data_dir), cfg.max_len
-    if cfg.task == "listops":
-        folder = prepare_listops(cfg, rank)
-        names = ("train", "val", "test")
-        return {s: read_listops_tsv(folder / f"basic_{s}.tsv", L) for s in names}
-    if cfg.task == "text":
-        return read_imdb(root / "aclImdb", L)
-    if cfg.task == "retrieval":  # the LRA "eval" file is the validation split
-        files = {"train": "train", "val": "eval", "test": "test"}
-        folder = root / "tsv_data"
-        return {s: read_aan_tsv(folder / f"new_aan_pairs.{f}.tsv", L) for s, f in files.items()}
-    if cfg.task == "image":
-        return read_cifar(root / "cifar-10-batches-py")
-    return read_pathfinder(root / cfg.pathfinder_dir, L, cfg.data_seed)
-
-
-def load_task(cfg, rank: int = 0) -> dict:
-    """{"train", "val", "test"} -> Split: the release format if there, else PyTorch-LRA pickles,
-    else (ListOps only) generate the data."""
-    root, task = pathlib.Path(cfg.data_dir), cfg.task
-    release = {
-        "listops": root / cfg.listops_dir / "basic_train.tsv",
-        "text": root / "aclImdb" / "train",
-        "retrieval": root / "tsv_data" / "new_aan_pairs.train.tsv",
-        "image": root / "cifar-10-batches-py" / "data_batch_1",
-        "pathfinder": root / cfg.pathfinder_dir / "metadata",
+def load_task(task, data_dir, max_len, *, seed=0, listops=None, pathfinder_dir=PATH_HARD) -> dict:
+    """{"train", "val", "test"} -> Split: the release format if present, else PyTorch-LRA pickles,
+    else (ListOps) generated with listops (LISTOPS_PAPER's keys; None = those) and seed."""
+    root, listops = pathlib.Path(data_dir), listops or LISTOPS_PAPER
+    folder, marker, source = {  # the release's (or the standard) folder, a file in it, its source
+        "listops": (root / listops["folder"], "basic_train.tsv", "the LRA release"),
+        "text": (root / "aclImdb", "train", "ai.stanford.edu/~amaas/data/sentiment"),
+        "retrieval": (root / "tsv_data", "new_aan_pairs.train.tsv", "the LRA release"),
+        "image": (root / "cifar-10-batches-py", "data_batch_1", "cs.toronto.edu/~kriz/cifar.html"),
+        "pathfinder": (root / pathfinder_dir, "metadata", "the LRA release"),
     }[task]
-    stem = cfg.pathfinder_dir.replace("/", "-") if task == "pathfinder" else task
-    pickles = {}  # their "dev" is our "val"; Nystromformer names, or Skyformer's "lra-" prefix
-    for split, name in (("train", "train"), ("val", "dev"), ("test", "test")):
-        names = (root / f"{stem}.{name}.pickle", root / f"lra-{stem}.{name}.pickle")
-        pickles[split] = next((p for p in names if p.exists()), None)
-    has_pickles = all(pickles.values())
-    if release.exists() or (task == "listops" and not has_pickles):
-        return read_release(cfg, rank)
-    if has_pickles:
-        return {split: read_lra_pickle(path, task, cfg.max_len) for split, path in pickles.items()}
+    stem = pathfinder_dir.replace("/", "-") if task == "pathfinder" else task
+    # The pickles' "dev" is our "val"; Nystromformer's names, or Skyformer's with "lra-" first
+    names = [[f"{stem}.{n}.pickle", f"lra-{stem}.{n}.pickle"] for n in ("train", "dev", "test")]
+    pickles = [next((root / p for p in pair if (root / p).exists()), None) for pair in names]
+    if task == "listops" and ((folder / marker).exists() or not all(pickles)):
+        settings = {"seed": seed, **{s: listops[s] for s in SPLITS}}  # as in generator.json,
+        settings |= dict(min_length=listops["min_len"], max_length=listops["max_len"])  # with the
+        settings |= dict(max_depth=listops["depth"], max_args=listops["args"])  # official names
+        files, made = [folder / f"basic_{s}.tsv" for s in SPLITS], folder / "generator.json"
+        if not any(file.exists() for file in files):
+            write_listops(folder, settings)
+        if not all(file.exists() for file in files):
+            raise DataError(f"{folder}: incomplete, expected all of {[f.name for f in files]}")
+        if made.exists() and json.loads(made.read_text()) != settings:  # without: the release
+            raise DataError(
+                f"{folder} was generated with {made.read_text().strip()}, but this run asks for "
+                f"{json.dumps(settings)}: pick another ListOps folder or delete that one"
+            )
+        return {s: read_listops_tsv(file, max_len) for s, file in zip(SPLITS, files, strict=True)}
+    if (folder / marker).exists() and task == "retrieval":  # the LRA "eval" file is our val
+        names = zip(SPLITS, ("train", "eval", "test"), strict=True)
+        return {s: read_aan_tsv(folder / f"new_aan_pairs.{n}.tsv", max_len) for s, n in names}
+    if (folder / marker).exists():
+        read = {"text": lambda: read_imdb(folder, max_len), "image": lambda: read_cifar(folder)}
+        return read.get(task, lambda: read_pathfinder(folder, max_len, seed))()
+    if all(pickles):
+        return {s: read_lra_pickle(p, task, max_len) for s, p in zip(SPLITS, pickles, strict=True)}
     raise DataError(
-        f"no data for --task {task}: expected {release} (the {DATA_SOURCES[task]}) or the "
-        f"PyTorch-LRA pickles {root}/{stem}.{{train,dev,test}}.pickle. See the header of "
-        "train_lra.py and README section 'Data'."
+        f"no data for task {task}: expected {folder / marker} (from {source}) or the PyTorch-LRA "
+        f"pickles {root}/{stem}.{{train,dev,test}}.pickle. See train_lra.py's docstring."
     )
