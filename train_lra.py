@@ -1,52 +1,27 @@
 """
 train_lra.py: train one attention mechanism on one Long Range Arena task.
 
-    python train_lra.py --preset quick --attention agf        # CPU, a few minutes, no download
-    python train_lra.py --task listops --attention agf        # the papers' setting, CUDA GPU
-    torchrun --nproc_per_node 4 train_lra.py --task image --attention primal   # several GPUs
-    python train_lra.py --task listops --attention agf --resume true          # continue a run
+    python train_lra.py --preset quick --attention agf         # small generated ListOps, a CPU
+    python train_lra.py --task listops --attention agf         # the papers' setting, a GPU
+    torchrun --standalone --nproc_per_node 4 train_lra.py --task image --attention primal
+    python train_lra.py --task listops --attention agf --resume    # continue an interrupted run
 
-Tasks and data (DESIGN.md "One command-line vocabulary"; formats: spec DATA.md §1). `--data-dir`
-holds the LRA release layout plus two standard downloads beside it:
-    listops   listops-1000/basic_{train,val,test}.tsv   generated here when missing (seeded)
-    text      aclImdb/{train,test}/{pos,neg}/*.txt      IMDB reviews, bytes + 1 (val = test)
-    retrieval tsv_data/new_aan_pairs.{train,eval,test}.tsv   AAN pairs, two towers
-    image     cifar-10-batches-py/{data_batch_1..5,test_batch}   CIFAR-10 -> grayscale
-    pathfinder  pathfinder32/curv_contour_length_14/{metadata/*.npy, imgs/*/sample_*.png}
-or the pickles made by the PyTorch LRA code (Nystromformer, Skyformer, Primal-Attention, AGF):
-`<data-dir>/<task>.{train,dev,test}.pickle` (pathfinder: pathfinder32-curv_contour_length_14.*).
-The release comes from gs://long-range-arena/lra_release (lra_release.gz); IMDB from
-ai.stanford.edu/~amaas/data/sentiment; CIFAR-10 (python version) from cs.toronto.edu/~kriz.
-Nothing is downloaded by this script.
-
-Protocol (DESIGN.md "Evaluation protocols"): every `eval_every` steps the model is evaluated on a
-fixed subset of `eval_batches` dev batches; the weights with the best dev accuracy are kept and
-the full test set is evaluated once with them at the end: RESULT has val_acc and test_acc.
-Hyperparameters: TrainConfig below, filled by `preset()` from TASKS and MECHANISMS (paper) or
-QUICK. Command line > preset > defaults.
-Runs are split and continued with --stop-at k and --resume true; the continuation is exact.
-The last line printed is  RESULT {json}  (the same content as <out>/result.json).
-
-Measured with this code on 2 shared cores of a cloud VM (torch 2.13 CPU):
-    --preset quick (generated ListOps: 6000 expressions of depth <= 3, 21-36 tokens, 1500
-    steps): test accuracy softmax 32.2 %, agf 34.2 %, primal 33.0 % (chance 10 %, majority
-    class 13 %); about 2 min with OMP_NUM_THREADS=1 (3.5 min with the default 2 threads on
-    the busy machine: a tiny model gains nothing from threads).
-    --task listops, paper preset (2000 tokens, batch 32), seconds per training step: softmax
-    ~22, agf ~4.3, primal ~3.9, so 5000 steps take about 30 h / 6 h / 5.5 h on such a CPU:
-    the paper presets are meant for a CUDA GPU.
-
-Dims:  B batch, N tokens, D model width, H heads, d = D / H, C classes
-Depends on: torch, numpy, tqdm, lra_data.py, model.py, train_common.py (and the mechanism
-            files)
+Data (--data-dir): the LRA release layout (gs://long-range-arena/lra_release), with the IMDB
+and CIFAR-10 downloads beside it, or the pickles of the PyTorch LRA code; see lra_data.py.
+ListOps is generated when missing (seeded); nothing is downloaded.
+Protocol: every eval_every steps the model is evaluated on the validation split; the weights
+that score best there are kept (best.pt) and the test split is evaluated once, with them.
+Output: runs/<task>/<attention>-<preset>-seed<seed>/ {config.json, metrics.jsonl, checkpoint.pt,
+best.pt, result.json}; the last line printed is  RESULT {json}.
 """
 
+import argparse
 import dataclasses
 import json
+import os
+import pathlib
 import time
-from contextlib import nullcontext
-from dataclasses import dataclass
-from typing import Iterator, Optional
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -55,483 +30,321 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from lra_data import N_CLASSES, VOCAB, DataError, Split, load_task
-from model import Classifier, ModelConfig, count_parameters
-from train_common import (
-    RunDir,
-    all_reduce_sum,
-    autocast,
-    flag,
-    parse_config,
-    resolve_device,
-    rng_state,
-    seed_everything,
-    set_rng_state,
-    setup_distributed,
-    teardown_distributed,
-)
+from model import ATTENTION, Classifier, ModelConfig, count_parameters
 
-# ----------------------------------------------------------------------------------------------
-# 1. Configuration: one dataclass, the presets that fill it
-# ----------------------------------------------------------------------------------------------
+KINDS = (*ATTENTION, "primal+trans")  # primal+trans: softmax layers, Primal-Attention in the last
+DEVICES = ("auto", "cpu", "cuda")  # one GPU per process; pick it with CUDA_VISIBLE_DEVICES
 
-# Per task: data facts and the training schedule of the PyTorch LRA code shared by the three
-# papers (Nystromformer lra_config.py = Primal-Attention = AGF; DATA.md §1.6, AGF.md §3.1,
-# PRIMAL.md §4.1). max_len is the LRA max_length; the official arrays carry extra zero padding
-# (2000 + 48 = 2048, ...), which changes nothing in our padding-invariant model and is left out.
-# Text: 1000 as LRA base_tc_config, Nystromformer's pickles and AGF; `--max-len 4000` gives the
-# "4K" setting of Skyformer's pickles and of Primal-Attention's Text numbers (DATA.md §1.3).
-TASKS = {
-    "listops": dict(
-        max_len=2000, batch_size=32, warmup=1000, steps=5000, eval_every=50, eval_batches=62
-    ),
-    "text": dict(
-        max_len=1000, batch_size=32, warmup=8000, steps=20000, eval_every=500, eval_batches=781
-    ),
-    "retrieval": dict(
-        max_len=4000, batch_size=32, warmup=800, steps=30000, eval_every=300, eval_batches=565
-    ),
-    "image": dict(
-        max_len=1024, batch_size=256, warmup=175, steps=35000, eval_every=175, eval_batches=20
-    ),
-    "pathfinder": dict(
-        max_len=1024, batch_size=256, warmup=312, steps=62400, eval_every=312, eval_batches=312
-    ),
-}
 
-# Per mechanism and task, from the official run scripts.
-MECHANISMS = {
-    # AGF_LRA/best_agf.sh (AGF.md §3.1): Jacobi order K, α, β, orthogonality weight γ
-    "agf": {
-        "listops": dict(agf_order=5, agf_alpha=2.0, agf_beta=-1.0, agf_gamma=0.01),
-        "text": dict(agf_order=5, agf_alpha=2.0, agf_beta=-2.0, agf_gamma=0.01),
-        "retrieval": dict(agf_order=5, agf_alpha=2.0, agf_beta=-1.5, agf_gamma=1e-4),
-        "image": dict(agf_order=6, agf_alpha=1.5, agf_beta=2.0, agf_gamma=0.1),
-        "pathfinder": dict(agf_order=4, agf_alpha=1.5, agf_beta=-1.0, agf_gamma=1e-4),
-    },
-    # PrimalFormer/bashes/run_tasks.sh (PRIMAL.md §4.1): rank s, KSVD weight η
-    "primal": {
-        "listops": dict(primal_rank=20, primal_eta=0.1),
-        "text": dict(primal_rank=20, primal_eta=0.05),
-        "retrieval": dict(primal_rank=30, primal_eta=0.0),
-        "image": dict(primal_rank=30, primal_eta=0.1),
-        "pathfinder": dict(primal_rank=30, primal_eta=0.1),
-    },
-    # Primal.+Trans./bashes/run_tasks.sh (PRIMAL.md §4.1)
-    "primal+trans": {
-        "listops": dict(primal_rank=30, primal_eta=0.05),
-        "text": dict(primal_rank=30, primal_eta=0.1),
-        "retrieval": dict(primal_rank=20, primal_eta=0.05),
-        "image": dict(primal_rank=30, primal_eta=0.1),
-        "pathfinder": dict(primal_rank=20, primal_eta=0.05),
-    },
-}
-# GFSA has no LRA scripts (GFSA.md §6.2): our choice is K = 2 (H = w0·I + w1·Ā + wK·Ā², the
-# spec's default) on every layer, with the softmax baseline's attention dropout 0.1.
-
-# A small ListOps that trains in minutes on a laptop CPU (measured numbers: README): short
-# expressions of depth <= 3, so the task can be learned from 6k examples. Same model as paper.
-QUICK = dict(
-    listops_dir="listops-quick",
-    listops_size=6000,
-    listops_eval_size=500,
-    listops_min_len=20,
-    listops_max_len=100,
-    listops_depth=3,
-    listops_args=5,
-    max_len=100,
-    lr=1e-3,
-    steps=1500,
-    warmup=150,
-    eval_every=100,
-    eval_batches=16,
-    batch_size=32,
-)
+def flag(default, help: str, low=None, high=None):  # noqa: A002 (argparse's word)
+    """A field that is also a flag; a value must lie in [low, high) (checked when parsed)."""
+    return field(default=default, metadata=dict(help=help, low=low, high=high))
 
 
 @dataclass
 class TrainConfig:
-    """Every knob of a run. The preset fills the task-dependent fields; flags override it."""
-
     task: str = flag("listops", "listops | text | retrieval | image | pathfinder")
-    attention: str = flag("agf", "softmax | agf | primal | primal+trans | gfsa")
-    preset: str = flag("paper", "paper (official settings per task) | quick (small ListOps, CPU)")
-    data_dir: str = flag("data", "LRA release layout, aclImdb/ and cifar-10-batches-py/ inside")
-    out: str = flag("", "run folder; default runs/<task>/<attention>-seed<seed>")
-    seed: int = flag(0, "seed of the model init, dropout and the data order")
-    device: str = flag("auto", "auto | cpu | cuda | cuda:<k>")
-    amp: bool = flag(True, "mixed precision on CUDA (bf16 where supported, else fp16)")
-    resume: bool = flag(False, "continue from <out>/checkpoint.pt")
-    stop_at: int = flag(0, "end this process after this step (then --resume true); 0 = never")
-    # optimisation (official: AdamW, lr 1e-4, betas (0.9, 0.999), eps 1e-6, wd 0, OneCycleLR)
-    steps: int = flag(5000, "optimizer steps (a new value also rescales the preset's warmup)")
-    warmup: int = flag(1000, "OneCycleLR warm-up steps (pct_start = warmup / steps)")
-    lr: float = flag(1e-4, "peak learning rate")
-    batch_size: int = flag(32, "global batch (all processes and accumulation steps together)")
-    accumulate: int = flag(1, "split each batch into this many micro-batches (small GPUs)")
-    eval_every: int = flag(50, "evaluate on the dev subset every this many steps")
-    eval_batches: int = flag(62, "size of the dev subset, in batches")
-    max_len: int = flag(2000, "tokens per input (position table size); longer inputs are cut")
-    # model (the LRA setting of the three papers)
-    d_model: int = flag(64, "D")
-    n_heads: int = flag(2, "H")
-    n_layers: int = flag(2, "layers")
-    d_ff: int = flag(128, "feed-forward width")
-    dropout: float = flag(0.1, "dropout (also the softmax and GFSA attention dropout)")
-    # mechanisms (preset per task from the official scripts)
-    agf_order: int = flag(5, "AGF polynomial order K")
-    agf_alpha: float = flag(2.0, "AGF Jacobi α")
-    agf_beta: float = flag(-1.0, "AGF Jacobi β")
-    agf_gamma: float = flag(0.01, "AGF orthogonality weight γ")
-    primal_rank: int = flag(20, "Primal-Attention rank s")
-    primal_eta: float = flag(0.1, "Primal-Attention KSVD weight η")
-    gfsa_order: int = flag(2, "GFSA order K")
+    attention: str = flag("agf", " | ".join(KINDS))
+    preset: str = flag("paper", "paper (the official scripts' settings) | quick (small, CPU)")
+    data_dir: str = flag("data", "the LRA release layout, aclImdb/ and cifar-10-batches-py/")
+    out: str = flag("", "run folder (default runs/<task>/<attention>-<preset>-seed<seed>)")
+    resume: bool = flag(False, "continue the run in --out from its checkpoint.pt")
+    overwrite: bool = flag(False, "start afresh in a folder that holds a run (deleting its files)")
+    seed: int = flag(0, "seed of the initial weights, dropout and the order of the batches")
+    device: str = flag("auto", "auto (CUDA when there is one) | cpu | cuda")
+    amp: bool = flag(True, "mixed precision on CUDA (bf16, else fp16 with loss scaling)")
+    # optimisation: AdamW, betas (0.9, 0.999), eps 1e-6, no weight decay, OneCycleLR
+    steps: int = flag(5000, "optimizer steps (a new value rescales the preset's warm-up)", 1)
+    warmup: int = flag(1000, "linear warm-up steps: 0, or 2 .. steps - 1", 0)
+    lr: float = flag(1e-4, "peak learning rate (> 0)")
+    batch_size: int = flag(32, "examples per step, all processes together", 1)
+    eval_every: int = flag(50, "evaluate on the validation split every this many steps", 1)
+    max_len: int = flag(2000, "tokens per input; longer inputs are cut", 1)
+    # model: the LRA setting of the three papers
+    d_model: int = flag(64, "D, model width", 1)
+    n_heads: int = flag(2, "H, heads (D must be divisible by H)", 1)
+    n_layers: int = flag(2, "layers", 1)
+    d_ff: int = flag(128, "feed-forward width", 1)
+    dropout: float = flag(0.1, "dropout, also on the softmax and GFSA attention weights", 0, 1)
+    agf_order: int = flag(5, "AGF: Jacobi polynomial order K", 0)
+    agf_alpha: float = flag(2.0, "AGF: Jacobi α")
+    agf_beta: float = flag(-1.0, "AGF: Jacobi β")
+    agf_gamma: float = flag(0.01, "AGF: orthogonality weight γ", 0)
+    primal_rank: int = flag(20, "Primal-Attention: rank s", 1)
+    primal_eta: float = flag(0.1, "Primal-Attention: KSVD weight η", 0)
+    gfsa_order: int = flag(2, "GFSA: order K of the high-order term", 2)
     # data
-    data_seed: int = flag(0, "seed of the ListOps generator, the Pathfinder split, dev subset")
-    listops_dir: str = flag("listops-1000", "ListOps folder under --data-dir")
-    listops_size: int = flag(96000, "generated ListOps: training examples")
-    listops_eval_size: int = flag(2000, "generated ListOps: examples in val and in test, each")
-    listops_min_len: int = flag(500, "generated ListOps: length > this (tokens, no parentheses)")
-    listops_max_len: int = flag(2000, "generated ListOps: length < this")
-    listops_depth: int = flag(10, "generated ListOps: maximum tree depth")
-    listops_args: int = flag(10, "generated ListOps: maximum arguments per operator (>= 2)")
-    pathfinder_dir: str = flag("pathfinder32/curv_contour_length_14", "under --data-dir")
+    data_seed: int = flag(0, "seed of the ListOps generator and of the Pathfinder split")
+    listops_size: int = flag(96000, "generated ListOps: training examples", 1)
+    listops_eval_size: int = flag(2000, "generated ListOps: validation, test examples each", 1)
 
 
-def preset(given: dict) -> dict:
-    """The preset values for the task, attention and preset named in `given` (the flags)."""
-    task = given.get("task", TrainConfig.task)
-    attention = given.get("attention", TrainConfig.attention)
-    name = given.get("preset", TrainConfig.preset)
-    if task not in TASKS:
-        raise SystemExit(f"--task {task!r}: choose from {sorted(TASKS)}")
-    values = dict(lr=1e-4, **TASKS[task], **MECHANISMS.get(attention, {}).get(task, {}))
-    if name == "quick":
-        if task != "listops":
-            raise SystemExit("--preset quick is a small generated ListOps: use --task listops")
-        values.update(QUICK)
-    elif name != "paper":
-        raise SystemExit(f"--preset {name!r}: choose 'paper' or 'quick'")
+# The schedule of the PyTorch LRA code that all three papers use (mlpen/Nystromformer
+# LRA/code/lra_config.py, reused by PrimalAttention and AGF_LRA). Text: 1000 tokens as LRA's
+# base_tc_config; `--max-len 4000` is the "4K" setting of Primal-Attention's Text numbers.
+TASKS = {
+    "listops": dict(max_len=2000, batch_size=32, warmup=1000, steps=5000, eval_every=50),
+    "text": dict(max_len=1000, batch_size=32, warmup=8000, steps=20000, eval_every=500),
+    "retrieval": dict(max_len=4000, batch_size=32, warmup=800, steps=30000, eval_every=300),
+    "image": dict(max_len=1024, batch_size=256, warmup=175, steps=35000, eval_every=175),
+    "pathfinder": dict(max_len=1024, batch_size=256, warmup=312, steps=62400, eval_every=312),
+}
+# Per attention and task, from the official run scripts: jeongwhanchoi/agf AGF_LRA/best_agf.sh;
+# yingyichen-cyy/PrimalAttention LRA/bashes/run_tasks.sh (and Primal.+Trans./ for primal+trans).
+# GFSA publishes no LRA scripts: K = 2 (exactly Ā²) is our choice, attention dropout 0.1.
+MECHANISMS = {
+    ("agf", "listops"): dict(agf_order=5, agf_alpha=2.0, agf_beta=-1.0, agf_gamma=0.01),
+    ("agf", "text"): dict(agf_order=5, agf_alpha=2.0, agf_beta=-2.0, agf_gamma=0.01),
+    ("agf", "retrieval"): dict(agf_order=5, agf_alpha=2.0, agf_beta=-1.5, agf_gamma=1e-4),
+    ("agf", "image"): dict(agf_order=6, agf_alpha=1.5, agf_beta=2.0, agf_gamma=0.1),
+    ("agf", "pathfinder"): dict(agf_order=4, agf_alpha=1.5, agf_beta=-1.0, agf_gamma=1e-4),
+    ("primal", "listops"): dict(primal_rank=20, primal_eta=0.1),
+    ("primal", "text"): dict(primal_rank=20, primal_eta=0.05),
+    ("primal", "retrieval"): dict(primal_rank=30, primal_eta=0.0),
+    ("primal", "image"): dict(primal_rank=30, primal_eta=0.1),
+    ("primal", "pathfinder"): dict(primal_rank=30, primal_eta=0.1),
+    ("primal+trans", "listops"): dict(primal_rank=30, primal_eta=0.05),
+    ("primal+trans", "text"): dict(primal_rank=30, primal_eta=0.1),
+    ("primal+trans", "retrieval"): dict(primal_rank=20, primal_eta=0.05),
+    ("primal+trans", "image"): dict(primal_rank=30, primal_eta=0.1),
+    ("primal+trans", "pathfinder"): dict(primal_rank=20, primal_eta=0.05),
+}
+# --preset quick: a small ListOps of short expressions (depth <= 3) that a CPU learns in minutes.
+QUICK = dict(listops_size=6000, listops_eval_size=500, max_len=100, lr=1e-3, steps=1000, warmup=100)
+# The ListOps generator's bounds (the paper's: LRA lra_benchmarks/data/listops.py, its flags).
+LISTOPS = {
+    "paper": dict(folder="listops-1000", min_len=500, max_len=2000, depth=10, args=10),
+    "quick": dict(folder="listops-quick", min_len=20, max_len=100, depth=3, args=5),
+}
+
+
+def parse_config(argv=None) -> TrainConfig:
+    """The flags (or `argv`) -> TrainConfig: defaults < preset < flags, all checked here."""
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    choices = dict(task=list(TASKS), attention=KINDS, preset=list(LISTOPS), device=DEVICES)
+    for f in dataclasses.fields(TrainConfig):  # a bool is --amp / --no-amp
+        kind = dict(action=argparse.BooleanOptionalAction) if f.type is bool else dict(type=f.type)
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, choices=choices.get(f.name),
+                       help=f"{f.metadata['help']} (default: {f.default})", **kind)
+    given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
+    task, attention, preset = (given.get(k, getattr(TrainConfig, k)) for k in list(choices)[:3])
+    if preset == "quick" and task != "listops":
+        p.error("--preset quick is a small generated ListOps: use it with --task listops")
+    values = {**TASKS[task], **MECHANISMS.get((attention, task), {})}
+    values.update(QUICK if preset == "quick" else {})
     if "steps" in given and "warmup" not in given:  # keep the preset's warm-up fraction
         warmup = round(values["warmup"] * given["steps"] / values["steps"])
-        values["warmup"] = 2 if warmup == 1 else warmup  # see build(): 1 is not allowed
-    return values
+        values["warmup"] = 2 if warmup == 1 else warmup  # OneCycleLR cannot warm up in 1 step
+    cfg = TrainConfig(**{**values, **given})
+    for f in dataclasses.fields(cfg):
+        low, high, value = f.metadata["low"], f.metadata["high"], getattr(cfg, f.name)
+        if (low is not None and value < low) or (high is not None and value >= high):
+            bounds = f"at least {low}" if high is None else f"in [{low}, {high})"
+            p.error(f"--{f.name.replace('_', '-')} must be {bounds}, got {value}")
+    if cfg.warmup == 1 or cfg.warmup >= cfg.steps:
+        p.error(f"--warmup must be 0 or 2 .. --steps - 1 = {cfg.steps - 1}, got {cfg.warmup}")
+    if cfg.lr <= 0:
+        p.error(f"--lr must be positive, got {cfg.lr}")
+    if cfg.d_model % cfg.n_heads:
+        p.error(f"--d-model {cfg.d_model} is not divisible by --n-heads {cfg.n_heads}")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: this machine has no CUDA device (use auto or cpu)")
+    return cfg
 
 
-def attention_kwargs(cfg: TrainConfig) -> dict:
-    """Constructor arguments of each attention kind (ModelConfig.attention_kwargs)."""
-    return {
-        "agf": dict(
-            order=cfg.agf_order,
-            basis="jacobi",
-            alpha=cfg.agf_alpha,
-            beta=cfg.agf_beta,
-            ortho_weight=cfg.agf_gamma,
-            fix_theta0=True,
-        ),
-        # LRA code: m = s · rank_multi sampled tokens, rank_multi = 10; KSVD loss on batch means
-        "primal": dict(
-            rank=cfg.primal_rank, rank_multi=10, ksvd_weight=cfg.primal_eta, ksvd_reduction="batch"
-        ),
+def build(cfg: TrainConfig, device: torch.device) -> tuple:
+    """-> (model, AdamW, OneCycleLR, GradScaler), with the same initial weights in every process."""
+    torch.manual_seed(cfg.seed)
+    kwargs = {  # each attention's constructor arguments (model.py passes them on)
+        "agf": dict(order=cfg.agf_order, basis="jacobi", alpha=cfg.agf_alpha, beta=cfg.agf_beta,
+                    ortho_weight=cfg.agf_gamma, fix_theta0=True),
+        # the LRA code samples m = s · rank_multi tokens, rank_multi = 10; KSVD loss of batch means
+        "primal": dict(rank=cfg.primal_rank, rank_multi=10, ksvd_weight=cfg.primal_eta,
+                       ksvd_reduction="batch"),
         "gfsa": dict(order=cfg.gfsa_order, dropout=cfg.dropout),
     }
+    model = Classifier(ModelConfig(
+        n_classes=N_CLASSES[cfg.task], max_len=cfg.max_len, vocab_size=VOCAB[cfg.task],
+        style="lra", two_tower=cfg.task == "retrieval", d_model=cfg.d_model, n_heads=cfg.n_heads,
+        n_layers=cfg.n_layers, d_ff=cfg.d_ff, dropout=cfg.dropout, attn_dropout=cfg.dropout,
+        attention=cfg.attention, attention_kwargs=kwargs)).to(device)
+    opt = torch.optim.AdamW(model.parameters(), cfg.lr, (0.9, 0.999), eps=1e-6, weight_decay=0)
+    # As the official code: linear warm-up from lr/25 to lr, then linear decay to lr/25e4, with
+    # β₁ cycling between 0.95 and 0.85 (OneCycleLR's defaults).
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, cfg.steps, anneal_strategy="linear",
+                                                pct_start=cfg.warmup / cfg.steps)
+    fp16 = device.type == "cuda" and cfg.amp and not torch.cuda.is_bf16_supported()
+    return model, opt, sched, torch.amp.GradScaler("cuda", enabled=fp16)  # bf16 needs no scaling
 
 
-# ----------------------------------------------------------------------------------------------
-# 2. Batches: a seeded permutation per epoch, a pure function of (seed, step) so resume is exact
-# ----------------------------------------------------------------------------------------------
-
-
-def forever(n: int, batch: int, seed: int, start_step: int) -> Iterator[np.ndarray]:
-    """Example indices of each training batch from `start_step` on, epoch after epoch.
-
-    Epoch e visits the examples in the order np.random.default_rng([seed, e]).permutation(n)
-    and drops the last partial batch, so batch k is the same whether or not the run stopped.
-    """
-    # The pair [seed, epoch] seeds its own stream; seed + epoch would give seed 1 the epochs
-    # of seed 0 shifted by one.
-    per_epoch = n // batch
-    if per_epoch == 0:
-        raise DataError(f"the training split has {n} examples, fewer than one batch ({batch})")
-    epoch, first = divmod(start_step, per_epoch)
-    while True:
-        order = np.random.default_rng([seed, epoch]).permutation(n)
-        for k in range(first, per_epoch):
-            yield order[k * batch : (k + 1) * batch]
-        epoch, first = epoch + 1, 0
-
-
-def to_tensors(split: Split, idx: np.ndarray) -> dict:
-    """Model inputs and labels for the examples `idx` (x, mask, [x2, mask2], y), on the CPU."""
-    positions = np.arange(split.x.shape[1])  # mask = position < length: real tokens come first
-    batch = {"x": split.x[idx], "mask": positions < split.lengths[idx, None], "y": split.y[idx]}
+def to_batch(split: Split, idx: np.ndarray, device) -> dict:
+    """x (B, N) ids, mask (B, N) bool (True = real token), y (B,) [, x2, mask2]: on `device`."""
+    positions = np.arange(split.x.shape[1])  # real tokens come first, so mask = position < length
+    batch = dict(x=split.x[idx], mask=positions < split.lengths[idx, None], y=split.y[idx])
     if split.x2 is not None:
         batch.update(x2=split.x2[idx], mask2=positions < split.lengths2[idx, None])
-    # ids and labels as int64 (what nn.Embedding and cross_entropy take), masks stay bool
-    return {
-        k: torch.as_tensor(v if k.startswith("mask") else v.astype(np.int64))
-        for k, v in batch.items()
-    }
+    # ids and labels as int64 (what nn.Embedding and cross_entropy take); masks stay bool
+    return {k: torch.as_tensor(v if v.dtype == bool else v.astype(np.int64)).to(device)
+            for k, v in batch.items()}
 
 
-# ----------------------------------------------------------------------------------------------
-# 3. Training
-# ----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Trainer:
-    """What a run updates: the model (DDP-wrapped under torchrun), optimizer, schedule, scaler."""
-
-    model: torch.nn.Module
-    plain: torch.nn.Module  # the model without the DDP wrapper (for its state_dict)
-    opt: torch.optim.Optimizer
-    sched: torch.optim.lr_scheduler.LRScheduler
-    scaler: torch.amp.GradScaler
-
-
-def build(cfg: TrainConfig, device: torch.device, world: int) -> Trainer:
-    """Model (DDP-wrapped when world > 1), AdamW, OneCycleLR and the fp16 GradScaler."""
-    seed_everything(cfg.seed)  # the same initial weights on every process
-    model_cfg = ModelConfig(
-        n_classes=N_CLASSES[cfg.task],
-        max_len=cfg.max_len,
-        vocab_size=VOCAB[cfg.task],
-        style="lra",
-        d_model=cfg.d_model,
-        n_heads=cfg.n_heads,
-        n_layers=cfg.n_layers,
-        d_ff=cfg.d_ff,
-        dropout=cfg.dropout,
-        attn_dropout=cfg.dropout,
-        attention=cfg.attention,
-        attention_kwargs=attention_kwargs(cfg),
-        two_tower=cfg.task == "retrieval",
-    )
-    plain = Classifier(model_cfg).to(device)
-    model = plain
-    if world > 1:
-        ids = [device.index] if device.type == "cuda" else None
-        model = torch.nn.parallel.DistributedDataParallel(plain, device_ids=ids)
-    opt = torch.optim.AdamW(
-        model.parameters(), lr=cfg.lr, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0
-    )
-    # OneCycleLR divides by (warm-up steps - 1) and by the decay steps: both must be > 0.
-    if cfg.warmup == 1 or not 0 <= cfg.warmup < cfg.steps:
-        raise SystemExit(f"--warmup {cfg.warmup}: use 0 or 2 .. --steps - 1 = {cfg.steps - 1}")
-    # As the official code: linear warm-up from lr/25 to lr, linear decay to lr/25e4, and the
-    # default β₁ cycling between 0.95 and 0.85 (OneCycleLR's cycle_momentum=True).
-    sched = torch.optim.lr_scheduler.OneCycleLR(
-        opt,
-        max_lr=cfg.lr,
-        total_steps=cfg.steps,
-        pct_start=cfg.warmup / cfg.steps,
-        anneal_strategy="linear",
-    )
-    fp16 = device.type == "cuda" and cfg.amp and not torch.cuda.is_bf16_supported()
-    scaler = torch.amp.GradScaler("cuda", enabled=fp16)  # bf16 needs no loss scaling
-    return Trainer(model, plain, opt, sched, scaler)
-
-
-def run_model(model: torch.nn.Module, batch: dict, device: torch.device) -> tuple:
-    """-> (logits (B, C), aux_loss (), labels (B,)) for one batch (one or two towers)."""
-    b = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-    logits, aux = model(b["x"], b["mask"], b.get("x2"), b.get("mask2"))
-    return logits, aux, b["y"]
-
-
-def train_step(t: Trainer, batch: dict, cfg: TrainConfig, device: torch.device) -> list:
-    """One optimizer step over `accumulate` micro-batches -> [loss sum, correct, count]."""
-    # Equal micro-batches (batch_size is a multiple of accumulate), so the mean of their mean
-    # losses is the batch mean. A loss that is not a mean over examples is computed per micro-
-    # batch (Primal's "batch" KSVD loss squares a batch mean), as in the official code.
-    loss_sum = correct = 0.0
-    for i in range(cfg.accumulate):
-        chunk = {k: v[i :: cfg.accumulate] for k, v in batch.items()}
-        last = i == cfg.accumulate - 1  # DDP: all-reduce the gradients once, after the last
-        no_sync = t.model.no_sync() if t.model is not t.plain and not last else nullcontext()
-        with no_sync:
-            with autocast(device, cfg.amp):  # the forward only: backward runs outside autocast
-                logits, aux, y = run_model(t.model, chunk, device)
-                # aux is already weighted inside each attention module (γ for AGF, η for
-                # Primal, 0 for softmax and GFSA): added as it is, no second weight here.
-                loss = F.cross_entropy(logits.float(), y) + aux
-            t.scaler.scale(loss / cfg.accumulate).backward()
-        loss_sum += loss.detach() * len(y)
-        correct += (logits.argmax(-1) == y).sum()
-    t.scaler.step(t.opt)
-    t.scaler.update()
-    t.opt.zero_grad(set_to_none=True)
-    t.sched.step()
-    return [loss_sum, correct, len(batch["y"])]
+def train_step(model, opt, sched, scaler, batch: dict, autocast) -> tuple:
+    """One optimizer step -> (loss, number of correct predictions), as tensors."""
+    with autocast:  # the forward pass only; backward runs outside autocast
+        logits, aux = model(batch["x"], batch["mask"], batch.get("x2"), batch.get("mask2"))
+        # aux is already weighted inside each attention (γ for AGF, η for Primal, 0 for softmax
+        # and GFSA) and averaged over the layers by model.py: it is added as it is.
+        loss = F.cross_entropy(logits.float(), batch["y"]) + aux
+    scaler.scale(loss).backward()
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+    sched.step()
+    return loss.detach(), (logits.argmax(-1) == batch["y"]).sum()
 
 
 @torch.no_grad()
-def evaluate(t: Trainer, split: Split, idx: np.ndarray, cfg: TrainConfig, device, world) -> float:
-    """Accuracy on the examples `idx`, each process taking every world-th one."""
-    rank, micro = dist.get_rank() if world > 1 else 0, cfg.batch_size // world // cfg.accumulate
-    # The model without its DDP wrapper: the processes may see different numbers of batches
-    # here, and the wrapper would wait for the others at each forward.
-    t.plain.eval()
-    correct = count = 0
-    mine = idx[rank::world]
-    for start in range(0, len(mine), micro):
-        with autocast(device, cfg.amp):
-            batch = to_tensors(split, mine[start : start + micro])
-            logits, _, y = run_model(t.plain, batch, device)
-        correct += (logits.argmax(-1) == y).sum().item()
-        count += len(y)
-    t.plain.train()
-    correct, count = all_reduce_sum([correct, count], device)  # each process counted its share
-    return correct / max(count, 1)
-
-
-def save_checkpoint(run: RunDir, t: Trainer, state: dict, cfg: TrainConfig, device, world):
-    """Everything an exact resume needs; the data order is a function of (seed, step)."""
-    rngs = [rng_state()]  # the dropout RNG differs per process: keep every process's state
-    if world > 1:
-        rngs = [None] * world
-        dist.all_gather_object(rngs, rng_state())
-    # the training-loss sums since the last evaluation, over all processes (kept by rank 0)
-    sums = all_reduce_sum([float(x) for x in state["sums"]], device)
-    run.save(
-        dict(
-            model=t.plain.state_dict(),
-            optimizer=t.opt.state_dict(),
-            scheduler=t.sched.state_dict(),
-            scaler=t.scaler.state_dict(),
-            state=dict(state, sums=sums),
-            rng=rngs,
-            config=dataclasses.asdict(cfg),
-        )
-    )
-
-
-def load_checkpoint(run: RunDir, t: Trainer, cfg: TrainConfig, rank: int) -> dict:
-    """Restore a run saved by save_checkpoint -> its progress state."""
-    ckpt = run.load()
-    # Settings that may change on resume; any other change would not continue the same run.
-    free = {"resume", "stop_at", "device", "out"}
-    now = dataclasses.asdict(cfg)
-    changed = {k: (v, now[k]) for k, v in ckpt["config"].items() if k not in free and now[k] != v}
-    if changed:
-        raise SystemExit(f"--resume: the run at {run.path} used other settings: {changed}")
-    t.plain.load_state_dict(ckpt["model"])
-    t.opt.load_state_dict(ckpt["optimizer"])
-    t.sched.load_state_dict(ckpt["scheduler"])
-    t.scaler.load_state_dict(ckpt["scaler"])
-    set_rng_state(ckpt["rng"][rank % len(ckpt["rng"])])
-    state = ckpt["state"]
-    if rank != 0:  # rank 0 carries the loss sums of all processes
-        state["sums"] = [0.0, 0.0, 0]
-    run.truncate_log(lambda record: record["step"] <= state["step"])  # drop lines after it
-    return state
-
-
-def train(cfg: TrainConfig, t: Trainer, data: dict, run: RunDir, state: dict, device, world):
-    """The training loop from state["step"] on; evaluates, keeps best.pt, checkpoints."""
-    rank, per_rank = run.rank, cfg.batch_size // world
-    # The dev subset: the first eval_batches batches of a fixed permutation (the same for
-    # every evaluation and seed). NOTE: differs from the official code, whose endless dev
-    # iterator shows each evaluation other batches, because a fixed subset compares
-    # checkpoints on equal terms. For the paper presets it covers (nearly) the whole dev split.
-    val_idx = np.random.default_rng(cfg.data_seed).permutation(len(data["val"].y))
-    val_idx = val_idx[: cfg.eval_batches * cfg.batch_size]
-    batches = forever(len(data["train"].y), cfg.batch_size, cfg.seed, state["step"])
-    bar = tqdm(total=cfg.steps, initial=state["step"], disable=rank != 0, desc=cfg.attention)
-    t0 = time.time()
-    while state["step"] < cfg.steps:
-        idx = next(batches)[rank * per_rank : (rank + 1) * per_rank]  # this process's share
-        lr = t.opt.param_groups[0]["lr"]  # the rate this step uses
-        out = train_step(t, to_tensors(data["train"], idx), cfg, device)
-        state["sums"] = [a + b for a, b in zip(state["sums"], out, strict=True)]
-        state["step"] = step = state["step"] + 1
-        state["elapsed"], t0 = state["elapsed"] + time.time() - t0, time.time()
-        bar.update()
-        if step == cfg.stop_at and step < cfg.steps:  # checkpoint between evaluations, leave
-            save_checkpoint(run, t, state, cfg, device, world)
-            break
-        if step % cfg.eval_every and step != cfg.steps:
-            continue
-        val_acc = evaluate(t, data["val"], val_idx, cfg, device, world)
-        loss_sum, n_correct, n = all_reduce_sum([float(x) for x in state["sums"]], device)
-        state["sums"] = [0.0, 0.0, 0]
-        if val_acc > state["best_acc"]:
-            state.update(best_acc=val_acc, best_step=step)
-            if rank == 0:
-                torch.save(t.plain.state_dict(), run.path / "best.pt")
-        record = dict(step=step, train_loss=round(loss_sum / n, 5), lr=lr)
-        record.update(train_acc=round(n_correct / n, 5), val_acc=round(val_acc, 5))
-        run.log({**record, "time_s": round(state["elapsed"], 1)})
-        bar.set_postfix(loss=record["train_loss"], val=record["val_acc"])
-        save_checkpoint(run, t, state, cfg, device, world)
-    bar.close()
-    state["elapsed"] += time.time() - t0
-    return state
+def evaluate(model, split: Split, batch_size: int, device, autocast) -> float:
+    """Accuracy on a whole split, in eval mode (with a progress bar on a terminal only)."""
+    model.eval()
+    correct, n = 0, len(split.y)
+    for start in tqdm(range(0, n, batch_size), desc="evaluating", leave=False, disable=None):
+        batch = to_batch(split, np.arange(start, min(start + batch_size, n)), device)
+        with autocast:
+            logits, _ = model(batch["x"], batch["mask"], batch.get("x2"), batch.get("mask2"))
+        correct += (logits.argmax(-1) == batch["y"]).sum().item()
+    model.train()
+    return correct / n
 
 
 def main(cfg: TrainConfig) -> dict:
-    """Train, select on the dev split, test the selected weights -> the result dict."""
-    device = resolve_device(cfg.device)
-    rank, world = setup_distributed(device)
-    if cfg.batch_size % (world * cfg.accumulate):
-        raise SystemExit(
-            f"--batch-size {cfg.batch_size} is not divisible by processes x --accumulate "
-            f"= {world * cfg.accumulate}"
-        )
-    if rank == 0:
-        print(json.dumps(dataclasses.asdict(cfg)), flush=True)  # the resolved config first
-    data = load_task(cfg, rank)  # before the run folder: missing data leaves no empty run
-    quick = "-quick" if cfg.preset == "quick" else ""
-    run = RunDir(cfg.out or f"runs/{cfg.task}{quick}/{cfg.attention}-seed{cfg.seed}", rank)
-    run.write_config(cfg)
-    t = build(cfg, device, world)
+    """Train, keep the weights that score best on validation, test them -> the result dict."""
+    # 1) processes and device: torchrun sets RANK and starts one process per GPU (or CPU share)
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+    ddp = "RANK" in os.environ
+    if ddp:
+        dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = (dist.get_rank(), dist.get_world_size()) if ddp else (0, 1)
+    master = rank == 0  # only this process writes files and prints
+    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    if cfg.batch_size % world:
+        raise SystemExit(f"--batch-size {cfg.batch_size} is not divisible by {world} processes")
+    half = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float16
+    autocast = torch.autocast(device.type, half, enabled=cuda and cfg.amp)
+    out = pathlib.Path(cfg.out or f"runs/{cfg.task}/{cfg.attention}-{cfg.preset}-seed{cfg.seed}")
+    if cfg.resume and not (out / "checkpoint.pt").exists():
+        raise SystemExit(f"--resume: there is no checkpoint at {out / 'checkpoint.pt'}")
+    if not cfg.resume and not cfg.overwrite and (out / "config.json").exists():
+        raise SystemExit(f"{out} holds a run already: add --resume to continue it, --overwrite "
+                         "to start it again (deleting its files), or choose another --out")
+    if master:
+        print(json.dumps(dataclasses.asdict(cfg)), flush=True)  # the resolved settings first
+
+    # 2) data; rank 0 first, as it may generate ListOps, then the others read what it wrote
+    listops = dict(LISTOPS[cfg.preset], train=cfg.listops_size, val=cfg.listops_eval_size,
+                   test=cfg.listops_eval_size)
+    if ddp and not master:
+        dist.barrier()
+    data = load_task(cfg.task, cfg.data_dir, cfg.max_len, seed=cfg.data_seed, listops=listops)
+    if ddp and master:
+        dist.barrier()
+    n_train = len(data["train"].y)
+    if n_train < cfg.batch_size:
+        raise SystemExit(f"the training split has {n_train} examples, fewer than one batch")
+
+    # 3) model, optimizer, schedule: fresh, or as the interrupted run left them
+    model, opt, sched, scaler = build(cfg, device)
+    parts = dict(model=model, optimizer=opt, scheduler=sched, scaler=scaler)
+    state = dict(step=0, best_val_acc=-1.0, best_step=0, elapsed=0.0)
     if cfg.resume:
-        state = load_checkpoint(run, t, cfg, rank)
+        ckpt = torch.load(out / "checkpoint.pt", map_location=device, weights_only=False)
+        now, free = dataclasses.asdict(cfg), ("resume", "overwrite", "device", "out")
+        changed = {k: (v, now[k]) for k, v in ckpt["config"].items() if v != now.get(k)}
+        changed = {k: v for k, v in changed.items() if k not in free}
+        if changed:
+            raise SystemExit(f"--resume: {out} ran with other settings (then, now): {changed}")
+        for key, part in parts.items():
+            part.load_state_dict(ckpt[key])
+        torch.set_rng_state(ckpt["rng"])  # dropout goes on with the masks it would have drawn
+        state = ckpt["state"]
     else:
-        state = dict(step=0, best_acc=-1.0, best_step=0, elapsed=0.0, sums=[0.0, 0.0, 0])
-        run.truncate_log(lambda record: False)  # a fresh run starts a fresh log
-        torch.manual_seed(cfg.seed + rank)  # dropout: a different stream on each process
-    state = train(cfg, t, data, run, state, device, world)
-    if state["step"] < cfg.steps:  # --stop-at: the checkpoint is written, continue later
-        return dict(stopped_at=state["step"], checkpoint=str(run.checkpoint))
-    # Test once, with the weights that scored best on the dev subset.
-    if world > 1:
-        dist.barrier()  # rank 0 has written best.pt
-    t.plain.load_state_dict(torch.load(run.path / "best.pt", map_location=device))
-    # NOTE: differs from the official code (test loader with drop_last=True): every test
-    # example counts, the last partial batch too.
-    t0 = time.time()
-    test_acc = evaluate(t, data["test"], np.arange(len(data["test"].y)), cfg, device, world)
-    result = dict(
-        task=cfg.task,
-        attention=cfg.attention,
-        seed=cfg.seed,
-        preset=cfg.preset,
-        protocol="LRA: weights selected by val_acc (dev subset), test_acc on the full test set"
-        + (" (Text: val = test, as the official pipeline)" if cfg.task == "text" else ""),
-        val_acc=round(state["best_acc"], 5),
-        test_acc=round(test_acc, 5),
-        best_step=state["best_step"],
-        steps=cfg.steps,
-        params=count_parameters(t.plain),
-        wall_time_s=round(state["elapsed"] + time.time() - t0, 1),  # train + eval + test
-        device=str(device),
-        processes=world,
-        config=dataclasses.asdict(cfg),
-    )
-    return run.finish(result)
+        torch.manual_seed(cfg.seed + rank)  # each process draws its own dropout masks
+        if master:
+            out.mkdir(parents=True, exist_ok=True)
+            for f in ("metrics.jsonl", "checkpoint.pt", "best.pt", "result.json"):
+                (out / f).unlink(missing_ok=True)  # --overwrite: nothing of the old run stays
+            (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+    raw_model = model  # without the DDP wrapper: evaluated and saved
+    if ddp:
+        ids = [device.index] if device.type == "cuda" else None
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
 
+    # 4) train. Batch k is a function of (seed, k) alone, so a resumed run sees the batches it
+    # would have seen; each process takes its share of every batch.
+    bar = tqdm(total=cfg.steps, initial=state["step"], desc=cfg.attention,
+               disable=not master or None)  # None: shown on a terminal only
+    sums, t0, per_epoch = torch.zeros(3, device=device), time.time(), n_train // cfg.batch_size
+    while state["step"] < cfg.steps:
+        epoch, k = divmod(state["step"], per_epoch)
+        order = np.random.default_rng([cfg.seed, epoch]).permutation(n_train)
+        idx = order[k * cfg.batch_size : (k + 1) * cfg.batch_size][rank::world]
+        loss, correct = train_step(model, opt, sched, scaler, to_batch(data["train"], idx, device),
+                                   autocast)
+        sums += torch.stack([loss * len(idx), correct, torch.tensor(len(idx), device=device)])
+        state["step"] = step = state["step"] + 1
+        bar.update()
+        if step % cfg.eval_every and step != cfg.steps:
+            continue
+        # evaluate; keep the best weights; checkpoint; log
+        if ddp:
+            dist.all_reduce(sums)  # the training loss and accuracy of all processes
+        val_acc = evaluate(raw_model, data["val"], cfg.batch_size, device, autocast)
+        if val_acc > state["best_val_acc"]:
+            state.update(best_val_acc=val_acc, best_step=step)
+            if master:
+                torch.save(raw_model.state_dict(), out / "best.pt")
+        state["elapsed"], t0 = state["elapsed"] + time.time() - t0, time.time()
+        loss_sum, n_correct, n = sums.tolist()
+        sums.zero_()
+        record = dict(step=step, lr=sched.get_last_lr()[0], train_loss=round(loss_sum / n, 5),
+                      train_acc=round(n_correct / n, 5), val_acc=round(val_acc, 5),
+                      time_s=round(state["elapsed"], 1))
+        bar.set_postfix(loss=record["train_loss"], val=record["val_acc"])
+        if master:  # the checkpoint first: a crash in between loses a log line, not a step
+            ckpt = {k: part.state_dict() for k, part in parts.items()}
+            ckpt.update(rng=torch.get_rng_state(), state=state, config=dataclasses.asdict(cfg))
+            torch.save(ckpt, out / "checkpoint.tmp")
+            os.replace(out / "checkpoint.tmp", out / "checkpoint.pt")  # never half a file
+            with open(out / "metrics.jsonl", "a") as log:
+                log.write(json.dumps(record) + "\n")
+    bar.close()
 
-def parse(argv: Optional[list] = None) -> TrainConfig:
-    """The command line (or `argv`) -> TrainConfig.  defaults < preset < flags."""
-    return parse_config(TrainConfig, preset, argv, __doc__)
+    # 5) test once (rank 0), with the weights that scored best on validation
+    result = None
+    if master:
+        raw_model.load_state_dict(torch.load(out / "best.pt", map_location=device))
+        # NOTE: differs from the official test loader (drop_last=True): every example counts.
+        test_acc = evaluate(raw_model, data["test"], cfg.batch_size, device, autocast)
+        hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        result = dict(
+            task=cfg.task, attention=cfg.attention, seed=cfg.seed, preset=cfg.preset,
+            protocol="test_acc of the weights with the best val_acc"
+            + (" (Text: val = test, as the LRA pipeline)" if cfg.task == "text" else ""),
+            val_acc=round(state["best_val_acc"], 5), test_acc=round(test_acc, 5),
+            best_step=state["best_step"], steps=cfg.steps, params=count_parameters(raw_model),
+            wall_time_s=round(state["elapsed"] + time.time() - t0, 1),
+            device=f"{hardware} x {world}", config=dataclasses.asdict(cfg))
+        (out / "result.json").write_text(json.dumps(result, indent=2))
+        print("RESULT " + json.dumps(result), flush=True)
+    if ddp:
+        dist.destroy_process_group()
+    return result
 
 
 if __name__ == "__main__":
     try:
-        main(parse())
-        teardown_distributed()
+        main(parse_config())
     except DataError as e:
         raise SystemExit(f"data error: {e}") from None
-    finally:
-        teardown_distributed(clean=False)  # a no-op after a clean teardown
