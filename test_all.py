@@ -1,28 +1,33 @@
 """
-test_all.py: the whole test suite.  `python -m pytest -q test_all.py`  or  `python test_all.py`.
+test_all.py: the whole test suite.  `python -m pytest -q test_all.py`
 
-CPU, float64 where a tolerance matters, fixed seeds. Kinds of test (STYLE.md S17):
-(a) two computational forms agree, (b) reductions to known cases, (c) padding never leaks,
-(d) every parameter gets a gradient, (e) each mechanism file runs alone from an empty folder,
-(f) smoke runs of the train scripts and bench.py, (g) the README's code blocks run.
+CPU, float64 where a tolerance matters, fixed seeds, in the order of the project: polynomials,
+mechanisms (agf, primal, gfsa, each file alone), model, data, training, tools. Kinds of test:
+two computational forms agree (a fast path against its dense N x N reference, a polynomial against
+its closed form, a generator's labels against an independent evaluator); reductions to known
+cases; padding never leaks; every parameter gets a gradient; a resumed run continues exactly;
+bad input gets one clear message; the README's code blocks run. Tests that read the real UEA
+files skip when they are not beside the project (../shared/data/uea).
 """
 
 import contextlib
 import copy
 import csv
-import importlib.util
+import hashlib
 import io
 import json
 import math
 import os
 import pathlib
 import pickle
+import random
+import re
 import shutil
 import struct
 import subprocess
 import sys
 import tempfile
-import time
+import warnings
 import zipfile
 import zlib
 from unittest import mock
@@ -35,9 +40,10 @@ import torch.nn.functional as F
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import bench  # noqa: E402
 import diagnose  # noqa: E402
 import lra_data  # noqa: E402
-import train_lra as lra  # noqa: E402
+import train_lra  # noqa: E402
 import train_uea  # noqa: E402
 import uea_data  # noqa: E402
 from agf import AGFAttention, agf_apply, agf_dense_reference, orthogonality_penalty  # noqa: E402
@@ -59,6 +65,7 @@ from ksvd_attention import (  # noqa: E402
     sample_real_tokens,
 )
 from model import (  # noqa: E402
+    ATTENTION,
     Classifier,
     ModelConfig,
     SoftmaxAttention,
@@ -73,9 +80,10 @@ from polynomials import (  # noqa: E402
     monomial,
     polynomial_basis,
 )
-from train_uea import parse_config  # noqa: E402
-from uea_data import DatasetNotFoundError, TsFormatError, load_uea, read_ts  # noqa: E402
+from uea_data import DatasetNotFoundError, TsFormatError, load_uea, pad_series, read_ts  # noqa: E402
 
+UEA_DIR = HERE.parent / "shared" / "data" / "uea"  # the real archive files, beside the project only
+TINY = ["--preset", "quick", "--d-model", "16", "--n-heads", "2", "--d-ff", "32"]
 KINDS = ["softmax", "agf", "primal", "primal+trans", "gfsa"]
 
 
@@ -135,211 +143,7 @@ def _largest_saved(forward, x: torch.Tensor) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
-# model.py
-# ----------------------------------------------------------------------------------------------
-
-
-def test_softmax_attention_equals_explicit_softmax():
-    """SDPA baseline == softmax(QKᵀ/√d) V written out, with padding and with a causal mask."""
-    torch.manual_seed(0)
-    layer = SoftmaxAttention(16, 4).double().eval()
-    x = torch.randn(2, 9, 16, dtype=torch.float64)
-    mask = torch.ones(2, 9, dtype=torch.bool)
-    mask[1, 6:] = False
-    for causal in (False, True):
-        layer.causal = causal
-        y, aux = layer(x, mask)
-        q, k, v = layer.W_qkv(x).view(2, 9, 3, 4, 4).permute(2, 0, 3, 1, 4)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(4)  # (B, H, N, N)
-        allowed = mask[:, None, None, :].expand(2, 1, 9, 9)
-        if causal:
-            allowed = allowed & torch.ones(9, 9, dtype=torch.bool).tril()
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        ref = layer.W_o((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 9, 16))
-        ref = ref * mask[..., None]
-        assert torch.allclose(y, ref, atol=1e-12), f"causal={causal}"
-        assert aux.dim() == 0 and aux.item() == 0.0
-
-
-def test_output_shapes_tokens_features_and_two_towers():
-    """Token ids (LRA style), features (UEA style) and the two-tower head all give (B, C)."""
-    torch.manual_seed(0)
-    for style in ("lra", "uea"):
-        cfg = _tiny(style)
-        x, mask = _inputs(cfg, dtype=torch.float32)
-        logits, aux, hidden = Classifier(cfg)(x, mask, return_hidden=True)
-        assert logits.shape == (3, 3) and aux.dim() == 0
-        assert len(hidden) == cfg.n_layers + 1 and hidden[-1].shape == (3, 20, 16)
-    cfg = _tiny("lra", two_tower=True)
-    x, mask = _inputs(cfg)
-    logits, aux = Classifier(cfg)(x, mask, x.flip(0), mask.flip(0))
-    assert logits.shape == (3, 3)
-
-
-def test_padding_does_not_leak_into_logits():
-    """Junk at padded positions leaves the logits unchanged, for every attention and style."""
-    for kind in KINDS:
-        for style in ("lra", "uea"):
-            torch.manual_seed(0)
-            cfg = _tiny(style, kind)
-            model = Classifier(cfg).double().eval()
-            x, mask = _inputs(cfg)
-            with torch.no_grad():
-                logits, aux = model(x, mask)
-                logits2, aux2 = model(_with_junk(x, mask), mask)
-            assert torch.allclose(logits, logits2, atol=1e-9), f"{kind}/{style}: logits leak"
-            assert torch.allclose(aux, aux2, atol=1e-9), f"{kind}/{style}: aux loss leaks"
-
-
-def test_attention_mask_false_is_the_official_uea_model():
-    """attention_mask=False (the official UEA code): the attention sees padded steps, so junk
-    there changes the logits; the padded steps are still zeroed before the flatten head."""
-    for kind in KINDS:
-        torch.manual_seed(0)
-        cfg = _tiny("uea", kind, attention_mask=False)
-        model = Classifier(cfg).double().eval()
-        x, mask = _inputs(cfg)
-        with torch.no_grad():
-            logits = model(x, mask)[0]
-            assert not torch.allclose(logits, model(_with_junk(x, mask), mask)[0]), kind
-            # the same weights, the encoder run as if every step were real, the mask in the head
-            h = model.encode(x, torch.ones_like(mask))[0]
-            ref = model.head(model.pool(h, mask))
-        assert torch.allclose(logits, ref, atol=1e-12), kind
-
-
-def test_padding_does_not_leak_two_towers():
-    """Retrieval: junk in either document's padding changes nothing."""
-    torch.manual_seed(0)
-    cfg = _tiny("lra", "agf", two_tower=True)
-    model = Classifier(cfg).double().eval()
-    x, mask = _inputs(cfg)
-    x2, mask2 = x.flip(0), mask.flip(0)
-    with torch.no_grad():
-        ref = model(x, mask, x2, mask2)[0]
-        out = model(_with_junk(x, mask), mask, _with_junk(x2, mask2), mask2)[0]
-    assert torch.allclose(ref, out, atol=1e-9)
-
-
-def test_every_parameter_gets_a_gradient():
-    """One backward pass reaches every trainable parameter, for every attention kind."""
-    for kind in KINDS:
-        torch.manual_seed(0)
-        cfg = _tiny("lra", kind)
-        model = Classifier(cfg).double()
-        with torch.no_grad():  # move off the init, where some filters have exactly zero slope
-            for p in model.parameters():
-                p.add_(0.1 * torch.randn_like(p))
-        x, mask = _inputs(cfg)
-        logits, aux = model(x, mask)
-        (F.cross_entropy(logits, torch.tensor([0, 1, 2])) + aux).backward()
-        missing = [
-            n
-            for n, p in model.named_parameters()
-            if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)
-        ]
-        assert not missing, f"{kind}: no gradient for {missing}"
-
-
-def test_hybrid_layer_list_and_aux_averaging():
-    """A per-layer list builds those mechanisms, and aux = mean over the AGF/Primal layers only."""
-    torch.manual_seed(0)
-    assert layer_kinds("primal+trans", 3) == ["softmax", "softmax", "primal"]
-    assert layer_kinds(["softmax", "agf"], 2) == ["softmax", "agf"]
-    cfg = _tiny("lra", ["agf", "softmax", "primal"], n_layers=3)
-    model = Classifier(cfg).double()
-    names = [type(b.attn).__name__ for b in model.blocks]
-    assert names == ["AGFAttention", "SoftmaxAttention", "PrimalAttention"]
-    seen = []
-    for block in model.blocks:
-        block.attn.register_forward_hook(lambda mod, inp, out: seen.append(out[1]))
-    x, mask = _inputs(cfg)
-    _, aux = model(x, mask)
-    assert seen[0] != 0 and seen[2] != 0, "AGF and Primal should have non-zero aux losses"
-    assert torch.allclose(aux, (seen[0] + seen[2]) / 2)
-    with pytest.raises(ValueError, match="entries for 2 layers"):
-        layer_kinds(["softmax"], 2)
-    with pytest.raises(ValueError, match="unknown attention"):
-        layer_kinds("performer", 2)
-
-
-def test_short_training_run_drives_loss_down():
-    """30 Adam steps on a tiny task (label = the first token) cut the loss by more than half."""
-    torch.manual_seed(0)
-    cfg = _tiny("lra", n_classes=4, vocab_size=5, dropout=0.0, attn_dropout=0.0)
-    model = Classifier(cfg)
-    x = torch.randint(1, 5, (64, 12))
-    y = x[:, 0] - 1  # classes 0..3
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(30):
-        logits, aux = model(x)
-        loss = F.cross_entropy(logits, y) + aux
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    assert losses[-1] < 0.5 * losses[0], f"loss went {losses[0]:.3f} -> {losses[-1]:.3f}"
-
-
-def test_bad_inputs_raise_clear_errors():
-    """Each malformed input gets a ValueError that says what is wrong."""
-    torch.manual_seed(0)
-    lra, uea = Classifier(_tiny("lra")), Classifier(_tiny("uea"))
-    tokens, feats = torch.randint(1, 11, (2, 10)), torch.randn(2, 10, 5)
-    ok = torch.ones(2, 10, dtype=torch.bool)
-    cases = [
-        (lra, tokens, ok[:, :9], "mask must be bool of shape"),
-        (lra, tokens, ok.long(), "mask must be bool of shape"),
-        (lra, tokens.clone().fill_(11), ok, r"token ids must lie in \[0, 11\)"),
-        (lra, tokens - 5, ok, "token ids must lie"),
-        (lra, feats, ok, "expected integer token ids"),
-        (uea, torch.randn(2, 10, 4), ok, r"expected float features of shape \(B, N, 5\)"),
-        (uea, torch.randint(0, 3, (2, 10, 5)), ok, "expected float features"),
-        (lra, torch.randint(1, 11, (2, 25)), None, "exceeds the position table"),
-        (lra, tokens, torch.zeros(2, 10, dtype=torch.bool), "at least one real token"),
-    ]
-    for model, x, mask, message in cases:
-        with pytest.raises(ValueError, match=message):
-            model(x, mask)
-    with pytest.raises(ValueError, match="needs the second document"):
-        Classifier(_tiny("lra", two_tower=True))(tokens, ok)
-    with pytest.raises(ValueError, match="exactly one of vocab_size"):
-        Classifier(ModelConfig(vocab_size=5, n_features=3))
-
-
-def test_uea_style_accepts_shorter_sequences():
-    """The flatten head pads a batch shorter than max_len, which equals padding it by hand."""
-    torch.manual_seed(0)
-    cfg = _tiny("uea")
-    model = Classifier(cfg).double().eval()
-    x, mask = _inputs(cfg, N=20)
-    padded = torch.cat([x, torch.zeros(3, 4, 5, dtype=torch.float64)], 1)
-    pmask = torch.cat([mask, torch.zeros(3, 4, dtype=torch.bool)], 1)
-    with torch.no_grad():
-        assert torch.allclose(model(x, mask)[0], model(padded, pmask)[0], atol=1e-10)
-
-
-def test_layerwise_cosine_similarity():
-    """Identical tokens give 1, orthogonal tokens give 0, and random ones match the N x N sum."""
-    same = torch.randn(1, 1, 8).expand(2, 5, 8)
-    ortho = torch.eye(6, dtype=torch.float64)[None]  # 6 orthonormal tokens
-    assert torch.allclose(layerwise_cosine_similarity([same]), torch.tensor([1.0]), atol=1e-6)
-    assert layerwise_cosine_similarity([ortho]).abs().item() < 1e-12
-    torch.manual_seed(0)
-    h = torch.randn(2, 7, 4, dtype=torch.float64)
-    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3], dtype=torch.bool)
-    brute = []
-    for b in range(2):
-        u = F.normalize(h[b, mask[b]], dim=-1)
-        n = len(u)
-        brute.append(((u @ u.T).sum() - n) / (n * (n - 1)))
-    got = layerwise_cosine_similarity([h, h], mask)
-    assert torch.allclose(got, torch.stack(brute).mean().repeat(2), atol=1e-12)
-
-
-# ----------------------------------------------------------------------------------------------
-# agf
+# polynomials.py: the bases AGF filters with
 # ----------------------------------------------------------------------------------------------
 
 
@@ -487,6 +291,11 @@ def test_agf_filter_is_official_tanh_sum():
         assert len(list(poly.parameters())) == (1 if fix else 2)  # frozen θ_0 is no parameter
         grid, g = frequency_response(poly, n_points=50)
         assert grid.min() > 0 and grid.max() < 1 and torch.allclose(g, poly(grid).detach())
+
+
+# ----------------------------------------------------------------------------------------------
+# agf.py
+# ----------------------------------------------------------------------------------------------
 
 
 def _agf_layer(seed: int = 0, **kwargs) -> AGFAttention:
@@ -645,7 +454,7 @@ def test_agf_every_parameter_gets_a_gradient():
 
 
 # ----------------------------------------------------------------------------------------------
-# primal
+# ksvd_attention.py: Primal-Attention
 # ----------------------------------------------------------------------------------------------
 
 
@@ -884,7 +693,7 @@ def test_primal_defaults_and_shapes():
 
 
 # ----------------------------------------------------------------------------------------------
-# gfsa
+# gfsa.py
 # ----------------------------------------------------------------------------------------------
 
 
@@ -1117,18 +926,17 @@ def test_gfsa_linear_variant_saves_no_n_by_n_tensor():
     N = 512
     for kernel in ("linear", "softmax"):
         layer = GFSAttention(32, 4, kernel=kernel).train()
-        assert layer.linear_cost == (kernel == "linear")
         x = torch.randn(1, N, 32, requires_grad=True)
         mask = torch.ones(1, N, dtype=torch.bool)
         mask[0, 400:] = False
         largest = _largest_saved(lambda x, layer=layer, mask=mask: layer(x, mask), x)
         assert largest < N * N, f"{kernel}: saved a tensor of {largest} elements"
-    assert GFSAttention.linear_cost is False  # the class default (kernel="softmax") is O(N²)
 
 
 # ----------------------------------------------------------------------------------------------
-# the copy contract (STYLE.md S2)
+# the copy contract: each mechanism file runs alone
 # ----------------------------------------------------------------------------------------------
+
 
 # What each file may need besides torch; must match the "Depends on:" line in its header.
 STANDALONE = {
@@ -1162,17 +970,369 @@ def test_each_mechanism_file_runs_alone():
 
 
 # ----------------------------------------------------------------------------------------------
-# uea
+# model.py
 # ----------------------------------------------------------------------------------------------
 
 
-UEA_DIR = HERE.parent / "shared" / "data" / "uea"  # real archive files, only in the shared checkout
+def test_softmax_attention_equals_explicit_softmax():
+    """SDPA baseline == softmax(QKᵀ/√d) V written out, with padding and with a causal mask."""
+    torch.manual_seed(0)
+    layer = SoftmaxAttention(16, 4).double().eval()
+    x = torch.randn(2, 9, 16, dtype=torch.float64)
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, 6:] = False
+    for causal in (False, True):
+        layer.causal = causal
+        for m in (None, mask):
+            y, aux = layer(x, m)
+            real = torch.ones(2, 9, dtype=torch.bool) if m is None else m
+            q, k, v = layer.W_qkv(x).view(2, 9, 3, 4, 4).permute(2, 0, 3, 1, 4)
+            scores = q @ k.transpose(-2, -1) / math.sqrt(4)  # (B, H, N, N)
+            allowed = real[:, None, None, :].expand(2, 1, 9, 9)
+            if causal:
+                allowed = allowed & torch.ones(9, 9, dtype=torch.bool).tril()
+            scores = scores.masked_fill(~allowed, float("-inf"))
+            ref = layer.W_o((scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 9, 16))
+            ref = ref * real[..., None]
+            assert torch.allclose(y, ref, atol=1e-12), f"causal={causal}, mask={m is not None}"
+            assert aux.dim() == 0 and aux.item() == 0.0
 
 
-TINY = ["--preset", "quick", "--d-model", "16", "--n-heads", "2", "--d-ff", "32", "--threads", "1"]
+def test_output_shapes_tokens_features_and_two_towers():
+    """Token ids (LRA style), features (UEA style) and the two-tower head all give (B, C)."""
+    torch.manual_seed(0)
+    for style in ("lra", "uea"):
+        cfg = _tiny(style)
+        x, mask = _inputs(cfg, dtype=torch.float32)
+        logits, aux, hidden = Classifier(cfg)(x, mask, return_hidden=True)
+        assert logits.shape == (3, 3) and aux.dim() == 0
+        assert len(hidden) == cfg.n_layers + 1 and hidden[-1].shape == (3, 20, 16)
+    cfg = _tiny("lra", two_tower=True)
+    x, mask = _inputs(cfg)
+    logits, aux = Classifier(cfg)(x, mask, x.flip(0), mask.flip(0))
+    assert logits.shape == (3, 3)
 
 
-def _uea_need_real(name: str) -> pathlib.Path:
+def test_padding_does_not_leak_into_logits():
+    """Junk at padded positions leaves the logits unchanged, for every attention and style."""
+    for kind in KINDS:
+        for style in ("lra", "uea"):
+            torch.manual_seed(0)
+            cfg = _tiny(style, kind)
+            model = Classifier(cfg).double().eval()
+            x, mask = _inputs(cfg)
+            with torch.no_grad():
+                logits, aux = model(x, mask)
+                logits2, aux2 = model(_with_junk(x, mask), mask)
+            assert torch.allclose(logits, logits2, atol=1e-9), f"{kind}/{style}: logits leak"
+            assert torch.allclose(aux, aux2, atol=1e-9), f"{kind}/{style}: aux loss leaks"
+
+
+def test_attention_mask_false_is_the_official_uea_model():
+    """attention_mask=False (the official UEA code): the attention sees padded steps, so junk
+    there changes the logits; the padded steps are still zeroed before the flatten head."""
+    for kind in KINDS:
+        torch.manual_seed(0)
+        cfg = _tiny("uea", kind, attention_mask=False)
+        model = Classifier(cfg).double().eval()
+        x, mask = _inputs(cfg)
+        with torch.no_grad():
+            logits = model(x, mask)[0]
+            assert not torch.allclose(logits, model(_with_junk(x, mask), mask)[0]), kind
+            # the same weights, the encoder run as if every step were real, the mask in the head
+            h = model.encode(x, torch.ones_like(mask))[0]
+            ref = model.head(model.pool(h, mask))
+        assert torch.allclose(logits, ref, atol=1e-12), kind
+
+
+def test_padding_does_not_leak_two_towers():
+    """Retrieval: junk in either document's padding changes nothing."""
+    torch.manual_seed(0)
+    cfg = _tiny("lra", "agf", two_tower=True)
+    model = Classifier(cfg).double().eval()
+    x, mask = _inputs(cfg)
+    x2, mask2 = x.flip(0), mask.flip(0)
+    with torch.no_grad():
+        ref = model(x, mask, x2, mask2)[0]
+        out = model(_with_junk(x, mask), mask, _with_junk(x2, mask2), mask2)[0]
+    assert torch.allclose(ref, out, atol=1e-9)
+
+
+def test_every_parameter_gets_a_gradient():
+    """One backward pass reaches every trainable parameter, for every attention kind."""
+    for kind in KINDS:
+        torch.manual_seed(0)
+        cfg = _tiny("lra", kind)
+        model = Classifier(cfg).double()
+        with torch.no_grad():  # move off the init, where some filters have exactly zero slope
+            for p in model.parameters():
+                p.add_(0.1 * torch.randn_like(p))
+        x, mask = _inputs(cfg)
+        logits, aux = model(x, mask)
+        (F.cross_entropy(logits, torch.tensor([0, 1, 2])) + aux).backward()
+        missing = [
+            n
+            for n, p in model.named_parameters()
+            if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)
+        ]
+        assert not missing, f"{kind}: no gradient for {missing}"
+
+
+def test_hybrid_layer_list_and_aux_averaging():
+    """A per-layer list builds those mechanisms, and aux = mean over the AGF/Primal layers only."""
+    torch.manual_seed(0)
+    assert layer_kinds("primal+trans", 3) == ["softmax", "softmax", "primal"]
+    assert layer_kinds(["softmax", "agf"], 2) == ["softmax", "agf"]
+    cfg = _tiny("lra", ["agf", "softmax", "primal"], n_layers=3)
+    model = Classifier(cfg).double()
+    names = [type(b.attn).__name__ for b in model.blocks]
+    assert names == ["AGFAttention", "SoftmaxAttention", "PrimalAttention"]
+    seen = []
+    for block in model.blocks:
+        block.attn.register_forward_hook(lambda mod, inp, out: seen.append(out[1]))
+    x, mask = _inputs(cfg)
+    _, aux = model(x, mask)
+    assert seen[0] != 0 and seen[2] != 0, "AGF and Primal should have non-zero aux losses"
+    assert torch.allclose(aux, (seen[0] + seen[2]) / 2)
+    with pytest.raises(ValueError, match="entries for 2 layers"):
+        layer_kinds(["softmax"], 2)
+    with pytest.raises(ValueError, match="unknown attention"):
+        layer_kinds("performer", 2)
+
+
+def test_short_training_run_drives_loss_down():
+    """30 Adam steps on a tiny task (label = the first token) cut the loss by more than half."""
+    torch.manual_seed(0)
+    cfg = _tiny("lra", n_classes=4, vocab_size=5, dropout=0.0, attn_dropout=0.0)
+    model = Classifier(cfg)
+    x = torch.randint(1, 5, (64, 12))
+    y = x[:, 0] - 1  # classes 0..3
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(30):
+        logits, aux = model(x)
+        loss = F.cross_entropy(logits, y) + aux
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[-1] < 0.5 * losses[0], f"loss went {losses[0]:.3f} -> {losses[-1]:.3f}"
+
+
+def test_bad_inputs_raise_clear_errors():
+    """Each malformed input gets an error that names the argument and says what is wrong:
+    TypeError for a wrong dtype, ValueError for a wrong shape or value."""
+    torch.manual_seed(0)
+    lra, uea = Classifier(_tiny("lra")), Classifier(_tiny("uea"))
+    two = Classifier(_tiny("lra", two_tower=True))
+    tokens, feats = torch.randint(1, 11, (2, 10)), torch.randn(2, 10, 5)
+    ok = torch.ones(2, 10, dtype=torch.bool)
+    V = ValueError
+    cases = [
+        (lra, (tokens, ok[:, :9]), V, r"mask: expected a bool tensor of shape \(2, 10\)"),
+        (lra, (tokens, ok.long()), TypeError, r"mask: .* got torch\.int64 of shape \(2, 10\)"),
+        (lra, (tokens, ok.float()), TypeError, r"mask: .* got torch\.float32"),
+        (lra, (tokens.clone().fill_(11), ok), V, r"x: token ids must lie in \[0, 11\)"),
+        (lra, (tokens - 5, ok), V, "token ids must lie"),
+        (lra, (feats, ok), TypeError, r"x: expected integer token ids .* torch\.float32"),
+        (lra, (tokens[None], ok), V, r"x: expected integer token ids .* shape \(1, 2, 10\)"),
+        (uea, (torch.randn(2, 10, 4), ok), V, r"float features of shape \(B, N, 5\), got"),
+        (uea, (torch.randint(0, 3, (2, 10, 5)), ok), TypeError, "expected float features"),
+        (lra, (torch.randint(1, 11, (2, 25)), None), V, "exceeds the position table"),
+        (lra, (tokens, torch.zeros(2, 10, dtype=torch.bool)), V, "at least one real token"),
+        (two, (tokens, ok), V, "needs the second document x2"),
+        (two, (tokens, ok, tokens, ok.float()), TypeError, r"mask2: .* got torch\.float32"),
+        (
+            two,
+            (tokens, ok, tokens[:, :3], ok),
+            V,
+            r"mask2: expected a bool tensor of shape \(2, 3\)",
+        ),
+        (lra, (tokens, ok, tokens, ok), V, "takes no x2"),
+    ]
+    for model, args, error, message in cases:
+        with pytest.raises(error, match=message):
+            model(*args)
+    with pytest.raises(ValueError, match="exactly one of vocab_size"):
+        Classifier(ModelConfig(vocab_size=5, n_features=3))
+
+
+@pytest.mark.parametrize("kind", ["softmax", "agf", "primal", "gfsa"])
+def test_every_attention_checks_x_and_mask_the_same_way(kind):
+    """Each attention checks its own inputs: TypeError for a wrong dtype, ValueError for a wrong
+    shape, with one message format naming the argument, what it expects and what it got (never a
+    bare torch error, nor an assert, which python -O removes). A float 0/1 mask must not pass:
+    scaled_dot_product_attention would read it as an additive bias, and padding would leak."""
+    layer = ATTENTION[kind](16, 2)
+    x, ok = torch.randn(2, 8, 16), torch.ones(2, 8, dtype=torch.bool)
+    mask_ = r"^mask: expected a bool tensor of shape \(2, 8\) \(True = real token\), got "
+    x_ = r"^x: expected a float tensor of shape \(B, N, 16\), got "
+    cases = [
+        (x, ok.float(), TypeError, mask_ + r"torch\.float32 of shape \(2, 8\)$"),
+        (x, ok.long(), TypeError, mask_ + r"torch\.int64 of shape \(2, 8\)$"),
+        (x, ok[:, :7], ValueError, mask_ + r"torch\.bool of shape \(2, 7\)$"),
+        (x, ok.T, ValueError, mask_ + r"torch\.bool of shape \(8, 2\)$"),
+        (x[0], None, ValueError, x_ + r"torch\.float32 of shape \(8, 16\)$"),
+        (x[..., :12], ok, ValueError, x_ + r"torch\.float32 of shape \(2, 8, 12\)$"),
+        (x.long(), ok, TypeError, x_ + r"torch\.int64 of shape \(2, 8, 16\)$"),
+    ]
+    for bad_x, bad_mask, error, message in cases:
+        with pytest.raises(error, match=message):
+            layer(bad_x, bad_mask)
+    y, aux = layer(x, ok)  # the same call with good inputs goes through
+    assert y.shape == x.shape and aux.dim() == 0
+
+
+def test_bad_constructor_arguments_raise_value_errors():
+    """Constructor arguments are checked with ValueError, not assert (gone under python -O)."""
+    for cls in ATTENTION.values():
+        with pytest.raises(ValueError, match="d_model=16 is not divisible by n_heads=3"):
+            cls(16, 3)
+    for make in (
+        lambda: AGFAttention(16, 2, basis="hermite"),
+        lambda: AGFAttention(16, 2, order=-1),
+        lambda: PolynomialFilter(3, "laguerre"),
+        lambda: PrimalAttention(16, 2, ksvd_reduction="mean"),
+        lambda: GFSAttention(16, 2, order=1),
+    ):
+        with pytest.raises(ValueError):
+            make()
+
+
+def test_appended_padding_changes_neither_logits_nor_loss():
+    """Append padded positions holding junk (N = 20 -> 24 = max_len): the logits and the loss
+    (cross-entropy + aux) stay the same, for every attention. Sequence 0 has no padding, so in
+    LRA style a mean over all N positions (`h.mean(1)`, or the masked sum divided by N) would
+    change with the padded length; the masked mean must divide by the real tokens. In UEA style
+    the flatten head zero-pads a batch shorter than max_len, which must equal padding it here."""
+    y = torch.tensor([0, 1, 2])
+    for kind, style in [(kind, style) for kind in KINDS for style in ("lra", "uea")]:
+        torch.manual_seed(0)
+        cfg = _tiny(style, kind)
+        model = Classifier(cfg).double().eval()
+        x, mask = _inputs(cfg, N=20)
+        if cfg.vocab_size:
+            junk = torch.randint(0, cfg.vocab_size, (3, 4))
+        else:
+            junk = 1e3 * torch.randn(3, 4, cfg.n_features, dtype=torch.float64)
+        x_long = torch.cat([x, junk], 1)
+        mask_long = torch.cat([mask, torch.zeros(3, 4, dtype=torch.bool)], 1)
+        with torch.no_grad():
+            logits, aux = model(x, mask)
+            logits_long, aux_long = model(x_long, mask_long)
+        loss = F.cross_entropy(logits, y) + aux
+        loss_long = F.cross_entropy(logits_long, y) + aux_long
+        assert torch.allclose(logits, logits_long, rtol=0, atol=1e-10), f"{kind}/{style}: logits"
+        assert torch.allclose(loss, loss_long, rtol=0, atol=1e-10), f"{kind}/{style}: loss"
+
+
+def _classifier_by_hand(model, x, mask, x2=None, mask2=None):
+    """model.py's Classifier in eval mode, written out with torch.nn.functional from the module's
+    own weights. Only each block's attention module is called as a black box."""
+    cfg, D = model.cfg, model.cfg.d_model
+
+    def layer_norm(t, norm):
+        return F.layer_norm(t, (D,), norm.weight, norm.bias, norm.eps)
+
+    def linear(t, lin):
+        return F.linear(t, lin.weight, lin.bias)
+
+    def tower(x, mask):
+        if cfg.vocab_size:
+            h = F.embedding(x, model.embed.weight)  # (B, N, D)
+        else:
+            h = linear(x, model.embed)
+        if cfg.style == "uea":
+            h = h * math.sqrt(D)  # mvts: the input projection times √D
+        h = h + model.pos[: x.shape[1]]
+        aux = []
+        for kind, block in zip(model.kinds, model.blocks, strict=True):
+            fc1, fc2 = block.mlp[0], block.mlp[3]
+            if cfg.style == "lra":  # pre-LN
+                y, a = block.attn(layer_norm(h, block.norm1), mask)
+                h = h + y
+                h = h + linear(F.gelu(linear(layer_norm(h, block.norm2), fc1)), fc2)
+            else:  # post-LN
+                y, a = block.attn(h, mask)
+                h = layer_norm(h + y, block.norm1)
+                h = layer_norm(h + linear(F.gelu(linear(h, fc1)), fc2), block.norm2)
+            if kind in ("agf", "primal"):
+                aux.append(a)
+        h = layer_norm(h, model.norm)
+        m = mask[..., None].to(h.dtype)
+        if cfg.style == "lra":  # mean over the real tokens
+            z = (h * m).sum(1) / mask.sum(1, keepdim=True)
+        else:  # GELU, padded steps zeroed, zero rows up to max_len, flatten
+            z = torch.zeros(h.shape[0], cfg.max_len, D, dtype=h.dtype)
+            z[:, : h.shape[1]] = F.gelu(h) * m
+            z = z.reshape(h.shape[0], cfg.max_len * D)
+        return z, (sum(aux) / len(aux) if aux else torch.zeros((), dtype=h.dtype))
+
+    z, aux = tower(x, mask)
+    if x2 is not None:  # two towers, one encoder: head on [a, b, a*b, a-b]
+        z2, aux2 = tower(x2, mask2)
+        z, aux = torch.cat([z, z2, z * z2, z - z2], dim=1), (aux + aux2) / 2
+    if cfg.style == "lra":
+        return linear(F.relu(linear(z, model.head[0])), model.head[2]), aux
+    return linear(z, model.head), aux
+
+
+@pytest.mark.parametrize(
+    "style, kinds, two_tower",
+    [
+        ("lra", ["agf", "softmax", "primal"], False),
+        ("uea", ["gfsa", "primal", "agf"], False),
+        ("lra", ["softmax", "gfsa", "primal"], True),
+    ],
+    # no "lra" / "uea" in the ids, so a run that filters the train-script tests out keeps these
+    ids=["pre-LN-masked-mean", "post-LN-flatten", "two-tower-retrieval"],
+)
+def test_classifier_equals_its_forward_written_out(style, kinds, two_tower):
+    """Classifier == the same computation written out in the test, from the module's weights:
+    LRA (token embedding + positions, pre-LN blocks, final LN, masked mean, MLP head), UEA
+    (Linear·√D + positions, post-LN blocks, final LN, GELU, zeroed padding, flatten head) and
+    the two-tower Retrieval head on [a, b, a*b, a-b]. Catches a wrong residual, LayerNorm
+    placement, scale, pooling, head or aux average, which the padding tests cannot see."""
+    torch.manual_seed(0)
+    cfg = _tiny(style, kinds, n_layers=3, two_tower=two_tower)
+    model = Classifier(cfg).double().eval()
+    with torch.no_grad():  # off the init: AGF g ≡ 1, GFSA wK = 0 and LN = (1, 0) hide terms
+        for p in model.parameters():
+            p.add_(0.1 * torch.randn_like(p))
+    x, mask = _inputs(cfg, N=20)
+    args = (x, mask, x.flip(0), mask.flip(0)) if two_tower else (x, mask)
+    with torch.no_grad():
+        logits, aux = model(*args)
+        want_logits, want_aux = _classifier_by_hand(model, *args)
+    assert logits.shape == (3, 3) and aux > 0
+    assert torch.allclose(logits, want_logits, rtol=0, atol=1e-10)
+    assert torch.allclose(aux, want_aux, rtol=0, atol=1e-10)
+
+
+def test_layerwise_cosine_similarity():
+    """Identical tokens give 1, orthogonal tokens give 0, and random ones match the N x N sum."""
+    same = torch.randn(1, 1, 8).expand(2, 5, 8)
+    ortho = torch.eye(6, dtype=torch.float64)[None]  # 6 orthonormal tokens
+    assert torch.allclose(layerwise_cosine_similarity([same]), torch.tensor([1.0]), atol=1e-6)
+    assert layerwise_cosine_similarity([ortho]).abs().item() < 1e-12
+    torch.manual_seed(0)
+    h = torch.randn(2, 7, 4, dtype=torch.float64)
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3], dtype=torch.bool)
+    brute = []
+    for b in range(2):
+        u = F.normalize(h[b, mask[b]], dim=-1)
+        n = len(u)
+        brute.append(((u @ u.T).sum() - n) / (n * (n - 1)))
+    got = layerwise_cosine_similarity([h, h], mask)
+    assert torch.allclose(got, torch.stack(brute).mean().repeat(2), atol=1e-12)
+
+
+# ----------------------------------------------------------------------------------------------
+# data: uea_data.py
+# ----------------------------------------------------------------------------------------------
+
+
+def _need_real(name: str) -> pathlib.Path:
     """The real UEA folder `name`, or skip with the reason."""
     folder = UEA_DIR / name
     if not (folder / f"{name}_TRAIN.ts").exists():
@@ -1180,123 +1340,285 @@ def _uea_need_real(name: str) -> pathlib.Path:
     return folder
 
 
-def _uea_toy_ts(cases: list, *, dims="2", equal="false", length=None, labels="up down", extra=()):
+def _toy_ts(cases: list, *, dims="2", equal="false", length=None, labels="up down", extra=()):
     """A small .ts file in the archive's format; data rows start at line len(header) + 1."""
-    header = ["# toy file written by _tests_uea.py", "@problemName Toy", "@timeStamps false"]
+    header = ["# toy file written by _t_uea_data.py", "@problemName Toy", "@timeStamps false"]
     header += ["@missing true", "@univariate false", *extra]
     header += [f"@dimensions {dims}"] if dims else []
     header += [f"@equalLength {equal}"] + ([f"@seriesLength {length}"] if length else [])
-    header += [f"@classLabel true {labels}", "@data"]
+    header += [f"@classLabel true {labels}" if labels is not None else "@classLabel false"]
+    header += ["@data"]
     return "\n".join(header + cases) + "\n", len(header)
 
 
-def _uea_write(folder, name: str, text: str) -> pathlib.Path:
+def _write(folder, name: str, text) -> pathlib.Path:
     path = pathlib.Path(folder) / name
-    path.write_text(text)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
     return path
 
 
-def _uea_run(argv: list) -> tuple[dict, str]:
-    """main(parse_config(argv)) in this process -> (result, stdout); restores torch's threads."""
-    threads, out = torch.get_num_threads(), io.StringIO()
-    try:
-        with contextlib.redirect_stdout(out):
-            result = train_uea.main(parse_config(argv))
-    finally:
-        torch.set_num_threads(threads)
-    return result, out.getvalue()
-
-
-def _uea_toy_dataset(root, name="Toy", n=12, length=6):
-    """<root>/<name>/<name>_{TRAIN,TEST}.ts: two classes, told apart by the sign of channel 1."""
-    rng = np.random.default_rng(0)
-    folder = pathlib.Path(root) / name
-    folder.mkdir(parents=True, exist_ok=True)
-    for split in ("TRAIN", "TEST"):
-        rows = []
-        for i in range(n):
-            sign, label = (1, "up") if i % 2 else (-1, "down")
-            a, b = sign + 0.1 * rng.standard_normal((2, length))
-            rows.append(",".join(map(str, a)) + ":" + ",".join(map(str, b)) + ":" + label)
-        text, _ = _uea_toy_ts(rows)
-        _uea_write(folder, f"{name}_{split}.ts", text.replace("Toy", name))
+def _dataset(root, train_rows: list, test_rows: list, train=None, test=None) -> pathlib.Path:
+    """<root>/Toy/Toy_{TRAIN,TEST}.ts from two lists of data rows (and _toy_ts options)."""
+    folder = pathlib.Path(root) / "Toy"
+    for split, rows, options in (("TRAIN", train_rows, train), ("TEST", test_rows, test)):
+        _write(folder, f"Toy_{split}.ts", _toy_ts(rows, **(options or {}))[0])
     return folder
 
 
-def test_uea_reader_equal_length_labels_in_header_order():
+def _row(*channels, label) -> str:
+    return ":".join(",".join(repr(float(v)) for v in c) for c in channels) + f":{label}"
+
+
+# ----------------------------------------------------------------------------------------------
+# the reader
+
+
+def test_uea_reader_equal_length_labels_in_header_order(tmp_path):
     """Values, shapes and labels of a small equal-length file; tags are case-insensitive."""
-    text, _ = _uea_toy_ts(["1,2,3:4,5,6:down", "7,8,9:1.5,-2,3e-1:up"], equal="true", length=3)
+    text, _ = _toy_ts(["1,2,3:4,5,6:down", "7,8,9:1.5,-2,3e-1:up"], equal="true", length=3)
     text = text.replace("@problemName", "@PROBLEMNAME")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = pathlib.Path(tmp) / "Toy_TRAIN.ts"
-        # a non-UTF-8 comment byte (latin-1 é), as in some archive files
-        path.write_bytes(text.encode().replace(b"# toy", b"# caf\xe9 toy"))
-        ts = read_ts(path)
+    # a non-UTF-8 comment byte (latin-1 é), as in some archive files
+    path = _write(tmp_path, "Toy_TRAIN.ts", text.encode().replace(b"# toy", b"# caf\xe9 toy"))
+    ts = read_ts(path)
     assert ts.header["problemname"] == "Toy" and ts.class_names == ["up", "down"]
     assert ts.labels.tolist() == [1, 0]  # @classLabel order (up = 0), not sorted (down = 0)
+    assert ts.labels.dtype == np.int64 and ts.line_numbers == [11, 12]
     assert [s.shape for s in ts.series] == [(3, 2), (3, 2)]
     np.testing.assert_array_equal(ts.series[0], [[1, 4], [2, 5], [3, 6]])
     np.testing.assert_array_equal(ts.series[1], [[7, 1.5], [8, -2], [9, 0.3]])
 
 
-def test_uea_reader_unequal_lengths_and_missing_values():
+def test_uea_reader_unequal_lengths_and_missing_values(tmp_path):
     """Each case keeps its length; '?' is filled linearly per channel, ends by the nearest."""
-    text, _ = _uea_toy_ts(["?,2,?,4,?:1,1,1,1,1:up", "5,?,?,8:?,?,0,?:down"])
-    with tempfile.TemporaryDirectory() as tmp:
-        ts = read_ts(_uea_write(tmp, "Toy_TRAIN.ts", text))
+    text, _ = _toy_ts(["?,2,?,4,?:1,1,1,1,1:up", "5,?,?,8:?,?,0,?:down"])
+    ts = read_ts(_write(tmp_path, "Toy_TRAIN.ts", text))
     assert [len(s) for s in ts.series] == [5, 4]
     np.testing.assert_allclose(ts.series[0][:, 0], [2, 2, 3, 4, 4])  # pandas linear, both ends
+    np.testing.assert_allclose(ts.series[0][:, 1], [1, 1, 1, 1, 1])
     np.testing.assert_allclose(ts.series[1][:, 0], [5, 6, 7, 8])
     np.testing.assert_allclose(ts.series[1][:, 1], [0, 0, 0, 0])
     assert not any(np.isnan(s).any() for s in ts.series)
 
 
-def test_uea_reader_errors_name_file_line_and_problem():
-    """Every malformed input raises TsFormatError 'path:line: what'."""
+def test_uea_reader_errors_name_file_line_and_problem(tmp_path):
+    """Every malformed input raises TsFormatError 'path:line: what', naming the real fault."""
     ok = "1,2:3,4:up"
-    cases = [  # (rows, keyword arguments of _uea_toy_ts, 0-based data row or header marker, text)
-        ([ok, "1,2:3,4:5,6:up"], {}, 1, "found 3 dimensions, expected 2"),
+    cases = [  # (rows, keyword arguments of _toy_ts, 0-based data row or header marker, text)
+        ([ok, "1,2:3,4:5,6:up"], {}, 1, "3 dimension(s), not 2 (the header)"),
+        ([ok, "1,2:up"], dict(dims=None), 1, "1 dimension(s), not 2 (case 1)"),
         ([ok, "1,2:3,4:left"], {}, 1, "unknown class label 'left'"),
+        # a data line without its class label: the last field is read as the label
+        ([ok, "1,2:3,4"], {}, 1, "the class label is missing ('3,4' holds values)"),
+        (["1,2:3,4"], dict(dims=None), 0, "the class label is missing ('3,4' holds values)"),
+        ([ok, "1:3"], {}, 1, "the class label is missing ('3' holds values)"),
+        ([ok, "1,2:3,4:"], {}, 1, "the class label is missing (the line ends in ':')"),
         (["1,x:3,4:up"], {}, 0, "non-numeric value 'x' (dimension 1, step 2)"),
         ([ok, "1,2,3:3,4:up"], {}, 1, "channels of different lengths [2, 3]"),
         (["?,?:3,4:up"], {}, 0, "dimension 1 has no values"),
         ([ok, "1:3:up"], dict(equal="true", length=2), 1, "length 1, but @seriesLength 2"),
-        ([ok, "1,2:up"], dict(dims=None), 1, "found 1 dimensions, expected 2"),
         ([ok, "up"], {}, 1, "a case needs values before its label"),
         ([ok, "1,inf:3,4:up"], {}, 1, "infinite value in dimension 1"),
         ([ok], dict(extra=["@timeStamps true"]), "@timeStamps true", "timestamps not supported"),
         ([ok], dict(extra=["@colour blue"]), "@colour", "unknown header tag @colour"),
         ([ok], dict(labels=""), "@classLabel", "@classLabel true lists no labels"),
+        ([ok], dict(labels="up down up"), "@classLabel", "@classLabel repeats a label"),
         ([ok], dict(extra=["@dimensions two"]), "@dimensions two", "positive integer"),
+        ([ok], dict(extra=["@missing maybe"]), "@missing maybe", "must be true or false"),
     ]
-    with tempfile.TemporaryDirectory() as tmp:
-        for rows, kwargs, where, what in cases:
-            text, n_header = _uea_toy_ts(rows, **kwargs)
-            lines = text.splitlines()
-            line = (
-                n_header + 1 + where
-                if isinstance(where, int)
-                else 1 + next(i for i, ln in enumerate(lines) if ln.startswith(where))
-            )
-            path = _uea_write(tmp, "Bad_TRAIN.ts", text)
-            with pytest.raises(TsFormatError) as err:
-                read_ts(path)
-            message = str(err.value)
-            assert message.startswith(f"{path}:{line}: ") and what in message, (line, message)
-        # no @data at all: the message names the file
-        path = _uea_write(tmp, "NoData_TRAIN.ts", "@problemName X\n@classLabel true a b\n")
-        with pytest.raises(TsFormatError, match="no @data line") as err:
+    for rows, kwargs, where, what in cases:
+        text, n_header = _toy_ts(rows, **kwargs)
+        lines = text.splitlines()
+        line = (
+            n_header + 1 + where
+            if isinstance(where, int)
+            else 1 + next(i for i, ln in enumerate(lines) if ln.startswith(where))
+        )
+        path = _write(tmp_path, "Bad_TRAIN.ts", text)
+        with pytest.raises(TsFormatError) as err:
             read_ts(path)
-        assert str(path) in str(err.value)
+        message = str(err.value)
+        assert message.startswith(f"{path}:{line}: ") and what in message, (line, message)
+        assert err.value.path == str(path) and err.value.line_no == line
+    # numeric labels: a lone number that is no class, on a case one dimension short, is a value
+    text, n_header = _toy_ts(["1:3:1", "1:3"], labels="1 2")
+    with pytest.raises(TsFormatError, match=f":{n_header + 2}: the class label is missing"):
+        read_ts(_write(tmp_path, "Num_TRAIN.ts", text))
+    # ... while a class label on a case short of one dimension is a dimension error
+    text, n_header = _toy_ts(["1:3:1", "1:2"], labels="1 2")
+    with pytest.raises(TsFormatError, match=f":{n_header + 2}: 1 dimension\\(s\\), not 2"):
+        read_ts(_write(tmp_path, "Num_TRAIN.ts", text))
+    # no @data at all, or no case after it: the message names the file
+    path = _write(tmp_path, "NoData_TRAIN.ts", "@problemName X\n@classLabel true a b\n")
+    with pytest.raises(TsFormatError, match="no @data line") as err:
+        read_ts(path)
+    assert str(err.value).startswith(f"{path}: ")
+    with pytest.raises(TsFormatError, match="no cases after @data"):
+        read_ts(_write(tmp_path, "NoCase_TRAIN.ts", _toy_ts([])[0]))
+
+
+def test_uea_reader_empty_binary_and_non_utf8_files(tmp_path):
+    """Empty files, binaries and non-UTF-8 data get their own message, never a raw traceback."""
+    for content, what in [
+        (b"", "empty file"),
+        (b"  \n\n \t\n", "empty file"),
+        (
+            b"PK\x03\x04\x14\x00\x00\x00\x08\x00zip",
+            "NUL bytes: a binary or UTF-16 file, not .ts text",
+        ),
+        (
+            _toy_ts(["1,2:up"])[0].encode("utf-16"),
+            "NUL bytes: a binary or UTF-16 file, not .ts text",
+        ),
+    ]:
+        path = _write(tmp_path, "Bad_TRAIN.ts", content)
+        with pytest.raises(TsFormatError) as err:
+            read_ts(path)
+        assert str(err.value) == f"{path}: {what}" and err.value.line_no is None
+    # latin-1 bytes in a data line (not a comment) are refused with the line
+    text, n_header = _toy_ts(["1,2:3,4:up", "1,2:3,4:caf\xe9"], labels="up caf\xe9")
+    path = _write(tmp_path, "Latin_TRAIN.ts", text.encode("latin-1"))
+    with pytest.raises(TsFormatError, match=f":{n_header - 1}: bytes that are not UTF-8 text"):
+        read_ts(path)  # the @classLabel line, just before the data, holds the first such byte
+    with pytest.raises(FileNotFoundError):  # a missing file: the OS error names the path
+        read_ts(tmp_path / "Nope_TRAIN.ts")
+
+
+# ----------------------------------------------------------------------------------------------
+# load_uea: labels, statistics, padding
+
+
+def test_uea_test_labels_in_another_order_map_to_the_train_index(tmp_path):
+    """TEST lists its classes in another order: every case gets its class's TRAIN index."""
+    train_words = ["up", "down", "flat", "flat", "up", "down"]
+    test_words = ["flat", "up", "down", "down", "flat", "up", "up"]
+    rng = np.random.default_rng(0)
+    rows = lambda words: [_row(*rng.normal(size=(2, 4)), label=w) for w in words]  # noqa: E731
+    folder = _dataset(
+        tmp_path, rows(train_words), rows(test_words),
+        train=dict(labels="up down flat"), test=dict(labels="flat down up"),
+    )  # fmt: skip
+    data = load_uea(str(tmp_path), "Toy")
+    assert data.class_names == ["up", "down", "flat"]
+    # independent of the reader: the label word is the text after the last ':' of each data row
+    raw = (folder / "Toy_TEST.ts").read_text().splitlines()
+    words = [r.rsplit(":", 1)[1] for r in raw[raw.index("@data") + 1 :]]
+    assert words == test_words
+    assert data.y_test.tolist() == [["up", "down", "flat"].index(w) for w in words]
+    assert data.y_train.tolist() == [["up", "down", "flat"].index(w) for w in train_words]
+    assert data.y_test.dtype == data.y_train.dtype == torch.int64
+    # the TEST file on its own numbers its classes in its own header order
+    assert read_ts(folder / "Toy_TEST.ts").labels.tolist() == [0, 2, 1, 1, 0, 2, 2]
+    # a TEST class that TRAIN does not have stays an error naming the TEST file
+    _dataset(
+        tmp_path, rows(train_words), rows(["flat", "sideways"]),
+        train=dict(labels="up down flat"), test=dict(labels="flat sideways"),
+    )  # fmt: skip
+    with pytest.raises(TsFormatError, match=r"Toy_TEST.ts: classes \['sideways'\] not in TRAIN"):
+        load_uea(str(tmp_path), "Toy")
+
+
+def test_uea_constant_training_channel_is_only_centred(tmp_path):
+    """A channel constant in TRAIN is centred, not divided by ~0: TEST stays value - mean."""
+    rng = np.random.default_rng(1)
+    train_a, test_a = rng.normal(3, 2, size=(4, 5)), rng.normal(3, 2, size=(3, 5))
+    train_rows = [_row(a, [0.1] * 5, label="up") for a in train_a]  # channel 2 constant 0.1
+    test_b = np.array([[0.1, 4.0, -2.5, 0.1, 7.0], [0.1] * 5, [1e3, 0, 0, 0, 0]])
+    test_rows = [_row(a, b, label="down") for a, b in zip(test_a, test_b, strict=True)]
+    _dataset(tmp_path, train_rows, test_rows)
+    data = load_uea(str(tmp_path), "Toy")
+    assert data.constant_channels == [1]
+    assert data.std[1] < 1e-15 and data.mean[1] == pytest.approx(0.1, abs=1e-15)
+    x_test = data.x_test.double().numpy()
+    assert np.isfinite(x_test).all() and np.abs(x_test).max() < 1e3
+    np.testing.assert_allclose(x_test[:, :, 1], test_b - 0.1, atol=1e-5)  # value - mean
+    np.testing.assert_allclose(data.x_train[:, :, 1].numpy(), 0, atol=1e-6)
+    # the other channel is standardised as usual, with TRAIN statistics (ddof = 1)
+    mean, std = train_a.mean(), train_a.std(ddof=1)
+    np.testing.assert_allclose(x_test[:, :, 0], (test_a - mean) / std, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(data.x_train[:, :, 0].numpy(), (train_a - mean) / std, rtol=1e-5)
+    # a constant channel at a large level (rounding noise in its mean) is caught as well
+    big = [_row(a, [123456.789] * 5, label="up") for a in train_a]
+    _dataset(tmp_path, big, [_row(test_a[0], [123457.789] * 5, label="up")])
+    data = load_uea(str(tmp_path), "Toy")
+    assert data.constant_channels == [1]
+    np.testing.assert_allclose(data.x_test[0, :, 1].numpy(), 1.0, rtol=1e-3)
+
+
+def test_uea_single_case_training_sets_stay_finite(tmp_path):
+    """One TRAIN case: its steps give the statistics; one single step: std 0, centred only."""
+    test_rows = [_row([1, 2, 3], [4, 5, 6], label="up")]
+    _dataset(tmp_path, [_row([0, 2, 4, 6], [1, 1, 1, 1], label="up")], test_rows)
+    data = load_uea(str(tmp_path), "Toy")
+    np.testing.assert_allclose(data.mean, [3, 1])
+    np.testing.assert_allclose(data.std, [np.std([0, 2, 4, 6], ddof=1), 0])
+    assert data.constant_channels == [1] and tuple(data.x_test.shape) == (1, 4, 2)
+    expected = (np.array([1, 2, 3]) - 3) / np.std([0, 2, 4, 6], ddof=1)
+    np.testing.assert_allclose(data.x_test[0, :3, 0].numpy(), expected, rtol=1e-6)
+    np.testing.assert_allclose(data.x_test[0, :3, 1].numpy(), [3, 4, 5])
+    _dataset(tmp_path, [_row([2], [5], label="up")], test_rows)  # one case of one time step
+    with warnings.catch_warnings():  # no 'degrees of freedom <= 0' NaN on the way
+        warnings.simplefilter("error")
+        data = load_uea(str(tmp_path), "Toy")
+    assert data.std.tolist() == [0, 0] and data.constant_channels == [0, 1]
+    assert tuple(data.x_test.shape) == (1, 1, 2) and data.n_clipped == 1
+    np.testing.assert_array_equal(data.x_test[0, 0].numpy(), [-1, -1])  # clipped, centred
+
+
+def test_uea_load_rejects_bad_arguments_and_mismatched_files(tmp_path):
+    """Bad max_len, dataset names, dimension counts and label headers: clear errors."""
+    rows = [_row([1, 2, 3], [4, 5, 7], label="up"), _row([3, 2, 0], [1, 5, 4], label="down")]
+    _dataset(tmp_path, rows, rows)
+    for bad in (-1, 2.5, "3"):
+        with pytest.raises(ValueError, match=r"max_len must be a positive integer \(or 0"):
+            load_uea(str(tmp_path), "Toy", max_len=bad)
+    assert load_uea(str(tmp_path), "Toy", max_len=np.int64(2)).x_train.shape == (2, 2, 2)
+    for name in ("", "..", "a/b", "a\\b"):
+        with pytest.raises(ValueError, match="dataset name must be a plain name"):
+            load_uea(str(tmp_path), name)
+    with pytest.raises(DatasetNotFoundError):
+        load_uea(str(tmp_path / "elsewhere"), "Toy")
+    # TRAIN with 2 dimensions, TEST with 3
+    three = [_row([1, 2], [3, 4], [5, 6], label="up")]
+    _dataset(tmp_path, rows, three, test=dict(dims="3"))
+    with pytest.raises(TsFormatError, match="Toy_TEST.ts: 3 dimensions, TRAIN has 2"):
+        load_uea(str(tmp_path), "Toy")
+    # a file without class labels cannot be classified
+    _dataset(tmp_path, rows, ["1,2:3,4"], test=dict(labels=None))
+    with pytest.raises(TsFormatError, match="Toy_TEST.ts: no '@classLabel true <labels>'"):
+        load_uea(str(tmp_path), "Toy")
+
+
+def test_uea_pad_series_values_and_argument_checks():
+    """pad_series: (x - mean) / std, zero padding, clipping, mask; bad arguments named."""
+    series = [np.array([[1.0, 10], [3, 30]]), np.array([[5.0, 50], [7, 70], [9, 90]])]
+    mean, std = np.array([1.0, 10]), np.array([2.0, 20])
+    x, mask = pad_series(series, mean, std, 4)
+    expected = np.zeros((2, 4, 2))
+    expected[0, :2] = [[0, 0], [1, 1]]
+    expected[1, :3] = [[2, 2], [3, 3], [4, 4]]
+    np.testing.assert_array_equal(x.numpy(), expected)
+    assert x.dtype == torch.float32 and mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 0]]
+    x, mask = pad_series(series, mean, std, 2)  # clipped
+    assert x.shape == (2, 2, 2) and mask.all() and x[1, 1].tolist() == [3, 3]
+    for args, what in [
+        ((series, mean, std, 0), "max_len must be a positive integer"),
+        ((series, mean, std, 2.0), "max_len must be a positive integer"),
+        ((series, mean, np.array([2.0, 0]), 3), "positive std"),
+        ((series, mean, np.array([2.0, np.nan]), 3), "positive std"),
+        ((series, mean, np.array([2.0]), 3), "of shape \\(F,\\)"),
+        ((series + [np.ones((2, 3))], mean, std, 3), r"cases \[2\] are not \(L, F\) arrays"),
+        ((series + [np.ones(3)], mean, std, 3), r"cases \[2\] are not \(L, F\) arrays"),
+    ]:
+        with pytest.raises(ValueError, match=what):
+            pad_series(*args)
 
 
 def test_uea_japanese_vowels_shapes_lengths_and_masks():
     """270 / 370 cases, 12 dims, lengths 7-26 / 7-29, 9 classes; masks follow the lengths."""
-    folder = _uea_need_real("JapaneseVowels")
-    train, test = (
-        read_ts(folder / "JapaneseVowels_TRAIN.ts"),
-        read_ts(folder / "JapaneseVowels_TEST.ts"),
-    )
+    folder = _need_real("JapaneseVowels")
+    train = read_ts(folder / "JapaneseVowels_TRAIN.ts")
+    test = read_ts(folder / "JapaneseVowels_TEST.ts")
     assert (len(train.series), len(test.series)) == (270, 370)
     assert {s.shape[1] for s in train.series + test.series} == {12}
     lengths = [len(s) for s in train.series], [len(s) for s in test.series]
@@ -1309,30 +1631,37 @@ def test_uea_japanese_vowels_shapes_lengths_and_masks():
     assert data.mask_test.sum(1).tolist() == [min(n, 26) for n in lengths[1]]  # clipped, as mvts
     assert data.n_clipped == sum(n > 26 for n in lengths[1]) > 0
     assert (data.x_train[~data.mask_train] == 0).all() and (data.x_test[~data.mask_test] == 0).all()
-    assert data.y_test.tolist() == test.labels.tolist()
+    assert data.y_test.tolist() == test.labels.tolist() and data.constant_channels == []
+    # the real steps of TEST case 0 are its raw values, standardised with the TRAIN statistics
+    raw = test.series[0][:26]
+    expected = (raw - data.mean) / data.std
+    np.testing.assert_allclose(data.x_test[0, : len(raw)].numpy(), expected, rtol=1e-5, atol=1e-6)
+    # TRAIN real steps are standardised: mean 0, std 1 per channel over all of them
+    steps = data.x_train[data.mask_train].double()
+    np.testing.assert_allclose(steps.mean(0).numpy(), 0, atol=1e-6)
+    np.testing.assert_allclose(steps.std(0).numpy(), 1, atol=1e-6)
 
 
-def test_uea_normalisation_uses_training_statistics_only():
+def test_uea_normalisation_uses_training_statistics_only(tmp_path):
     """Changing the TEST file leaves TRAIN arrays and statistics as they were; TEST uses them."""
-    folder = _uea_need_real("JapaneseVowels")
-    with tempfile.TemporaryDirectory() as tmp:
-        copy = pathlib.Path(tmp) / "JapaneseVowels"
-        copy.mkdir()
-        for split in ("TRAIN", "TEST"):
-            name = f"JapaneseVowels_{split}.ts"
-            (copy / name).write_bytes((folder / name).read_bytes())
-        before = load_uea(tmp, "JapaneseVowels")
-        # scale every value of the TEST file by 10
-        test_path = copy / "JapaneseVowels_TEST.ts"
-        lines = test_path.read_text(errors="replace").splitlines()
-        start = next(i for i, ln in enumerate(lines) if ln.lower().startswith("@data")) + 1
-        for i in range(start, len(lines)):
-            *dims, label = lines[i].split(":")
-            dims = [",".join(repr(10 * float(v)) for v in d.split(",")) for d in dims]
-            lines[i] = ":".join(dims + [label])
-        test_path.write_text("\n".join(lines) + "\n")
-        after = load_uea(tmp, "JapaneseVowels")
-        raw_test = read_ts(test_path).series
+    folder = _need_real("JapaneseVowels")
+    copy = tmp_path / "JapaneseVowels"
+    copy.mkdir()
+    for split in ("TRAIN", "TEST"):
+        name = f"JapaneseVowels_{split}.ts"
+        (copy / name).write_bytes((folder / name).read_bytes())
+    before = load_uea(str(tmp_path), "JapaneseVowels")
+    # scale every value of the TEST file by 10
+    test_path = copy / "JapaneseVowels_TEST.ts"
+    lines = test_path.read_text(errors="replace").splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.lower().startswith("@data")) + 1
+    for i in range(start, len(lines)):
+        *dims, label = lines[i].split(":")
+        dims = [",".join(repr(10 * float(v)) for v in d.split(",")) for d in dims]
+        lines[i] = ":".join(dims + [label])
+    test_path.write_text("\n".join(lines) + "\n")
+    after = load_uea(str(tmp_path), "JapaneseVowels")
+    raw_test = read_ts(test_path).series
     assert torch.equal(before.x_train, after.x_train)
     np.testing.assert_array_equal(before.mean, after.mean)
     np.testing.assert_array_equal(before.std, after.std)
@@ -1350,7 +1679,7 @@ def test_uea_normalisation_uses_training_statistics_only():
 
 def test_uea_word_labels_follow_the_header_order_basic_motions():
     """BasicMotions: word labels map to @classLabel order (Standing = 0), equal length 100."""
-    folder = _uea_need_real("BasicMotions")
+    folder = _need_real("BasicMotions")
     path = folder / "BasicMotions_TRAIN.ts"
     ts = read_ts(path)
     assert ts.class_names == ["Standing", "Running", "Walking", "Badminton"]
@@ -1359,247 +1688,98 @@ def test_uea_word_labels_follow_the_header_order_basic_motions():
     words = [r.rsplit(":", 1)[1].strip() for r in rows if r.strip()]
     assert [ts.class_names[k] for k in ts.labels] == words
     assert {s.shape for s in ts.series} == {(100, 6)} and len(ts.series) == 40
+    # the first value of each of the 6 channels of case 1, read independently
+    first = [float(d.split(",")[0]) for d in rows[0].split(":")[:-1]]
+    np.testing.assert_array_equal(ts.series[0][0], first)
 
 
-def test_uea_presets_follow_the_official_scripts_and_flags_win():
-    cfg = parse_config(["--dataset", "Heartbeat", "--attention", "agf"])
-    assert (cfg.agf_basis, cfg.agf_order, cfg.agf_gamma, cfg.agf_fix_theta0) == (
-        "chebyshev", 6, 0.01, False,
-    )  # fmt: skip
-    cfg = parse_config(["--dataset", "EthanolConcentration"])
-    assert (cfg.agf_basis, cfg.agf_order, cfg.agf_alpha, cfg.agf_beta, cfg.agf_fix_theta0) == (
-        "jacobi", 6, 1.5, -1.5, True,
-    )  # fmt: skip
-    jv = [parse_config(["--attention", a]) for a in ("primal", "primal+trans")]
-    assert [(c.primal_rank, c.primal_eta, c.primal_rank_multi) for c in jv] == [
-        (40, 0.5, 5), (30, 0.2, 5),
-    ]  # fmt: skip
-    pems = parse_config(["--dataset", "PEMS-SF", "--attention", "primal+trans"])
-    assert (pems.epochs, pems.primal_eta, pems.optimizer) == (400, 0.0, "radam")
-    assert parse_config(["--dataset", "SpokenArabicDigits"]).optimizer == "adam"
-    paper = parse_config([])
-    assert (paper.d_model, paper.n_heads, paper.d_ff, paper.batch_size, paper.seed) == (
-        512, 8, 2048, 16, 666,
-    )  # fmt: skip
-    quick = parse_config(["--preset", "quick", "--dataset", "PEMS-SF", "--epochs", "3"])
-    assert (quick.d_model, quick.epochs, quick.agf_order) == (64, 3, 5)  # the flag wins
-    assert parse_config(["--agf-order", "7", "--amp", "false"]).agf_order == 7
-    assert parse_config(["--amp=false"]).amp is False
-    assert (
-        set(train_uea.AGF_PRESETS) == set(train_uea.PRIMAL_PRESETS) == set(train_uea.UEA_DATASETS)
-    )
+# ----------------------------------------------------------------------------------------------
+# finding and downloading a dataset
 
 
-def _uea_dummy_data() -> uea_data.UEAData:
-    """Two cases of 5 steps and 3 features per split, 2 classes: enough to build a model."""
-    return uea_data.UEAData(
-        torch.zeros(2, 5, 3), torch.ones(2, 5, dtype=torch.bool), torch.zeros(2, dtype=torch.long),
-        torch.zeros(2, 5, 3), torch.ones(2, 5, dtype=torch.bool), torch.zeros(2, dtype=torch.long),
-        ["a", "b"], np.zeros(3), np.ones(3), 0,
-    )  # fmt: skip
-
-
-def test_torch_radam_is_the_official_rectified_adam():
-    """The official UEA code ships its own RAdam (Liu et al. 2020, Algorithm 2, SGD-with-momentum
-    steps while the variance is untractable). torch.optim.RAdam, which we use, takes the same
-    steps: checked against the rule written out here, over the switch at step 6."""
-    torch.manual_seed(0)
-    p_torch = torch.randn(7, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.RAdam([p_torch], lr=1e-2)
-    p, m, v = p_torch.detach().clone(), torch.zeros(7, dtype=torch.float64), torch.zeros(7)
-    b1, b2, eps, lr = 0.9, 0.999, 1e-8, 1e-2
-    rho_inf = 2 / (1 - b2) - 1
-    for t in range(1, 21):
-        grad = torch.randn(7, dtype=torch.float64)
-        p_torch.grad = grad.clone()
-        opt.step()
-        m, v = b1 * m + (1 - b1) * grad, b2 * v + (1 - b2) * grad**2
-        rho = rho_inf - 2 * t * b2**t / (1 - b2**t)
-        if rho >= 5:  # rectified adaptive step; v is not bias-corrected in the denominator
-            r = math.sqrt((rho - 4) * (rho - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho))
-            p = p - lr * r * math.sqrt(1 - b2**t) / (1 - b1**t) * m / (v.sqrt() + eps)
-        else:  # the first steps: momentum SGD with bias-corrected m
-            p = p - lr / (1 - b1**t) * m
-        assert torch.allclose(p_torch.detach(), p, rtol=0, atol=1e-12), t
-
-
-def test_uea_attention_mask_flag_reaches_the_model():
-    data = _uea_dummy_data()
-    for flag, expected in (([], True), (["--attention-mask", "false"], False)):
-        cfg = parse_config([*TINY, *flag])
-        assert cfg.attention_mask is expected
-        assert train_uea.build_model(cfg, data).cfg.attention_mask is expected
-
-
-def test_uea_every_preset_builds_a_model():
-    """The preset keyword arguments fit the real constructors, for every dataset and kind."""
-    data = _uea_dummy_data()
-    for name in train_uea.UEA_DATASETS:
-        for kind in KINDS:
-            cfg = parse_config(["--dataset", name, "--attention", kind, *TINY])
-            model = train_uea.build_model(cfg, data)
-            logits, aux = model(data.x_train, data.mask_train)
-            assert logits.shape == (2, 2) and torch.isfinite(aux), (name, kind)
-
-
-def test_uea_two_epoch_run_per_attention_kind_writes_its_files():
-    folder = _uea_need_real("JapaneseVowels")
-    with tempfile.TemporaryDirectory() as tmp:
-        for kind in KINDS:
-            out = pathlib.Path(tmp) / kind
-            argv = [*TINY, "--attention", kind, "--epochs", "2", "--data-dir", str(folder.parent)]
-            result, stdout = _uea_run([*argv, "--out", str(out)])
-            assert {p.name for p in out.iterdir()} >= {
-                "config.json",
-                "metrics.jsonl",
-                "result.json",
-            }
-            assert json.loads((out / "config.json").read_text())["attention"] == kind
-            records = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-            assert [r["epoch"] for r in records] == [1, 2]
-            accs = [r["test_acc"] for r in records]  # evaluated after the first and last epoch
-            assert result["best_test_acc"] == max(accs) and result["final_test_acc"] == accs[-1]
-            assert json.loads((out / "result.json").read_text()) == result
-            last = stdout.strip().splitlines()[-1]
-            assert last.startswith("RESULT ") and json.loads(last[7:]) == result
-            assert result["n_params"] > 0 and result["dataset"] == "JapaneseVowels", kind
-            assert all(np.isfinite(r["train_loss"]) for r in records), kind
-
-
-def test_uea_resume_continues_exactly():
-    """4 epochs straight == 2 epochs, then --resume to 4: same metrics and same weights."""
-    folder = _uea_need_real("JapaneseVowels")
-    argv = [*TINY, "--attention", "primal+trans", "--data-dir", str(folder.parent)]
-    with tempfile.TemporaryDirectory() as tmp:
-        straight, parts = pathlib.Path(tmp) / "straight", pathlib.Path(tmp) / "parts"
-        full, _ = _uea_run([*argv, "--epochs", "4", "--out", str(straight)])
-        _uea_run([*argv, "--epochs", "2", "--out", str(parts)])
-        resumed, _ = _uea_run([*argv, "--epochs", "4", "--out", str(parts), "--resume", "true"])
-        for key in ("best_test_acc", "best_test_epoch", "final_test_acc"):
-            assert full[key] == resumed[key], key
-        logs = [(d / "metrics.jsonl").read_text() for d in (straight, parts)]
-        assert logs[0] == logs[1] and len(logs[0].splitlines()) == 4
-        weights = [
-            torch.load(d / "checkpoint.pt", weights_only=False)["model"] for d in (straight, parts)
-        ]
-        assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
-        with pytest.raises(SystemExit, match="other settings"):  # resuming with other settings
-            _uea_run(
-                [*argv, "--epochs", "5", "--out", str(parts), "--resume", "true", "--lr", "0.1"]
-            )
-
-
-def test_uea_two_process_gloo_run():
-    """torchrun with 2 CPU processes (Gloo): one RESULT line; its sharded TEST accuracy equals a
-    single-process evaluation of the saved weights."""
-    folder = _uea_need_real("JapaneseVowels")
-    with tempfile.TemporaryDirectory() as tmp:
-        argv = [*TINY, "--epochs", "1", "--data-dir", str(folder.parent), "--out", tmp]
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc_per_node",
-            "2",
-        ]
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        run = subprocess.run(
-            [*cmd, "train_uea.py", *argv],
-            cwd=HERE,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert run.returncode == 0, run.stderr[:2000] + "\n...\n" + run.stderr[-2000:]
-        lines = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
-        assert len(lines) == 1, run.stdout
-        result = json.loads(lines[0][7:])
-        assert result["device"].endswith("x 2 processes")
-        cfg = parse_config(argv)
-        data = load_uea(cfg.data_dir, cfg.dataset)
-        model = train_uea.build_model(cfg, data)
-        model.load_state_dict(
-            torch.load(pathlib.Path(tmp) / "checkpoint.pt", weights_only=False)["model"]
-        )
-        acc, _ = train_uea.evaluate(model, data, cfg, torch.device("cpu"), rank=0, world=1)
-        assert acc == result["final_test_acc"]
-
-
-def test_uea_missing_dataset_says_where_and_how():
-    with tempfile.TemporaryDirectory() as tmp:
-        with pytest.raises(DatasetNotFoundError) as err:
-            _uea_run([*TINY, "--dataset", "Heartbeat", "--data-dir", tmp, "--out", tmp])
+def test_uea_missing_dataset_says_where_and_how(tmp_path):
+    """The message names both paths, the archive page, the per-dataset zip and --download."""
+    with pytest.raises(DatasetNotFoundError) as err:
+        load_uea(str(tmp_path), "Heartbeat")
     text = str(err.value)
-    assert str(pathlib.Path(tmp) / "Heartbeat" / "Heartbeat_TRAIN.ts") in text
+    assert str(tmp_path / "Heartbeat" / "Heartbeat_TRAIN.ts") in text
+    assert str(tmp_path / "Heartbeat" / "Heartbeat_TEST.ts") in text
     assert "https://www.timeseriesclassification.com/dataset.php" in text
     assert "https://timeseriesclassification.com/aeon-toolkit/Heartbeat.zip" in text
-    assert "--download" in text
+    assert "--download true" in text
+    # the same message for a TRAIN file alone, and a trailing '/' in the base URL
+    _write(tmp_path / "Heartbeat", "Heartbeat_TRAIN.ts", _toy_ts(["1,2:3,4:up"])[0])
+    with pytest.raises(DatasetNotFoundError, match="not found; looked for"):
+        load_uea(str(tmp_path), "Heartbeat")
+    message = uea_data.missing_dataset_message(str(tmp_path), "X", "https://a.b/zips/")
+    assert "https://a.b/zips/X.zip" in message
 
 
-def test_uea_download_unpacks_a_local_zip():
-    """--download fetches <url>/<Name>.zip (here a file:// URL) and unpacks the two .ts files."""
-    with tempfile.TemporaryDirectory() as tmp:
-        source = _uea_toy_dataset(pathlib.Path(tmp) / "made")
-        server = pathlib.Path(tmp) / "server"
-        server.mkdir()
-        with zipfile.ZipFile(server / "Toy.zip", "w") as z:  # files in a sub-folder, plus junk
-            for p in source.iterdir():
-                z.write(p, f"Toy/{p.name}")
-            z.writestr("../evil.txt", "must not be extracted")
-        data_dir = pathlib.Path(tmp) / "data"
-        url = server.as_uri()
-        argv = [*TINY, "--dataset", "Toy", "--epochs", "1", "--data-dir", str(data_dir)]
-        result, _ = _uea_run(
-            [*argv, "--download", "true", "--download-url", url, "--out", tmp + "/r"]
-        )
+def test_uea_download_unpacks_a_local_zip(tmp_path):
+    """download_dataset fetches <url>/<Name>.zip (a file:// URL) and unpacks the two .ts files."""
+    rng = np.random.default_rng(2)
+    rows = [_row(*rng.normal(size=(2, 3)), label=w) for w in ("up", "down", "up")]
+    source = _dataset(tmp_path / "made", rows, rows)
+    server = tmp_path / "server"
+    server.mkdir()
+    with zipfile.ZipFile(server / "Toy.zip", "w") as z:  # files in a sub-folder, plus junk
         for p in source.iterdir():
-            assert (data_dir / "Toy" / p.name).read_bytes() == p.read_bytes()
-        assert sorted(q.name for q in (data_dir / "Toy").iterdir()) == sorted(
-            q.name for q in source.iterdir()
-        )
-        assert not (pathlib.Path(tmp) / "evil.txt").exists()
-        assert result["final_test_acc"] is not None
-        with pytest.raises(DatasetNotFoundError, match="could not download"):
-            uea_data.download_dataset("Nope", str(data_dir), url)
-        (server / "Html.zip").write_text("<html>not found</html>")
-        with pytest.raises(DatasetNotFoundError, match="is not a zip file"):
-            uea_data.download_dataset("Html", str(data_dir), url)
+            z.write(p, f"Toy/{p.name}")
+        z.writestr("../evil.txt", "must not be extracted")
+        z.writestr("Toy/README.txt", "not a .ts file")
+    data_dir = tmp_path / "data"
+    uea_data.download_dataset("Toy", str(data_dir), server.as_uri() + "/", progress=False)
+    for p in source.iterdir():
+        assert (data_dir / "Toy" / p.name).read_bytes() == p.read_bytes()
+    assert sorted(q.name for q in (data_dir / "Toy").iterdir()) == sorted(
+        q.name for q in source.iterdir()
+    )  # no README, no leftover .part file
+    assert not (tmp_path / "evil.txt").exists() and not (data_dir / "evil.txt").exists()
+    data = load_uea(str(data_dir), "Toy")
+    assert data.y_train.tolist() == [0, 1, 0] and data.x_train.shape == (3, 3, 2)
+
+
+def test_uea_download_failures_say_what_failed_and_how_to_get_the_files(tmp_path):
+    """A failed download names the URL and the manual route, never '--download' again."""
+    server, data_dir = tmp_path / "server", tmp_path / "data"
+    server.mkdir()
+    url = server.as_uri()
+    (server / "Html.zip").write_text("<html>not found</html>")
+    with zipfile.ZipFile(server / "Half.zip", "w") as z:
+        z.writestr("Half/Half_TRAIN.ts", _toy_ts(["1,2:3,4:up"])[0])
+    for name, url_used, what in [
+        ("Nope", url, f"could not download {url}/Nope.zip"),
+        ("Html", url, f"{url}/Html.zip is not a zip file"),
+        ("Half", url, f"{url}/Half.zip holds no Half_TEST.ts"),
+        ("Nope", "not-a-url", "could not download not-a-url/Nope.zip"),
+    ]:
+        with pytest.raises(DatasetNotFoundError) as err:
+            uea_data.download_dataset(name, str(data_dir), url_used, progress=False)
+        text = str(err.value)
+        assert text.startswith(what), text
+        assert "--download" not in text
+        assert str(data_dir / name / f"{name}_TRAIN.ts") in text  # where to put the files
+        assert "https://www.timeseriesclassification.com/dataset.php" in text
+        assert f"{url_used}/{name}.zip" in text
+        assert not (data_dir / name / f"{name}.zip.part").exists()
+    with pytest.raises(ValueError, match="dataset name must be a plain name"):
+        uea_data.download_dataset("../x", str(data_dir), url)
 
 
 # ----------------------------------------------------------------------------------------------
-# lra
+# data: lra_data.py
 # ----------------------------------------------------------------------------------------------
-
-
-MODULE = {"softmax": "model", "agf": "agf", "primal": "ksvd_attention", "gfsa": "gfsa"}
-
-
-MODULE["primal+trans"] = "ksvd_attention"
 
 
 @contextlib.contextmanager
-def _lra_workdir():
-    """A temporary folder, and one torch thread meanwhile: tiny models on a shared CPU run
-    10-50x faster without thread oversubscription."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            yield pathlib.Path(tmp)
-    finally:
-        torch.set_num_threads(threads)
+def _lra_tmp():
+    """A temporary folder; a context manager, not a fixture: test_all.py runs without pytest too."""
+    with tempfile.TemporaryDirectory() as tmp:
+        yield pathlib.Path(tmp)
 
 
-def _lra_tiny_args(data_dir, out, *more) -> list:
-    """Flags of a tiny ListOps run: a few dozen short expressions, a 16-wide model."""
-    return [
-        "--preset", "quick", "--data-dir", str(data_dir), "--out", str(out),
-        "--listops-size", "48", "--listops-eval-size", "12", "--steps", "4",
-        "--eval-every", "2", "--batch-size", "8", "--d-model", "16", "--d-ff", "32",
-        *more,
-    ]  # fmt: skip
+_LRA_TINY_LISTOPS = dict(folder="listops-tiny", train=48, val=12, test=12, min_len=5, max_len=60)
+_LRA_TINY_LISTOPS |= dict(depth=5, args=10)
 
 
 def _lra_stack_evaluate(expression: str) -> int:
@@ -1607,7 +1787,7 @@ def _lra_stack_evaluate(expression: str) -> int:
     apply = {
         "[MIN": min,
         "[MAX": max,
-        "[MED": lambda xs: (sorted(xs)[(len(xs) - 1) // 2] + sorted(xs)[len(xs) // 2]) // 2,
+        "[MED": lambda xs: int(np.median(xs)),  # the official generator's formula
         "[SM": lambda xs: sum(xs) % 10,
     }
     stack = [[]]  # each entry: [operator, arguments...]; the bottom one collects the result
@@ -1638,6 +1818,7 @@ def test_lra_listops_labels_equal_an_independent_evaluation():
     tree = ((((("[MED", 1), 4), 2), 9), "]")  # [MED 1 4 2 9 ] -> median 3.0 -> 3
     assert lra_data.to_value(tree) == 3 == _lra_stack_evaluate(lra_data.to_string(tree))
     assert lra_data.to_value(((("[MED", 1), 2), "]")) == 1  # (1 + 2) / 2 = 1.5 -> 1
+    assert lra_data.to_string(((("[MAX", 2), 9), "]")) == "( ( ( [MAX 2 ) 9 ) ] )"
 
 
 def test_lra_listops_lengths_dedup_and_seeds():
@@ -1651,8 +1832,35 @@ def test_lra_listops_lengths_dedup_and_seeds():
     # depth 2: one operator over 2..10 leaves, lengths 4..12, so both bounds are hit often
     b = lra_data.generate_listops(60, seed=0, min_len=4, max_len=8, max_depth=2, progress=False)
     assert {len(lra_data.tokenize_listops(t)) for t, _ in b} == {5, 6, 7}
-    with pytest.raises(lra_data.DataError, match="no new expression"):  # depth 2: at most 12 tokens
+    with pytest.raises(lra_data.DataError, match="no new tree"):  # depth 2: at most 12 tokens
         lra_data.generate_listops(5, seed=0, min_len=20, max_len=40, max_depth=2, progress=False)
+
+
+def test_lra_listops_generator_is_pinned():
+    """The random draws come in a fixed order. Pinned: the first operator trees of a seeded
+    stream, and digests of two generated sets (from the generator as first written), so that a
+    change of the draw order or of the dedup order fails here."""
+    rng, trees = random.Random(0), []
+    while len(trees) < 3:
+        tree, length = lra_data.generate_tree(rng, 1, 3, 3)  # depth <= 3, <= 3 arguments
+        if isinstance(tree, tuple):
+            trees.append((lra_data.to_string(tree), length, lra_data.to_value(tree)))
+    assert trees == [
+        ("( ( ( ( [MAX 4 ) 5 ) 3 ) ] )", 5, 5),
+        ("( ( ( [MED 5 ) 1 ) ] )", 4, 3),
+        ("( ( ( ( [MED 1 ) ( ( ( [SM 3 ) 2 ) ] ) ) ( ( ( ( [MED 8 ) 7 ) 1 ) ] ) ) ] )", 12, 5),
+    ]
+    digests = {
+        0: "6b936ced0c6deb3274eebb4bdb9fca95995cc1085193a2874c2b7f85e1b1ef85",
+        1: "1cd6b73ad95d85761a7fef4ecc4e2edd550714c11a7d8ab2ad16e46d60c97afc",
+    }
+    for seed, digest in digests.items():
+        pairs = lra_data.generate_listops(200, seed, 10, 300, max_depth=6, progress=False)
+        assert pairs == lra_data.generate_listops(200, seed, 10, 300, 6, progress=False)
+        text = "\n".join(f"{e}\t{y}" for e, y in pairs)
+        assert hashlib.sha256(text.encode()).hexdigest() == digest, seed
+        assert all(y == _lra_stack_evaluate(e) for e, y in pairs)
+        assert all(10 < len(lra_data.tokenize_listops(e)) < 300 for e, _ in pairs)
 
 
 def test_lra_listops_tokeniser():
@@ -1663,35 +1871,54 @@ def test_lra_listops_tokeniser():
     ids = lra_data.tokenize_listops("( ( ( [MAX 2 ) 9 ) ] )")
     assert ids == [12, 3, 10, 15]
     assert lra_data.tokenize_listops("[FIRST 7 ]") == [16, 8, 15]  # unknown token -> OOV
-    assert lra_data.VOCAB["listops"] == 17
+    assert lra_data.VOCAB["listops"] == 17 and lra_data.N_CLASSES["listops"] == 10
 
 
 def test_lra_listops_files_release_format_cache_and_mismatch():
     """Generated tsv = header Source/Target via csv, marker json, reused, mismatch is an error."""
-    with _lra_workdir() as tmp_path:
-        cfg = lra.parse(_lra_tiny_args(tmp_path, tmp_path / "run"))
-        folder = lra_data.prepare_listops(cfg)
+    with _lra_tmp() as tmp_path:
+        data = lra_data.load_task("listops", tmp_path, 30, seed=5, listops=_LRA_TINY_LISTOPS)
+        folder = tmp_path / "listops-tiny"
         train = folder / "basic_train.tsv"
         assert train.read_bytes().startswith(b"Source\tTarget\r\n")
         with open(train, newline="") as f:
             rows = list(csv.reader(f, delimiter="\t"))
         assert len(rows) == 1 + 48 and all(_lra_stack_evaluate(e) == int(y) for e, y in rows[1:])
-        assert json.loads((folder / "generator.json").read_text())["train"] == 48
-        stamp = train.stat().st_mtime_ns
-        assert (
-            lra_data.prepare_listops(cfg) == folder and train.stat().st_mtime_ns == stamp
-        )  # cached
-        split = lra_data.read_listops_tsv(train, max_len=30)
+        assert json.loads((folder / "generator.json").read_text()) == dict(
+            seed=5, train=48, val=12, test=12, min_length=5, max_length=60, max_depth=5, max_args=10
+        )
+        assert sorted(p.name for p in folder.iterdir()) == [
+            "basic_test.tsv", "basic_train.tsv", "basic_val.tsv", "generator.json"
+        ]  # fmt: skip
+        # the three splits are consecutive slices of one generated stream
+        pairs = lra_data.generate_listops(72, 5, 5, 60, 5, 10, progress=False)
+        assert [e for e, _ in pairs[:48]] == [e for e, _ in rows[1:]]
+        assert data["test"].y.tolist() == [y for _, y in pairs[60:]]
+        split = data["train"]
         assert split.x.shape == (48, 30) and split.x.dtype == np.int16
-        assert split.lengths.max() <= 30 and (split.x[0, split.lengths[0] :] == 0).all()
-        with pytest.raises(lra_data.DataError, match="generated with"):
-            lra_data.prepare_listops(
-                lra.parse(_lra_tiny_args(tmp_path, tmp_path / "r", "--listops-size", "60"))
-            )
+        for row, n, (e, _) in zip(split.x, split.lengths, pairs[:48], strict=True):
+            ids = lra_data.tokenize_listops(e)[:30]
+            assert n == len(ids) and row[:n].tolist() == ids and (row[n:] == 0).all()
+        stamp = train.stat().st_mtime_ns
+        again = lra_data.load_task("listops", tmp_path, 30, seed=5, listops=_LRA_TINY_LISTOPS)
+        assert train.stat().st_mtime_ns == stamp and np.array_equal(again["val"].x, data["val"].x)
+        with pytest.raises(lra_data.DataError, match=r"generated with .*another ListOps folder"):
+            lra_data.load_task("listops", tmp_path, 30, seed=6, listops=_LRA_TINY_LISTOPS)
+        (folder / "generator.json").unlink()  # tsv files without it: the release, read as it is
+        release = lra_data.load_task("listops", tmp_path, 30, seed=6, listops=_LRA_TINY_LISTOPS)
+        assert np.array_equal(release["train"].x, data["train"].x)
+        (folder / "basic_val.tsv").unlink()
+        with pytest.raises(lra_data.DataError, match=r"listops-tiny: incomplete"):
+            lra_data.load_task("listops", tmp_path, 30, seed=5, listops=_LRA_TINY_LISTOPS)
+        settings = dict(seed=5, train=48, val=12, test=12, min_length=5, max_length=60)
+        lra_data.write_listops(tmp_path / "w", settings | dict(max_depth=5, max_args=10), False)
+        written = (tmp_path / "w" / "basic_test.tsv").read_bytes()
+        assert written == (folder / "basic_test.tsv").read_bytes()
+        assert not list((tmp_path / "w").glob("*.tmp"))  # written whole, then renamed
 
 
 def test_lra_listops_reader_errors_name_file_and_line():
-    with _lra_workdir() as tmp_path:
+    with _lra_tmp() as tmp_path:
         bad_header = tmp_path / "h.tsv"
         bad_header.write_text("expr\tlabel\n[MAX 1 2 ]\t2\n")
         with pytest.raises(lra_data.DataError, match=r"h\.tsv:1: expected the header"):
@@ -1704,77 +1931,102 @@ def test_lra_listops_reader_errors_name_file_and_line():
 
 def test_lra_imdb_reader():
     """aclImdb/{train,test}/{neg,pos}/*.txt -> UTF-8 bytes + 1 of the stripped text; val = test."""
-    with _lra_workdir() as tmp_path:
+    with _lra_tmp() as tmp_path:
         texts = {"neg": ["  bad<br />film \n", "meh"], "pos": ["très bien\n"]}
         for split in ("train", "test"):
             for polarity, docs in texts.items():
                 (tmp_path / "aclImdb" / split / polarity).mkdir(parents=True)
                 for i, doc in enumerate(docs):
-                    (tmp_path / "aclImdb" / split / polarity / f"{i}_7.txt").write_text(
-                        doc, "utf-8"
-                    )
-        splits = lra_data.read_imdb(tmp_path / "aclImdb", max_len=12)
+                    path = tmp_path / "aclImdb" / split / polarity / f"{i}_7.txt"
+                    path.write_text(doc, "utf-8")
+        splits = lra_data.load_task("text", tmp_path, 12)
         assert splits["val"] is splits["test"]
         train = splits["train"]
-        assert train.y.tolist() == [0, 0, 1]
+        assert train.y.tolist() == [0, 0, 1] and train.x.dtype == np.int16
         expected = [list(t.strip().encode("utf-8")[:12]) for t in texts["neg"] + texts["pos"]]
         for row, length, want in zip(train.x, train.lengths, expected, strict=True):
             assert length == len(want) and (row[:length] - 1).tolist() == want
             assert (row[length:] == 0).all()
         assert len("très bien".encode()) == 10 == train.lengths[2]  # bytes, not characters
-        cfg = lra.parse(["--task", "text", "--data-dir", str(tmp_path / "nothing")])
+        (tmp_path / "aclImdb" / "test" / "pos" / "0_7.txt").write_bytes(b"caf\xe9")
+        with pytest.raises(lra_data.DataError, match=r"0_7\.txt: not UTF-8"):
+            lra_data.read_imdb(tmp_path / "aclImdb", 12)
         with pytest.raises(
-            lra_data.DataError, match=r"aclImdb.*ai\.stanford\.edu.*text\.\{train,dev"
+            lra_data.DataError,
+            match=r"aclImdb.*ai\.stanford\.edu.*text\.\{train,dev.*train_lra\.py",
         ):
-            lra_data.load_task(cfg)
+            lra_data.load_task("text", tmp_path / "nothing", 12)
 
 
 def test_lra_aan_reader():
     """new_aan_pairs tsv: no header, label id1 id2 text1 text2; bytes + 1; two documents."""
-    with _lra_workdir() as tmp_path:
+    with _lra_tmp() as tmp_path:
         path = tmp_path / "new_aan_pairs.train.tsv"
-        path.write_bytes(b"1.0\tA1\tB1\tabc\tdefgh\n0\tA2\tB2\t" + b"x" * 20 + b"\tz\n")
+        # two pairs, a blank line between them (skipped)
+        path.write_bytes(b"1.0\tA1\tB1\tabc\tdefgh\n\n0\tA2\tB2\t" + b"x" * 20 + b"\tz\n")
         split = lra_data.read_aan_tsv(path, max_len=8)
         assert split.y.tolist() == [1, 0]
         assert split.lengths.tolist() == [3, 8] and split.lengths2.tolist() == [5, 1]
-        assert (split.x[0, :3] - 1).tolist() == list(b"abc") and (split.x2[1, :1] - 1).tolist() == [
-            ord("z")
-        ]
+        assert (split.x[0, :3] - 1).tolist() == list(b"abc") and split.x[0, 3:].tolist() == [0] * 5
+        assert (split.x2[1, :1] - 1).tolist() == [ord("z")] and (split.x2[1, 1:] == 0).all()
+        long = tmp_path / "long.tsv"  # each text is cut to 10000 bytes before max_len
+        long.write_bytes(b"1\ta\tb\t" + b"y" * 12000 + b"\tq\n")
+        assert lra_data.read_aan_tsv(long, 20000).lengths.tolist() == [10000]
         bad = tmp_path / "bad.tsv"
         bad.write_bytes(b"1\ta\tb\tt1\tt2\n1\ta\tb\tonly four\n")
         with pytest.raises(
             lra_data.DataError, match=r"bad\.tsv:2: expected 5 tab-separated columns"
         ):
             lra_data.read_aan_tsv(bad, 8)
+        bad.write_bytes(b"2\ta\tb\tt1\tt2\n")
+        with pytest.raises(lra_data.DataError, match=r"bad\.tsv:1: .*label 0/1"):
+            lra_data.read_aan_tsv(bad, 8)
+        # load_task: the release's "eval" file is the validation split
+        (tmp_path / "tsv_data").mkdir()
+        for name, label in (("train", 1), ("eval", 0), ("test", 1)):
+            line = f"{label}\ta\tb\t{name}\tx\n".encode()
+            (tmp_path / "tsv_data" / f"new_aan_pairs.{name}.tsv").write_bytes(line)
+        data = lra_data.load_task("retrieval", tmp_path, 8)
+        assert (data["val"].x[0, :4] - 1).tolist() == list(b"eval")
+        assert data["val"].y.tolist() == [0] and data["test"].y.tolist() == [1]
 
 
 def test_lra_cifar_reader():
     """CIFAR python batches -> TF grayscale, train[:90%] / train[90%:] / test, no padding."""
-    with _lra_workdir() as tmp_path:
+    with _lra_tmp() as tmp_path:
         rng = np.random.default_rng(0)
         folder = tmp_path / "cifar-10-batches-py"
         folder.mkdir()
         batches = {}
         for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
             data = rng.integers(0, 256, (4, 3072), dtype=np.uint8)
-            data[0, :1024] = data[0, 1024:2048] = data[0, 2048:] = 0  # a black pixel row: value 0
+            data[0, :1024] = data[0, 1024:2048] = data[0, 2048:] = 0  # a black image: value 0
             batches[name] = data
             with open(folder / name, "wb") as f:  # the real files: bytes keys, encoding 'bytes'
-                pickle.dump({b"data": data, b"labels": list(range(4)), b"batch_label": b"x"}, f)
-        splits = lra_data.read_cifar(folder)
+                labels = [(i + len(batches)) % 10 for i in range(4)]
+                pickle.dump({b"data": data, b"labels": labels, b"batch_label": b"x"}, f)
+
+        def gray(rgb: np.ndarray) -> list:  # tf.image.rgb_to_grayscale, one pixel at a time
+            return [
+                int(((0.2989 * int(r) + 0.5870 * int(g) + 0.1140 * int(b)) / 255) * 255.5)
+                for r, g, b in zip(rgb[:1024], rgb[1024:2048], rgb[2048:], strict=True)
+            ]
+
+        splits = lra_data.load_task("image", tmp_path, 1024)
         assert [len(splits[s].y) for s in ("train", "val", "test")] == [18, 2, 4]
         test = splits["test"]
-        data = batches["test_batch"]
-        for i in range(4):  # the formula of DATA.md §1.5, one pixel at a time
-            for p in range(1024):
-                r, g, b = (int(data[i, k * 1024 + p]) for k in range(3))
-                assert test.x[i, p] == int(((0.2989 * r + 0.5870 * g + 0.1140 * b) / 255) * 255.5)
+        for i in range(4):
+            assert test.x[i].tolist() == gray(batches["test_batch"][i])
+        assert test.y.tolist() == [6, 7, 8, 9]
         assert (test.x[0] == 0).all() and (test.lengths == 1024).all()  # value 0 is a real token
-        assert (
-            splits["val"].x[1].tolist()
-            == lra_data.cifar_gray(batches["data_batch_5"][3:4])[0].tolist()
-        )
+        assert splits["val"].x[1].tolist() == gray(batches["data_batch_5"][3])  # the last 10 %
+        assert splits["train"].x[17].tolist() == gray(batches["data_batch_5"][1])
+        assert splits["val"].y.tolist() == [7, 8] and splits["train"].x.dtype == np.int16
         (folder / "data_batch_3").write_bytes(b"not a pickle")
+        with pytest.raises(lra_data.DataError, match="data_batch_3: not a CIFAR-10 python batch"):
+            lra_data.read_cifar(folder)
+        with open(folder / "data_batch_3", "wb") as f:
+            pickle.dump({b"data": np.zeros((4, 100), np.uint8), b"labels": [0] * 4}, f)
         with pytest.raises(lra_data.DataError, match="data_batch_3: not a CIFAR-10 python batch"):
             lra_data.read_cifar(folder)
 
@@ -1794,7 +2046,7 @@ def _lra_write_png(path: pathlib.Path, image: np.ndarray, color_type=0, filters=
         raw.append(kind)
         for j, value in enumerate(row):
             a, b, c = (row[j - 1] if j else 0), above[j], (above[j - 1] if j else 0)
-            predicted = [0, a, b, (a + b) // 2, paeth(a, b, c)][kind]
+            predicted = [0, a, b, (a + b) // 2, paeth(a, b, c)][kind % 5]  # 5: a bad type
             raw.append((value - predicted) % 256)
         above = row
 
@@ -1803,30 +2055,49 @@ def _lra_write_png(path: pathlib.Path, image: np.ndarray, color_type=0, filters=
         return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", crc)
 
     header = struct.pack(">IIBBBBB", image.shape[1], image.shape[0], 8, color_type, 0, 0, 0)
+    compressed = zlib.compress(bytes(raw))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(
         b"\x89PNG\r\n\x1a\n"
         + chunk(b"IHDR", header)
-        + chunk(b"IDAT", zlib.compress(bytes(raw)))
+        + chunk(b"tEXt", b"Comment\x00ignored")
+        + chunk(b"IDAT", compressed[:7])  # image data split over two chunks, as allowed
+        + chunk(b"IDAT", compressed[7:])
         + chunk(b"IEND", b"")
     )
 
 
 def test_lra_png_reader_all_filters():
-    with _lra_workdir() as tmp_path:
+    with _lra_tmp() as tmp_path:
         rng = np.random.default_rng(1)
         image = rng.integers(0, 256, (10, 7), dtype=np.uint8)
         image[3] = 255  # large values make the modulo-256 wrap-around matter
+        for kind in range(5):  # each filter alone, then all of them mixed
+            _lra_write_png(tmp_path / f"f{kind}.png", image, filters=(kind,))
+            assert np.array_equal(lra_data.read_png_gray(tmp_path / f"f{kind}.png"), image), kind
         _lra_write_png(tmp_path / "a.png", image)
-        assert np.array_equal(lra_data.read_png_gray(tmp_path / "a.png"), image)
+        decoded = lra_data.read_png_gray(tmp_path / "a.png")
+        assert decoded.dtype == np.uint8 and np.array_equal(decoded, image)
         # Paeth ties between different neighbours (e.g. a=0, b=3, c=2 or a=0, b=3, c=1) need few
-        # distinct values; the spec's tie order a, b, c then matters
+        # distinct values; the PNG specification's tie order a, b, c then matters
         ties = rng.integers(0, 6, (16, 16), dtype=np.uint8)
         _lra_write_png(tmp_path / "ties.png", ties, filters=(4,))
         assert np.array_equal(lra_data.read_png_gray(tmp_path / "ties.png"), ties)
         _lra_write_png(tmp_path / "rgb.png", image, color_type=2)
-        with pytest.raises(lra_data.DataError, match="rgb.png: only 8-bit grayscale"):
+        with pytest.raises(lra_data.DataError, match="rgb.png: not an 8-bit grayscale"):
             lra_data.read_png_gray(tmp_path / "rgb.png")
+        (tmp_path / "text.png").write_bytes(b"hello, not a png at all")
+        with pytest.raises(lra_data.DataError, match="text.png: not an 8-bit grayscale"):
+            lra_data.read_png_gray(tmp_path / "text.png")
+        _lra_write_png(tmp_path / "bad.png", image, filters=(5,))
+        with pytest.raises(
+            lra_data.DataError, match="bad.png: row 0 has the unknown filter type 5"
+        ):
+            lra_data.read_png_gray(tmp_path / "bad.png")
+        data = (tmp_path / "a.png").read_bytes()
+        (tmp_path / "cut.png").write_bytes(data[:60] + data[80:])  # IDAT bytes lost
+        with pytest.raises(lra_data.DataError, match="cut.png: corrupt image data"):
+            lra_data.read_png_gray(tmp_path / "cut.png")
 
 
 def _lra_write_pathfinder(folder: pathlib.Path, n: int, side: int = 4) -> list:
@@ -1843,270 +2114,579 @@ def _lra_write_pathfinder(folder: pathlib.Path, n: int, side: int = 4) -> list:
     lines[1].append("imgs/1 sample_empty.png 99 1 1.0 14 4 2 0.5 1 1")
     (folder / "metadata").mkdir(parents=True)
     for k, text in lines.items():
-        (folder / "metadata" / f"{k}.npy").write_text("\n".join(text) + "\n")
+        blank = "\n" * k  # 1.npy ends with a blank line: skipped
+        (folder / "metadata" / f"{k}.npy").write_text("\n".join(text) + "\n" + blank)
     return pairs
 
 
 def test_lra_pathfinder_reader():
-    with _lra_workdir() as tmp_path:
+    with _lra_tmp() as tmp_path:
         folder = tmp_path / "pathfinder32" / "curv_contour_length_14"
         pairs = _lra_write_pathfinder(folder, 20)
-        splits = lra_data.read_pathfinder(folder, max_len=16, seed=0)
+        splits = lra_data.load_task("pathfinder", tmp_path, 16)
         assert [len(splits[s].y) for s in ("train", "val", "test")] == [16, 2, 2]
         got = {
             tuple(x.tolist()) + (y,) for s in splits.values() for x, y in zip(s.x, s.y, strict=True)
         }
         assert got == {tuple(im.reshape(-1).tolist()) + (y,) for im, y in pairs}
-        assert all((s.lengths == 16).all() for s in splits.values())
+        assert all((s.lengths == 16).all() and s.x.dtype == np.int16 for s in splits.values())
         again = lra_data.read_pathfinder(folder, max_len=16, seed=0)
         other = lra_data.read_pathfinder(folder, max_len=16, seed=1)
         assert np.array_equal(again["test"].x, splits["test"].x)  # the split is seeded
         assert not np.array_equal(other["train"].x, splits["train"].x)
+        with pytest.raises(lra_data.DataError, match=r"sample_0\.png: 16 pixels, but max_len is 9"):
+            lra_data.read_pathfinder(folder, max_len=9, seed=0)
+        with open(folder / "metadata" / "1.npy", "a") as f:
+            f.write("imgs/1 sample_404.png 404 0\n")  # an image that is not there
+        with pytest.raises(
+            lra_data.DataError, match=r"1\.npy:13: image .*sample_404\.png does not"
+        ):
+            lra_data.read_pathfinder(folder, max_len=16, seed=0)
         with open(folder / "metadata" / "0.npy", "a") as f:
             f.write("imgs/0 sample_0.png 0\n")  # a line without its label field
         with pytest.raises(lra_data.DataError, match=r"0\.npy:11: expected"):
             lra_data.read_pathfinder(folder, max_len=16, seed=0)
+        with pytest.raises(lra_data.DataError, match="no metadata"):
+            lra_data.read_pathfinder(tmp_path, max_len=16, seed=0)
 
 
 def test_lra_pytorch_lra_pickles():
     """<task>.{train,dev,test}.pickle lists of dicts; token tasks: real = before trailing 0s."""
-    with _lra_workdir() as tmp_path:
+    with _lra_tmp() as tmp_path:
         rng = np.random.default_rng(3)
         for split in ("train", "dev", "test"):
             items = []
             for i in range(6):
                 ids = np.zeros(12, dtype=np.int32)
                 ids[: 3 + i] = rng.integers(1, 17, 3 + i)
+                ids[1] = 0  # a zero inside the real tokens
                 items.append({"input_ids_0": ids, "label": i % 10})
             with open(tmp_path / f"listops.{split}.pickle", "wb") as f:
                 pickle.dump(items, f)
             pixels = [{"input_ids_0": np.r_[np.zeros(4), np.arange(12)], "label": 1}] * 4
+            pixels.append({"input_ids_0": np.zeros(16), "label": 0})  # an all-black image
             with open(tmp_path / f"lra-image.{split}.pickle", "wb") as f:  # Skyformer naming
                 pickle.dump(pixels, f)
+            stem = "pathfinder32-curv_contour_length_14"  # Pathfinder: "/" -> "-" in the name
+            with open(tmp_path / f"{stem}.{split}.pickle", "wb") as f:
+                pickle.dump(pixels[::-1], f)
             pairs = [{"input_ids_0": np.r_[5, 6, np.zeros(6)], "input_ids_1": np.r_[7, np.zeros(7)],
                       "label": 1}] * 4  # fmt: skip
             with open(tmp_path / f"retrieval.{split}.pickle", "wb") as f:
                 pickle.dump(pairs, f)
-        data = lra_data.load_task(lra.parse(["--data-dir", str(tmp_path), "--max-len", "10"]))
+        data = lra_data.load_task("listops", tmp_path, 10)
         assert data["train"].lengths.tolist() == [3, 4, 5, 6, 7, 8]
         assert data["train"].x.shape == (6, 10) and data["test"].y.tolist() == list(range(6))
-        image = lra_data.load_task(lra.parse(["--task", "image", "--data-dir", str(tmp_path)]))
-        assert (image["val"].lengths == 1024).all() and image["val"].x[0, :5].tolist() == [0] * 5
-        pair = lra_data.load_task(lra.parse(["--task", "retrieval", "--data-dir", str(tmp_path)]))
+        assert data["train"].x.dtype == np.int16 and data["train"].x[5, 8:].tolist() == [0, 0]
+        image = lra_data.load_task("image", tmp_path, 16)
+        assert (image["val"].lengths == 16).all() and image["val"].x[0, :5].tolist() == [0] * 5
+        assert image["val"].y.tolist() == [1, 1, 1, 1, 0]
+        path = lra_data.load_task("pathfinder", tmp_path, 16)  # black pixels are real tokens too
+        assert path["test"].lengths.tolist() == [16] * 5 and path["test"].y.tolist()[0] == 0
+        pair = lra_data.load_task("retrieval", tmp_path, 8)
         assert pair["val"].lengths.tolist() == [2] * 4
-        assert pair["val"].lengths2.tolist() == [1] * 4
+        assert pair["val"].lengths2.tolist() == [1] * 4 and pair["val"].x2[0, 0] == 7
+        with open(tmp_path / "retrieval.test.pickle", "wb") as f:
+            pickle.dump([{"input_ids_0": np.r_[300], "input_ids_1": np.r_[1], "label": 0}], f)
+        with pytest.raises(
+            lra_data.DataError, match=r"retrieval\.test\.pickle: input_ids_0 outside"
+        ):
+            lra_data.load_task("retrieval", tmp_path, 8)
         with open(tmp_path / "listops.dev.pickle", "wb") as f:
             pickle.dump([{"input_ids_0": np.ones(3)}], f)  # no label
         with pytest.raises(
             lra_data.DataError, match=r"listops\.dev\.pickle: not a PyTorch-LRA pickle"
         ):
-            lra_data.load_task(lra.parse(["--data-dir", str(tmp_path)]))
+            lra_data.load_task("listops", tmp_path, 10)
+
+
+# ----------------------------------------------------------------------------------------------
+# training: train_uea.py and train_lra.py
+# ----------------------------------------------------------------------------------------------
+
+
+# ----------------------------------------------------------------------------------------------
+# training: train_uea.py
+# ----------------------------------------------------------------------------------------------
+
+
+def _uea_real() -> str:
+    """The folder of the real UEA files, or skip with the reason."""
+    if not (UEA_DIR / "JapaneseVowels" / "JapaneseVowels_TRAIN.ts").exists():
+        pytest.skip(f"the real UEA files are not at {UEA_DIR} (they do not ship with the project)")
+    return str(UEA_DIR)
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """One torch thread meanwhile: tiny models on a shared CPU run many times faster."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _uea_run(argv: list) -> tuple[dict, str]:
+    """train_uea.main(parse_config(argv)) in this process -> (result, what it printed)."""
+    printed = io.StringIO()
+    with _one_thread(), contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
+        result = train_uea.main(train_uea.parse_config(argv))
+    return result, printed.getvalue()
+
+
+def _toy_uea(root: pathlib.Path, name="Toy", n=12, length=6) -> pathlib.Path:
+    """<root>/<name>/<name>_{TRAIN,TEST}.ts: two classes told apart by the sign of channel 1."""
+    rng, folder = np.random.default_rng(0), root / name
+    folder.mkdir(parents=True, exist_ok=True)
+    header = f"@problemName {name}\n@timeStamps false\n@missing false\n@univariate false\n"
+    header += "@dimensions 2\n@equalLength true\n@seriesLength 6\n@classLabel true up down\n@data\n"
+    for split in ("TRAIN", "TEST"):
+        rows = []
+        for i in range(n):
+            sign, label = (1, "up") if i % 2 else (-1, "down")
+            a, b = sign + 0.1 * rng.standard_normal((2, length))
+            rows.append(",".join(map(str, a)) + ":" + ",".join(map(str, b)) + ":" + label)
+        (folder / f"{name}_{split}.ts").write_text(header + "\n".join(rows) + "\n")
+    return folder
+
+
+def test_uea_presets_follow_the_official_scripts_and_flags_win():
+    parse = train_uea.parse_config
+    cfg = parse(["--dataset", "Heartbeat", "--attention", "agf"])
+    assert (cfg.agf_basis, cfg.agf_order, cfg.agf_gamma, cfg.agf_fix_theta0) == (
+        "chebyshev", 6, 0.01, False,
+    )  # fmt: skip
+    cfg = parse(["--dataset", "EthanolConcentration"])
+    assert (cfg.agf_basis, cfg.agf_order, cfg.agf_alpha, cfg.agf_beta, cfg.agf_fix_theta0) == (
+        "jacobi", 6, 1.5, -1.5, True,
+    )  # fmt: skip
+    assert parse(["--dataset", "SpokenArabicDigits"]).agf_gamma == 0.5
+    jv = [parse(["--attention", a]) for a in ("primal", "primal+trans")]
+    assert [(c.primal_rank, c.primal_eta, c.primal_rank_multi) for c in jv] == [
+        (40, 0.5, 5), (30, 0.2, 5),
+    ]  # fmt: skip
+    pems = parse(["--dataset", "PEMS-SF", "--attention", "primal+trans"])
+    assert (pems.epochs, pems.primal_eta, pems.optimizer) == (400, 0.0, "radam")
+    assert parse(["--dataset", "SpokenArabicDigits"]).optimizer == "adam"
+    paper = parse([])
+    assert (paper.d_model, paper.n_heads, paper.d_ff, paper.batch_size, paper.seed) == (
+        512, 8, 2048, 16, 666,
+    )  # fmt: skip
+    quick = parse(["--preset", "quick", "--dataset", "PEMS-SF", "--epochs", "3"])
+    assert (quick.d_model, quick.epochs, quick.agf_order) == (64, 3, 5)  # the flag wins
+    assert parse(["--agf-order", "7", "--no-amp"]).agf_order == 7
+    assert parse(["--no-amp"]).amp is False and parse(["--resume"]).resume is True
+    assert (
+        set(train_uea.AGF)
+        == set(train_uea.PRIMAL["primal"])
+        == set(train_uea.PRIMAL["primal+trans"])
+    )
+
+
+def test_torch_radam_is_the_official_rectified_adam():
+    """The official UEA code ships its own RAdam (Liu et al. 2020, Algorithm 2, SGD-with-momentum
+    steps while the variance is intractable). torch.optim.RAdam, which we use, takes the same
+    steps: checked against the rule written out here, over the switch at step 6."""
+    torch.manual_seed(0)
+    p_torch = torch.randn(7, dtype=torch.float64, requires_grad=True)
+    opt = torch.optim.RAdam([p_torch], lr=1e-2)
+    p, m, v = p_torch.detach().clone(), torch.zeros(7, dtype=torch.float64), torch.zeros(7)
+    b1, b2, eps, lr = 0.9, 0.999, 1e-8, 1e-2
+    rho_inf = 2 / (1 - b2) - 1
+    for t in range(1, 21):
+        grad = torch.randn(7, dtype=torch.float64)
+        p_torch.grad = grad.clone()
+        opt.step()
+        m, v = b1 * m + (1 - b1) * grad, b2 * v + (1 - b2) * grad**2
+        rho = rho_inf - 2 * t * b2**t / (1 - b2**t)
+        if rho >= 5:  # rectified adaptive step; v is not bias-corrected in the denominator
+            r = math.sqrt((rho - 4) * (rho - 2) * rho_inf / ((rho_inf - 4) * (rho_inf - 2) * rho))
+            p = p - lr * r * math.sqrt(1 - b2**t) / (1 - b1**t) * m / (v.sqrt() + eps)
+        else:  # the first steps: momentum SGD with bias-corrected m
+            p = p - lr / (1 - b1**t) * m
+        assert torch.allclose(p_torch.detach(), p, rtol=0, atol=1e-12), t
+
+
+def _uea_dummy_data() -> uea_data.UEAData:
+    """Two cases of 5 steps and 3 features per split, 2 classes: enough to build a model."""
+    x, mask, y = torch.zeros(2, 5, 3), torch.ones(2, 5, dtype=torch.bool), torch.zeros(2).long()
+    return uea_data.UEAData(x, mask, y, x, mask, y, ["a", "b"], np.zeros(3), np.ones(3), 0)
+
+
+def test_uea_every_preset_builds_a_model_and_the_mask_flag_reaches_it():
+    """The preset keyword arguments fit the real constructors, for every dataset and kind."""
+    data = _uea_dummy_data()
+    for name in train_uea.AGF:
+        for kind in KINDS:
+            cfg = train_uea.parse_config(["--dataset", name, "--attention", kind, *TINY])
+            model, opt, scaler = train_uea.build(cfg, data, torch.device("cpu"))
+            logits, aux = model(data.x_train, data.mask_train)
+            assert logits.shape == (2, 2) and torch.isfinite(aux), (name, kind)
+            assert isinstance(
+                opt, torch.optim.Adam if name == "SpokenArabicDigits" else torch.optim.RAdam
+            )
+    for flag, expected in (([], True), (["--no-attention-mask"], False)):
+        cfg = train_uea.parse_config([*TINY, *flag])
+        assert train_uea.build(cfg, data, torch.device("cpu"))[0].cfg.attention_mask is expected
+
+
+def test_uea_two_epoch_run_per_attention_kind_writes_its_files():
+    data_dir = _uea_real()
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in KINDS:
+            out = pathlib.Path(tmp) / kind
+            argv = [*TINY, "--attention", kind, "--epochs", "2", "--data-dir", data_dir]
+            result, printed = _uea_run([*argv, "--out", str(out)])
+            assert {p.name for p in out.iterdir()} == {
+                "config.json", "metrics.jsonl", "checkpoint.pt", "result.json"
+            }  # fmt: skip
+            assert json.loads((out / "config.json").read_text())["attention"] == kind
+            records = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
+            assert [r["epoch"] for r in records] == [1, 2]
+            accs = [r["test_acc"] for r in records]  # evaluated after the first and last epoch
+            assert result["best_test_acc"] == max(accs) and result["final_test_acc"] == accs[-1]
+            assert json.loads((out / "result.json").read_text()) == result
+            last = printed.strip().splitlines()[-1]
+            assert last.startswith("RESULT ") and json.loads(last[7:]) == result
+            assert result["n_params"] > 0 and result["dataset"] == "JapaneseVowels", kind
+            assert records[-1]["train_acc"] > 1 / 9, kind  # learning: above chance after 2 epochs
+
+
+def test_uea_best_and_final_accuracy_are_told_apart():
+    """With an evaluation that rises, then falls, best_test_acc is the peak and final the last."""
+    accs = iter([(0.5, 1.0), (0.9, 0.2), (0.7, 0.4), (0.6, 0.5)])
+    with tempfile.TemporaryDirectory() as tmp:
+        _toy_uea(pathlib.Path(tmp))
+        argv = [*TINY, "--dataset", "Toy", "--data-dir", tmp, "--epochs", "6", "--out", tmp + "/r"]
+        with mock.patch.object(train_uea, "evaluate", lambda *args: next(accs)):
+            result, _ = _uea_run(argv)
+        records = [json.loads(ln) for ln in (pathlib.Path(tmp) / "r" / "metrics.jsonl").open()]
+    # evaluated after epochs 1, 2, 4 and 6 (the first, every 2nd, the last)
+    assert [r["epoch"] for r in records if "test_acc" in r] == [1, 2, 4, 6]
+    assert (result["best_test_acc"], result["best_test_epoch"]) == (0.9, 2)
+    assert result["final_test_acc"] == 0.6
+    assert [r["best_test_acc"] for r in records if "test_acc" in r] == [0.5, 0.9, 0.9, 0.9]
+
+
+def test_uea_resume_continues_exactly():
+    """4 epochs straight == 2 epochs, then --resume to 4: same metrics and the same weights."""
+    argv = [*TINY, "--attention", "primal+trans", "--data-dir", _uea_real()]
+    with tempfile.TemporaryDirectory() as tmp:
+        straight, parts = pathlib.Path(tmp) / "straight", pathlib.Path(tmp) / "parts"
+        full, _ = _uea_run([*argv, "--epochs", "4", "--out", str(straight)])
+        _uea_run([*argv, "--epochs", "2", "--out", str(parts)])
+        resumed, _ = _uea_run([*argv, "--epochs", "4", "--out", str(parts), "--resume"])
+        for key in ("best_test_acc", "best_test_epoch", "final_test_acc"):
+            assert full[key] == resumed[key], key
+        logs = [(d / "metrics.jsonl").read_text() for d in (straight, parts)]
+        assert logs[0] == logs[1] and len(logs[0].splitlines()) == 4
+        weights = [
+            torch.load(d / "checkpoint.pt", weights_only=False)["model"] for d in (straight, parts)
+        ]
+        assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+        with pytest.raises(SystemExit, match="other settings.*'lr'"):
+            _uea_run([*argv, "--epochs", "5", "--out", str(parts), "--resume", "--lr", "0.1"])
+
+
+def test_uea_fresh_run_never_overwrites_a_run():
+    """A second fresh run into a run's folder refuses (naming --resume and --overwrite) and
+    leaves every file as it was; --overwrite starts it again; the preset is in the folder name."""
+    with tempfile.TemporaryDirectory() as tmp:
+        _toy_uea(pathlib.Path(tmp))
+        os.chdir(tmp)
+        try:
+            argv = [*TINY, "--dataset", "Toy", "--data-dir", tmp, "--epochs", "1"]
+            _uea_run(argv)
+            folder = pathlib.Path(tmp) / "runs" / "Toy" / "softmax-quick-seed666"
+            before = {p.name: p.read_bytes() for p in folder.iterdir()}
+            with pytest.raises(SystemExit, match="holds a run already.*--resume.*--overwrite"):
+                _uea_run([*argv, "--epochs", "2"])
+            assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+            result, _ = _uea_run([*argv, "--epochs", "2", "--overwrite"])
+            assert (
+                result["epochs"] == 2
+                and len((folder / "metrics.jsonl").read_text().splitlines()) == 2
+            )
+            with pytest.raises(SystemExit, match="no checkpoint"):
+                _uea_run([*argv, "--resume", "--out", str(pathlib.Path(tmp) / "empty")])
+        finally:
+            os.chdir(HERE)
+
+
+def _cli(script: str, *argv, cwd=None, timeout=120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(HERE / script), *argv], cwd=cwd or HERE, env=env,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+@pytest.mark.parametrize("script", ["train_uea.py", "train_lra.py"])
+def test_bad_flags_get_one_clear_sentence_before_any_data_is_read(script):
+    """Nonsense values stop at parse time, exit code 2, naming the flag and the valid range."""
+    length = "--epochs" if script == "train_uea.py" else "--steps"
+    cases = [
+        ([length, "0"], f"{length} must be at least 1, got 0"),
+        ([length, "-1"], f"{length} must be at least 1, got -1"),
+        (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
+        (["--lr", "-0.1"], "--lr must be positive"),
+        (["--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
+        (["--attention", "AGF"], "argument --attention: invalid choice: 'AGF'"),
+        (["--device", "gpu"], "argument --device: invalid choice: 'gpu'"),
+        (["--d-model", "10", "--n-heads", "3"], "--d-model 10 is not divisible by --n-heads 3"),
+    ]
+    if script == "train_lra.py":
+        cases += [(["--steps", "10", "--warmup", "1"], "--warmup must be 0 or 2 .. --steps - 1")]
+        cases += [(["--task", "text", "--preset", "quick"], "use it with --task listops")]
+    module = train_uea if script == "train_uea.py" else train_lra
+    for flags, message in cases:
+        said = io.StringIO()
+        with contextlib.redirect_stderr(said), pytest.raises(SystemExit) as stop:
+            module.parse_config(flags)
+        assert stop.value.code == 2 and message in said.getvalue(), (flags, said.getvalue())
+    with tempfile.TemporaryDirectory() as tmp:  # the same from the command line: no traceback
+        run = _cli(script, length, "0", "--data-dir", tmp + "/nothing", cwd=tmp)
+        assert run.returncode == 2 and f"{length} must be at least 1" in run.stderr
+        assert "Traceback" not in run.stderr and not (pathlib.Path(tmp) / "runs").exists()
+
+
+def test_uea_two_process_gloo_run():
+    """torchrun with 2 CPU processes (Gloo): one RESULT line; the final TEST accuracy equals a
+    single-process evaluation of the saved weights."""
+    data_dir = _uea_real()
+    with tempfile.TemporaryDirectory() as tmp:
+        argv = [*TINY, "--epochs", "1", "--data-dir", data_dir, "--out", tmp + "/run"]
+        torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+        run = subprocess.run([sys.executable, *torchrun, "train_uea.py", *argv], cwd=HERE,
+                             env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
+                             text=True, timeout=120)  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+        lines = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
+        assert len(lines) == 1, run.stdout
+        result = json.loads(lines[0][7:])
+        assert result["device"] == "cpu x 2"
+        cfg = train_uea.parse_config(argv)
+        data = uea_data.load_uea(cfg.data_dir, cfg.dataset)
+        model, _, _ = train_uea.build(cfg, data, torch.device("cpu"))
+        ckpt = torch.load(pathlib.Path(tmp) / "run" / "checkpoint.pt", weights_only=False)
+        model.load_state_dict(ckpt["model"])
+        acc, _ = train_uea.evaluate(model, data, 64, "cpu", contextlib.nullcontext())
+        assert acc == result["final_test_acc"]
+
+
+def test_uea_missing_data_and_download_from_the_command_line():
+    """Missing data: one message naming where we looked and --download, no traceback, no run
+    folder. --download fetches <url>/<Name>.zip (a file:// URL here) and trains on it."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run = _cli("train_uea.py", "--dataset", "Heartbeat", "--data-dir", tmp, cwd=tmp)
+        assert run.returncode == 1 and "Traceback" not in run.stderr
+        assert str(pathlib.Path(tmp) / "Heartbeat" / "Heartbeat_TRAIN.ts") in run.stderr
+        assert "--download" in run.stderr and not (pathlib.Path(tmp) / "runs").exists()
+        source = _toy_uea(pathlib.Path(tmp) / "made")
+        server = pathlib.Path(tmp) / "server"
+        server.mkdir()
+        with zipfile.ZipFile(server / "Toy.zip", "w") as z:
+            for p in source.iterdir():
+                z.write(p, f"Toy/{p.name}")
+        argv = [*TINY, "--dataset", "Toy", "--epochs", "1", "--data-dir", tmp + "/data"]
+        result, _ = _uea_run(
+            [*argv, "--download", "--download-url", server.as_uri(), "--out", tmp + "/r"]
+        )
+        for p in source.iterdir():
+            assert (pathlib.Path(tmp) / "data" / "Toy" / p.name).read_bytes() == p.read_bytes()
+        assert result["final_test_acc"] is not None
+
+
+# ----------------------------------------------------------------------------------------------
+# training: train_lra.py
+# ----------------------------------------------------------------------------------------------
+
+
+def _lra_args(data_dir, out, *more) -> list:
+    """Flags of a tiny ListOps run: a few dozen short expressions, a 16-wide model."""
+    return [
+        "--preset", "quick", "--data-dir", str(data_dir), "--out", str(out),
+        "--listops-size", "48", "--listops-eval-size", "12", "--steps", "4",
+        "--eval-every", "2", "--batch-size", "8", "--d-model", "16", "--d-ff", "32", *more,
+    ]  # fmt: skip
+
+
+def _lra_run(argv: list) -> dict:
+    with _one_thread(), contextlib.redirect_stdout(io.StringIO()):
+        return train_lra.main(train_lra.parse_config(argv))
+
+
+def _lra_log(out: pathlib.Path) -> list:
+    return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def test_lra_presets_and_precedence():
-    cfg = lra.parse(["--task", "image", "--attention", "agf"])
+    parse = train_lra.parse_config
+    cfg = parse(["--task", "image", "--attention", "agf"])
     assert (cfg.batch_size, cfg.steps, cfg.warmup, cfg.max_len) == (256, 35000, 175, 1024)
     assert (cfg.agf_order, cfg.agf_alpha, cfg.agf_beta, cfg.agf_gamma) == (6, 1.5, 2.0, 0.1)
-    cfg = lra.parse(["--task", "retrieval", "--attention", "primal+trans", "--primal-eta", "0.3"])
-    assert (cfg.primal_rank, cfg.primal_eta, cfg.max_len) == (20, 0.3, 4000)  # flag wins
-    assert lra.parse(["--steps", "500"]).warmup == 100  # the preset's warm-up fraction kept
-    assert lra.parse(["--steps", "500", "--warmup", "7"]).warmup == 7
-    with pytest.raises(SystemExit):
-        lra.parse(["--task", "text", "--preset", "quick"])
-
-
-def test_lra_batches_are_a_function_of_seed_and_step():
-    """forever() from step k == the run from 0 after k batches; each epoch is a permutation."""
-    it = lra.forever(10, 3, seed=5, start_step=0)
-    first = [next(it) for _ in range(7)]
-    later = lra.forever(10, 3, seed=5, start_step=4)
-    assert all(np.array_equal(a, next(later)) for a in first[4:])
-    assert sorted(np.concatenate(first[:3]).tolist()) != list(range(10))  # drop_last: 9 of 10
-    assert len(set(np.concatenate(first[:3]).tolist())) == 9
+    cfg = parse(["--task", "retrieval", "--attention", "primal+trans", "--primal-eta", "0.3"])
+    assert (cfg.primal_rank, cfg.primal_eta, cfg.max_len) == (20, 0.3, 4000)  # the flag wins
+    assert parse(["--task", "retrieval", "--attention", "primal"]).primal_rank == 30
+    assert parse(["--steps", "500"]).warmup == 100  # the preset's warm-up fraction kept
+    assert parse(["--steps", "500", "--warmup", "7"]).warmup == 7
+    quick = parse(["--preset", "quick"])
+    assert (quick.listops_size, quick.max_len, quick.steps, quick.d_model) == (6000, 100, 1000, 64)
 
 
 def test_lra_few_step_run_each_attention():
-    """A 4-step run with each mechanism ends with a RESULT, its log and a best-val checkpoint."""
-    missing = [kind for kind in KINDS if importlib.util.find_spec(MODULE[kind]) is None]
-    with _lra_workdir() as tmp_path:
-        for kind in [kind for kind in KINDS if kind not in missing]:
-            out = tmp_path / kind
-            result = lra.main(
-                lra.parse(_lra_tiny_args(tmp_path / "data", out, "--attention", kind))
-            )
-            assert 0 <= result["test_acc"] <= 1 and result["steps"] == 4 and result["params"] > 0
-            log = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    """A 4-step run with each attention: RESULT, its log every 2 steps, the best-val weights."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for kind in KINDS:
+            out = pathlib.Path(tmp) / kind
+            result = _lra_run(_lra_args(pathlib.Path(tmp) / "data", out, "--attention", kind))
+            assert result["steps"] == 4 and result["params"] > 0 and result["attention"] == kind
+            log = _lra_log(out)
             assert [r["step"] for r in log] == [2, 4], kind
-            assert all(np.isfinite(r["train_loss"]) for r in log), kind
-            assert (out / "best.pt").exists()
-            assert json.loads((out / "result.json").read_text()) == result
-    if missing:
-        pytest.skip(f"mechanism files not there yet: {[MODULE[k] + '.py' for k in missing]}")
+            assert result["val_acc"] == max(r["val_acc"] for r in log)
+            assert (out / "best.pt").exists() and json.loads(
+                (out / "result.json").read_text()
+            ) == result
 
 
-def test_lra_two_tower_and_image_runs():
+def test_lra_two_tower_and_image_runs_from_pickles():
     """Retrieval (two towers) and Image (no padding) train from PyTorch-LRA pickles."""
-    with _lra_workdir() as tmp_path:
-        rng = np.random.default_rng(4)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp, rng = pathlib.Path(tmp), np.random.default_rng(4)
         for split in ("train", "dev", "test"):
             docs = [{"input_ids_0": np.r_[rng.integers(1, 257, 5), np.zeros(3)],
                      "input_ids_1": np.r_[rng.integers(1, 257, 3), np.zeros(5)],
                      "label": i % 2} for i in range(8)]  # fmt: skip
-            with open(tmp_path / f"retrieval.{split}.pickle", "wb") as f:
-                pickle.dump(docs, f)
+            (tmp / f"retrieval.{split}.pickle").write_bytes(pickle.dumps(docs))
             pixels = [{"input_ids_0": rng.integers(0, 256, 16), "label": i % 10} for i in range(8)]
-            with open(tmp_path / f"image.{split}.pickle", "wb") as f:
-                pickle.dump(pixels, f)
+            (tmp / f"image.{split}.pickle").write_bytes(pickle.dumps(pixels))
         for task in ("retrieval", "image"):
-            flags = ["--task", task, "--attention", "softmax", "--data-dir", str(tmp_path)]
-            flags += ["--out", str(tmp_path / task), "--steps", "2", "--eval-every", "1"]
+            flags = ["--task", task, "--attention", "softmax", "--data-dir", str(tmp)]
+            flags += ["--out", str(tmp / task), "--steps", "2", "--eval-every", "1"]
             flags += ["--batch-size", "4", "--max-len", "8" if task == "retrieval" else "16"]
-            result = lra.main(lra.parse(flags + ["--d-model", "16", "--d-ff", "32"]))
-            assert result["task"] == task and 0 <= result["test_acc"] <= 1
-
-
-def _lra_weights(out: pathlib.Path) -> dict:
-    return torch.load(out / "checkpoint.pt", weights_only=False)["model"]
-
-
-def _lra_accuracy(cfg, weights: dict, split) -> float:
-    """Test accuracy of `weights`, computed here in eval mode, apart from train_lra.evaluate."""
-    model = lra.build(cfg, torch.device("cpu"), world=1).plain
-    model.load_state_dict(weights)
-    model.eval()
-    with torch.no_grad():
-        batch = lra.to_tensors(split, np.arange(len(split.y)))
-        logits, _ = model(batch["x"], batch["mask"])
-    return (logits.argmax(-1) == batch["y"]).double().mean().item()
+            result = _lra_run(flags + ["--d-model", "16", "--d-ff", "32"])
+            assert result["task"] == task and result["config"]["max_len"] in (8, 16)
 
 
 def test_lra_test_accuracy_is_that_of_the_best_val_weights():
-    """RESULT test_acc = the best-val weights (best.pt) on the whole test set, in eval mode."""
-    with _lra_workdir() as tmp_path:
-        for seed in range(8):  # find a run whose best val is not at its last step
-            flags = ["--seed", str(seed), "--steps", "6", "--lr", "0.02", "--dropout", "0.5"]
-            flags += ["--listops-eval-size", "100", "--attention", "softmax"]
-            cfg = lra.parse(_lra_tiny_args(tmp_path / "data", tmp_path / str(seed), *flags))
-            result = lra.main(cfg)
-            best = torch.load(tmp_path / str(seed) / "best.pt")
-            final = _lra_weights(tmp_path / str(seed))
-            test = lra_data.load_task(cfg)["test"]
-            best_acc, final_acc = _lra_accuracy(cfg, best, test), _lra_accuracy(cfg, final, test)
-            assert result["test_acc"] == pytest.approx(best_acc, abs=1e-5)
-            log = (tmp_path / str(seed) / "metrics.jsonl").read_text().splitlines()
-            val = [json.loads(line)["val_acc"] for line in log]
-            assert result["best_step"] == 2 * (1 + val.index(max(val)))  # first best, every 2
-            if result["best_step"] != 6 and best_acc != final_acc:
-                return  # this run tells the best weights from the last ones
-    raise AssertionError("no seed gave a best step before the last one")
+    """A stubbed validation accuracy that rises, then falls: best.pt holds the weights of the
+    peak step, and test_acc is those weights on the test split, not the last weights."""
+    vals = iter([0.3, 0.8, 0.5])
+    real = train_lra.evaluate
+
+    def stub(model, split, *args):
+        return (
+            next(vals)
+            if len(split.y) == 12 and split is not test_split[0]
+            else real(model, split, *args)
+        )
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        argv = _lra_args(tmp / "data", tmp / "run", "--steps", "6", "--attention", "softmax")
+        cfg = train_lra.parse_config(argv)
+        listops = dict(train_lra.LISTOPS["quick"], train=48, val=12, test=12)
+        data = lra_data.load_task("listops", str(tmp / "data"), cfg.max_len, listops=listops)
+        test_split = [None]
+        with mock.patch.object(train_lra, "load_task", lambda *a, **k: data):
+            test_split[0] = data["test"]
+            with mock.patch.object(train_lra, "evaluate", stub):
+                result = _lra_run(argv)
+        assert [r["val_acc"] for r in _lra_log(tmp / "run")] == [0.3, 0.8, 0.5]
+        assert (result["best_step"], result["val_acc"]) == (4, 0.8)
+        model = train_lra.build(cfg, torch.device("cpu"))[0]
+        accs = {}
+        for name in ("best.pt", "checkpoint.pt"):
+            state = torch.load(tmp / "run" / name, weights_only=False)
+            model.load_state_dict(state.get("model", state))
+            accs[name] = real(model, data["test"], 5, "cpu", contextlib.nullcontext())
+        assert result["test_acc"] == pytest.approx(accs["best.pt"], abs=1e-5)
+        last = torch.load(tmp / "run" / "checkpoint.pt", weights_only=False)["model"]
+        best = torch.load(tmp / "run" / "best.pt")
+        assert any(not torch.equal(best[k], last[k]) for k in best)  # step 4's weights, not 6's
 
 
-def test_lra_resume_continues_exactly():
-    """N steps straight == stop after 3, --resume, the rest: same weights, metrics, result."""
-    with _lra_workdir() as tmp_path:
-        data = tmp_path / "data"
-        extra = ["--attention", "agf", "--steps", "6", "--eval-every", "2", "--accumulate", "2"]
-        straight = lra.main(lra.parse(_lra_tiny_args(data, tmp_path / "a", *extra)))
-        stopped = lra.main(
-            lra.parse(_lra_tiny_args(data, tmp_path / "b", *extra, "--stop-at", "3"))
-        )
-        assert stopped["stopped_at"] == 3
-        resumed = lra.main(
-            lra.parse(_lra_tiny_args(data, tmp_path / "b", *extra, "--resume", "true"))
-        )
-        a, b = _lra_weights(tmp_path / "a"), _lra_weights(tmp_path / "b")
-        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-        logs = []
-        for run in ("a", "b"):
-            lines = (tmp_path / run / "metrics.jsonl").read_text().splitlines()
-            logs.append([{**json.loads(line), "time_s": 0} for line in lines])
+def test_lra_resume_after_a_crash_continues_exactly():
+    """A run that dies in step 3 and is resumed (from its step-2 checkpoint) ends with the same
+    weights, log and result as a run that was never interrupted."""
+    real_step = train_lra.train_step
+    calls = [0]
+
+    def dies_in_step_3(*args):
+        calls[0] += 1
+        if calls[0] == 3:
+            raise KeyboardInterrupt
+        return real_step(*args)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        extra = ["--attention", "agf", "--steps", "6"]
+        straight = _lra_run(_lra_args(tmp / "data", tmp / "a", *extra))
+        with (
+            mock.patch.object(train_lra, "train_step", dies_in_step_3),
+            pytest.raises(KeyboardInterrupt),
+        ):
+            _lra_run(_lra_args(tmp / "data", tmp / "b", *extra))
+        assert [r["step"] for r in _lra_log(tmp / "b")] == [2]
+        resumed = _lra_run(_lra_args(tmp / "data", tmp / "b", *extra, "--resume"))
+        a, b = (torch.load(tmp / r / "checkpoint.pt", weights_only=False) for r in "ab")
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
+        assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
+        logs = [[{**r, "time_s": 0} for r in _lra_log(tmp / r)] for r in "ab"]
         assert [r["step"] for r in logs[0]] == [2, 4, 6] and logs[0] == logs[1]
         for key in ("val_acc", "test_acc", "best_step"):
             assert straight[key] == resumed[key]
         with pytest.raises(SystemExit, match="other settings.*'lr'"):  # not the same run any more
-            lra.main(
-                lra.parse(
-                    _lra_tiny_args(data, tmp_path / "b", *extra, "--resume", "1", "--lr", "1")
-                )
-            )
+            _lra_run(_lra_args(tmp / "data", tmp / "b", *extra, "--resume", "--lr", "1"))
 
 
-def test_lra_gradient_accumulation_equals_one_big_batch():
-    """train_step with accumulate=2 makes the same SGD step as one batch (dropout off)."""
-    with _lra_workdir() as tmp_path:
-        cfg = lra.parse(
-            _lra_tiny_args(tmp_path, tmp_path / "run", "--dropout", "0", "--attention", "agf")
-        )
-        split = lra_data.load_task(cfg)["train"]
-        batch = lra.to_tensors(split, np.arange(8))
-        weights = []
-        for accumulate in (1, 2):
-            t = lra.build(cfg, torch.device("cpu"), world=1)  # seeded: the same initial weights
-            # plain SGD: unlike Adam, its step is proportional to the gradient, so a wrongly
-            # scaled or partial accumulation shows up
-            t.opt = torch.optim.SGD(t.model.parameters(), lr=0.5)
-            t.sched = torch.optim.lr_scheduler.LambdaLR(t.opt, lambda step: 1.0)
-            lra.train_step(
-                t, batch, lra.dataclasses.replace(cfg, accumulate=accumulate), torch.device("cpu")
-            )
-            weights.append(t.plain.state_dict())
-        for key in weights[0]:
-            assert torch.allclose(weights[0][key], weights[1][key], atol=1e-6), key
-
-
-def test_lra_command_line_ends_with_result_line():
-    """`python train_lra.py ...` prints the config first and RESULT {json} last."""
+def test_lra_fresh_run_never_overwrites_a_run():
     with tempfile.TemporaryDirectory() as tmp:
-        flags = _lra_tiny_args(pathlib.Path(tmp), pathlib.Path(tmp) / "run", "--steps", "2")
-        run = subprocess.run(
-            [sys.executable, str(HERE / "train_lra.py"), *flags, "--attention", "softmax"],
-            env={**os.environ, "OMP_NUM_THREADS": "1"},
-            capture_output=True,
-            text=True,
-            timeout=120,
+        tmp = pathlib.Path(tmp)
+        _lra_run(_lra_args(tmp / "data", tmp / "run", "--attention", "softmax"))
+        before = {p.name: p.read_bytes() for p in (tmp / "run").iterdir()}
+        with pytest.raises(SystemExit, match="holds a run already.*--resume.*--overwrite"):
+            _lra_run(_lra_args(tmp / "data", tmp / "run", "--attention", "gfsa"))
+        assert {p.name: p.read_bytes() for p in (tmp / "run").iterdir()} == before
+        result = _lra_run(
+            _lra_args(tmp / "data", tmp / "run", "--attention", "gfsa", "--overwrite")
         )
+        assert result["attention"] == "gfsa" and len(_lra_log(tmp / "run")) == 2
+
+
+def test_lra_command_line_ends_with_result_line_and_missing_data_is_one_message():
+    """`python train_lra.py ...` prints the settings first and RESULT {json} last; missing data
+    is one clear message, no traceback and no run folder."""
+    with tempfile.TemporaryDirectory() as tmp:
+        flags = _lra_args(pathlib.Path(tmp), pathlib.Path(tmp) / "run", "--steps", "2")
+        run = _cli("train_lra.py", *flags, "--attention", "softmax")
         assert run.returncode == 0, run.stderr[-2000:]
         lines = run.stdout.strip().splitlines()
         assert json.loads(lines[0])["attention"] == "softmax"
         assert lines[-1].startswith("RESULT ")
         result = json.loads(lines[-1][len("RESULT ") :])
         assert result == json.loads((pathlib.Path(tmp) / "run" / "result.json").read_text())
-        missing = subprocess.run(  # no data: a clear message, no traceback, no run folder
-            [sys.executable, str(HERE / "train_lra.py"), "--task", "image", "--data-dir", tmp],
-            cwd=tmp,  # the default run folder would be ./runs/...
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-        assert missing.returncode != 0 and "cifar-10-batches-py" in missing.stderr
+        missing = _cli("train_lra.py", "--task", "image", "--data-dir", tmp, cwd=tmp)
+        assert missing.returncode == 1 and "cifar-10-batches-py" in missing.stderr
         assert "Traceback" not in missing.stderr and not (pathlib.Path(tmp) / "runs").exists()
 
 
 def test_lra_torchrun_two_cpu_processes_match_one():
     """torchrun, 2 CPU processes (Gloo): the same weights as one process (dropout off)."""
-    with _lra_workdir() as tmp_path:
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
         for name, launcher in (("one", []), ("two", torchrun)):
-            flags = _lra_tiny_args(tmp_path / "data", tmp_path / name, "--dropout", "0")
-            run = subprocess.run(
-                [
-                    sys.executable,
-                    *launcher,
-                    str(HERE / "train_lra.py"),
-                    *flags,
-                    "--attention",
-                    "agf",
-                ],
-                capture_output=True,
-                text=True,
-                timeout=120,
-                env=env,
-            )
-            assert run.returncode == 0, run.stderr[-2000:]
+            flags = _lra_args(tmp / "data", tmp / name, "--dropout", "0", "--attention", "agf")
+            run = subprocess.run([sys.executable, *launcher, str(HERE / "train_lra.py"), *flags],
+                                 capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+            assert run.returncode == 0, run.stderr[-3000:]
             assert run.stdout.count("RESULT ") == 1  # only rank 0 reports
-        one, two = _lra_weights(tmp_path / "one"), _lra_weights(tmp_path / "two")
-        assert len(torch.load(tmp_path / "two" / "checkpoint.pt", weights_only=False)["rng"]) == 2
+        one, two = (
+            torch.load(tmp / r / "checkpoint.pt", weights_only=False)["model"]
+            for r in ("one", "two")
+        )
         # Adam turns a gradient of ~0 into a step of ±lr whose sign depends on rounding (the
         # all-reduce sums in another order), so a few weights may differ by ~lr; a broken DDP
         # (unsynchronised or unscaled gradients) changes nearly all of them.
@@ -2115,7 +2695,7 @@ def test_lra_torchrun_two_cpu_processes_match_one():
 
 
 # ----------------------------------------------------------------------------------------------
-# diag
+# tools: diagnose.py
 # ----------------------------------------------------------------------------------------------
 
 
@@ -2127,16 +2707,21 @@ def _diag_batch(B=3, N=10, D=16, n_real=(10, 7, 4), seed=0):
     return x, mask
 
 
-class _diag_HiddenStates(torch.nn.Module):
-    """A stand-in for Classifier whose hidden states are given: tests cosine_curve alone."""
+class _DiagHiddenStates(torch.nn.Module):
+    """A stand-in for Classifier with no blocks whose hidden states are given."""
 
     def __init__(self, hidden_per_batch: list):
         super().__init__()
-        self.blocks, self.cfg = torch.nn.ModuleList(), ModelConfig(n_features=1)
+        self.blocks, self.kinds, self.cfg = torch.nn.ModuleList(), [], ModelConfig(n_features=1)
         self.hidden = iter(hidden_per_batch)
 
     def forward(self, x, mask, x2=None, mask2=None, return_hidden=False):
         return None, None, next(self.hidden)
+
+
+def _diag_cosine(hidden_per_batch: list, batches: list) -> torch.Tensor:
+    run = diagnose.LoadedRun(_DiagHiddenStates(hidden_per_batch), batches, "toy", HERE)
+    return diagnose.diagnose(run)["cosine"]
 
 
 def test_diag_cosine_similarity_is_one_for_identical_tokens_and_zero_for_orthogonal_ones():
@@ -2144,23 +2729,21 @@ def test_diag_cosine_similarity_is_one_for_identical_tokens_and_zero_for_orthogo
     D = 8
     same = torch.randn(1, 1, D, dtype=torch.float64).expand(3, 6, D).clone()  # 3 sequences
     same[:, 4:] = 1e3 * torch.randn(3, 2, D, dtype=torch.float64)  # junk in the padding
-    mask_same = torch.ones(3, 6, dtype=torch.bool)
-    mask_same[:, 4:] = False
+    mask_same = torch.arange(6).expand(3, 6) < 4
     q, _ = torch.linalg.qr(torch.randn(D, D, dtype=torch.float64))
     orth = (q.T[:5] * torch.tensor([1.0, 2, 3, 4, 5], dtype=torch.float64)[:, None])[None]
     mask_orth = torch.ones(1, 5, dtype=torch.bool)
-    stub = _diag_HiddenStates([[same, same], [orth, torch.ones_like(orth)]])
+    hidden = [[same, same], [orth, torch.ones_like(orth)]]
     batches = [{"x": same, "mask": mask_same}, {"x": orth, "mask": mask_orth}]
-    cos = diagnose.cosine_curve(stub, batches)
     # layer 0: three sequences at 1, one at 0 -> the mean over the 4 sequences is 0.75
-    assert torch.allclose(cos, torch.tensor([0.75, 1.0], dtype=torch.float64), atol=1e-12)
-    stub = _diag_HiddenStates([[orth]])
-    assert abs(diagnose.cosine_curve(stub, [{"x": orth, "mask": mask_orth}])[0]) < 1e-12
+    expected = torch.tensor([0.75, 1.0], dtype=torch.float64)
+    assert torch.allclose(_diag_cosine(hidden, batches), expected, atol=1e-12)
+    assert abs(_diag_cosine([[orth]], [{"x": orth, "mask": mask_orth}])[0]) < 1e-12
 
 
 def test_diag_cosine_similarity_equals_the_explicit_pairwise_mean():
     x, mask = _diag_batch()
-    cos = diagnose.cosine_curve(_diag_HiddenStates([[x]]), [{"x": x, "mask": mask}])
+    cos = _diag_cosine([[x]], [{"x": x, "mask": mask}])
     pairs = []
     for h, m in zip(x, mask, strict=True):
         unit = F.normalize(h[m], dim=-1)
@@ -2198,12 +2781,15 @@ def test_diag_two_tower_capture_keeps_the_first_tower():
     _, _, alone = model.encode(x, mask)  # the shared encoder on the first document only
     assert all(torch.equal(a, b) for a, b in zip(hidden, alone, strict=True))
     assert torch.equal(inputs[1][0], model.blocks[1].norm1(alone[1]))
+    assert torch.equal(inputs[1][1], mask)
 
 
 def test_diag_sequences_are_spread_over_the_split():
     n_real = np.array([5, 1, 5, 5, 5, 5, 5, 5])  # sequence 1 has one real token: never chosen
     assert diagnose._spread(n_real, 3).tolist() == [0, 4, 7]
     assert diagnose._spread(n_real, None).tolist() == [0, 2, 3, 4, 5, 6, 7]
+    assert diagnose._spread(n_real, 50).tolist() == [0, 2, 3, 4, 5, 6, 7]
+    assert diagnose._spread(np.array([1, 0]), 4).tolist() == []
 
 
 def test_diag_agf_response_is_flat_one_at_init_and_follows_the_coefficients():
@@ -2213,6 +2799,8 @@ def test_diag_agf_response_is_flat_one_at_init_and_follows_the_coefficients():
     r = diagnose.agf_response(layer, x, mask, n_points=50)
     assert torch.equal(r["theta"], torch.tensor([1.0, 0, 0, 0, 0], dtype=torch.float64))
     assert torch.allclose(r["g"], torch.ones(50, dtype=torch.float64), atol=1e-14)
+    s_data = torch.sigmoid(layer.W_sigma(x[mask])).flatten().detach()  # the real tokens only
+    assert torch.allclose(r["s_seen"][1], s_data.median(), atol=0.02)
     assert 0 < r["s_seen"][0] <= r["s_seen"][1] <= r["s_seen"][2] < 1
     with torch.no_grad():
         layer.poly_filter.theta.copy_(torch.tensor([0.5, -1.0, 0.3, -0.2]))
@@ -2223,6 +2811,11 @@ def test_diag_agf_response_is_flat_one_at_init_and_follows_the_coefficients():
     assert r["g"].std() > 0.1  # no longer flat
 
 
+def _diag_toy_run() -> diagnose.LoadedRun:
+    """A LoadedRun carrying only what summary() reads, for hand-made results."""
+    return diagnose.LoadedRun(None, [{"x": torch.zeros(1, 3)}], "toy", HERE)
+
+
 def test_diag_gfsa_response_is_the_identity_at_0_1_0_and_the_eq5_polynomial_otherwise():
     torch.manual_seed(0)
     K = 3
@@ -2230,17 +2823,9 @@ def test_diag_gfsa_response_is_the_identity_at_0_1_0_and_the_eq5_polynomial_othe
     x, mask = _diag_batch()
     r = diagnose.gfsa_response(layer, x, mask, n_points=41)
     assert torch.allclose(r["grid"], r["lam"].expand(2, -1), atol=1e-14)  # p(λ) = λ
-    for eig in r["eig"]:
-        gain = diagnose.gfsa_polynomial(r["a"], eig)
-        assert torch.allclose(gain, eig, atol=1e-14)
-        ours, plain = diagnose.off_dc_gains(r["a"], eig)
-        assert torch.allclose(ours, plain, atol=1e-12)
-    # off-DC gain on known eigenvalues {1, 0.5, -0.25}: p(λ) = λ gives 0.375, p(λ) = λ² 0.15625
-    eig = torch.tensor([[1.0, 0.5, -0.25]], dtype=torch.complex128)
-    identity = torch.tensor([[0.0], [1.0], [0.0]], dtype=torch.float64)  # (a0, a1, a2), one head
-    square = torch.tensor([[0.0], [0.0], [1.0]], dtype=torch.float64)
-    assert np.allclose(diagnose.off_dc_gains(identity, eig)[0], 0.375)
-    assert np.allclose(torch.cat(diagnose.off_dc_gains(square, eig)), [0.15625, 0.375])
+    assert [e.shape for e in r["eig"]] == [(2, 10), (2, 7), (2, 4)]
+    for e in r["eig"]:  # Ā is row-stochastic: its largest eigenvalue is 1
+        assert torch.allclose(e.real.max(-1).values, torch.ones(2, dtype=torch.float64))
     with torch.no_grad():
         layer.w0.copy_(torch.tensor([0.2, -0.1]))
         layer.w1.copy_(torch.tensor([0.7, 1.3]))
@@ -2250,14 +2835,34 @@ def test_diag_gfsa_response_is_the_identity_at_0_1_0_and_the_eq5_polynomial_othe
     eq5 = w0 + w1 * lam + wK * (lam + (K - 1) * (lam**2 - lam))  # GFSA Eq. 5 with Ā -> λ
     assert torch.allclose(r["grid"], eq5.detach(), atol=1e-14)
     # H = p(Ā) has the eigenvalues p(λ): check through traces, tr(H) = Σ p(λ), tr(H²) = Σ p(λ)²
-    matrix = diagnose.implied_matrix(layer, "gfsa", x, mask)
+    with torch.no_grad():
+        matrix = diagnose.implied_matrix(layer, "gfsa", x, mask)
     for b, eig in enumerate(r["eig"]):
-        filt = diagnose.real_block(matrix[b], mask[b])  # (H, n, n)
-        p = diagnose.gfsa_polynomial(r["a"], eig)  # (H, n) complex
+        filt = matrix[b][:, mask[b]][:, :, mask[b]]  # (H, n, n)
+        a = r["a"][:, :, None]
+        p = a[0] + a[1] * eig + a[2] * eig**2  # (H, n) complex
         trace1 = filt.diagonal(dim1=-2, dim2=-1).sum(-1)
         trace2 = (filt @ filt).diagonal(dim1=-2, dim2=-1).sum(-1)
         assert torch.allclose(p.sum(-1).real, trace1, atol=1e-10)
         assert torch.allclose((p**2).sum(-1).real, trace2, atol=1e-10)
+
+
+def test_diag_off_dc_gain_on_known_eigenvalues():
+    """The summary's off-DC gain: mean |p(λ)| / |p(1)| over all λ but each sequence's 1."""
+    eig = [torch.tensor([[1.0, 0.5, -0.25], [-0.25, 1.0, 0.5]], dtype=torch.complex128)]
+    cases = {(0.0, 1.0, 0.0): 0.375, (0.0, 0.0, 1.0): 0.15625, (0.5, 0.0, 1.0): 0.65625 / 1.5}
+    for (a0, a1, a2), expected in cases.items():
+        a = torch.tensor([[a0, a0], [a1, a1], [a2, a2]], dtype=torch.float64)
+        gfsa = dict(a=a, eig=eig, lam=torch.zeros(1), grid=torch.zeros(2, 1))
+        layer = dict(kind="gfsa", n=[3], spectrum=torch.ones(3), gfsa=gfsa)
+        results = dict(kinds=["gfsa"], cosine=torch.tensor([0.1, 0.2]), layers=[layer])
+        lines = diagnose.summary(_diag_toy_run(), results)
+        heads = [ln for ln in lines if ln.startswith("  head")]
+        assert len(heads) == 2, lines
+        for line in heads:  # both heads: the same λ in another order, the same gains
+            found = re.search(r"off-DC gain ([\d.]+), Ā alone ([\d.]+)", line)
+            assert float(found[1]) == pytest.approx(expected, abs=1e-3)
+            assert float(found[2]) == pytest.approx(0.375, abs=1e-3)  # mean |λ| over λ ≠ 1
 
 
 def _diag_softmax_attention(layer, x, mask):
@@ -2304,40 +2909,36 @@ def _diag_dense_references(kind, layer, x, mask):
 
 
 @pytest.mark.parametrize("kind", ["softmax", "agf", "gfsa", "primal"])
-def test_diag_singular_values_equal_svdvals_of_independent_dense_references(kind):
+def test_diag_implied_matrix_equals_an_independent_dense_reference(kind):
     torch.manual_seed(0)
-    layer = (
-        {
-            "softmax": lambda: SoftmaxAttention(16, 2),
-            "agf": lambda: AGFAttention(16, 2, order=3, basis="legendre"),
-            "gfsa": lambda: GFSAttention(16, 2, order=4, w0=0.3),
-            "primal": lambda: PrimalAttention(16, 2, rank=3, rank_multi=2, max_len=10),
-        }[kind]()
-        .double()
-        .eval()
-    )
+    layer = {
+        "softmax": lambda: SoftmaxAttention(16, 2),
+        "agf": lambda: AGFAttention(16, 2, order=3, basis="legendre"),
+        "gfsa": lambda: GFSAttention(16, 2, order=4, w0=0.3),
+        "primal": lambda: PrimalAttention(16, 2, rank=3, rank_multi=2, max_len=10),
+    }[kind]()
+    layer = layer.double().eval()
     with torch.no_grad():  # non-trivial filters (at init AGF has g ≡ 1, GFSA is plain Ā)
         if kind == "agf":
             layer.poly_filter.theta.normal_()
         if kind == "gfsa":
             layer.wK.normal_()
     x, mask = _diag_batch()
-    junk = x.masked_fill(~mask[..., None], 1e3)  # padding must not change any spectrum
-    sigma = diagnose.singular_values(diagnose.implied_matrix(layer, kind, x, mask), mask)
-    sigma_junk = diagnose.singular_values(diagnose.implied_matrix(layer, kind, junk, mask), mask)
+    junk = x.masked_fill(~mask[..., None], 1e3)  # padding must not change any real entry
     with torch.no_grad():
+        ours = diagnose.implied_matrix(layer, kind, x, mask)
+        ours_junk = diagnose.implied_matrix(layer, kind, junk, mask)
         references = _diag_dense_references(kind, layer, x, mask)
-    for b, (ours, ref) in enumerate(zip(sigma, references, strict=True)):
-        assert ours.shape == (2, int(mask[b].sum()))
-        assert torch.allclose(ours, torch.linalg.svdvals(ref), atol=1e-10), (kind, b)
-        assert torch.allclose(ours, sigma_junk[b], atol=1e-10), (kind, b)
-    share = diagnose.cumulative_share(sigma[0])
-    assert torch.allclose(share[:, -1], torch.ones(2, dtype=torch.float64))
-    assert (share.diff(dim=-1) >= -1e-15).all()
+    for b, ref in enumerate(references):
+        real = mask[b]
+        block, block_junk = (m[b][:, real][:, :, real] for m in (ours, ours_junk))
+        assert block.shape == (2, int(real.sum()), int(real.sum()))
+        assert torch.allclose(block, ref, atol=1e-10), (kind, b)
+        assert torch.allclose(block_junk, ref, atol=1e-10), (kind, b)
 
 
-def _diag_results():
-    """diagnose() on an untrained 4-layer model with one layer of each kind."""
+def _diag_mixed_run():
+    """An untrained 4-layer UEA-style model with one layer of each kind, and its diagnosis."""
     torch.manual_seed(0)
     cfg = ModelConfig(
         n_classes=3, max_len=10, n_features=16, style="uea", d_model=16, n_heads=2,
@@ -2345,215 +2946,305 @@ def _diag_results():
         attention_kwargs={"primal": {"rank": 3, "rank_multi": 2}},
     )  # fmt: skip
     model = Classifier(cfg).double().eval()
+    with torch.no_grad():
+        model.blocks[1].attn.poly_filter.theta.normal_()
+        model.blocks[2].attn.wK.normal_()
     x, mask = _diag_batch()
-    run = diagnose.LoadedRun(model, [{"x": x, "mask": mask}], "toy", HERE)
-    return diagnose.diagnose(run, dense_sequences=2, n_points=21), run
+    batches = [{"x": x[:2], "mask": mask[:2]}, {"x": x[2:], "mask": mask[2:]}]
+    run = diagnose.LoadedRun(model, batches, "toy", HERE, {"val_acc": 0.25, "test_acc": 0.5})
+    return run, diagnose.diagnose(run, dense_sequences=2, n_points=21)
 
 
-def test_diag_report_and_csv_files_from_a_mixed_model():
-    results, run = _diag_results()
-    assert (
-        results["cosine"].shape == (5,)
-        and [len(lay["sigma"]) for lay in results["layers"]] == [2] * 4
-    )
+def test_diag_spectra_of_a_mixed_model_are_those_of_the_captured_inputs():
+    run, results = _diag_mixed_run()
+    x, mask = torch.cat([b["x"] for b in run.batches]), torch.cat([b["mask"] for b in run.batches])
+    _, inputs = diagnose.capture(run.model, {"x": x[:2], "mask": mask[:2]})
+    for (xi, mi), block, layer in zip(inputs, run.model.blocks, results["layers"], strict=True):
+        matrix = diagnose.implied_matrix(block.attn, layer["kind"], xi, mi)
+        shares = []
+        for b in range(2):
+            real = mask[b]
+            sigma = torch.linalg.svdvals(matrix[b][:, real][:, :, real])
+            assert torch.allclose(layer["sigma"][b], sigma, atol=1e-10), layer["kind"]
+            share = sigma.cumsum(-1) / sigma.sum(-1, keepdim=True)
+            shares.append(F.pad(share, (0, 10 - share.shape[1]), value=1.0))
+        assert layer["n"] == [10, 7]
+        assert torch.allclose(layer["spectrum"], torch.cat(shares).mean(0), atol=1e-12)
+        assert (layer["spectrum"].diff() >= -1e-12).all() and layer["spectrum"][-1] == 1.0
+
+
+def test_diag_report_and_csv_files_from_a_mixed_model(tmp_path):
+    run, results = _diag_mixed_run()
     lines = diagnose.summary(run, results)
-    assert any("AGF filter" in ln for ln in lines) and any("GFSA filter" in ln for ln in lines)
-    kinds = {"embedding", "softmax", "agf", "gfsa", "primal"}
-    with tempfile.TemporaryDirectory() as tmp:
-        paths = diagnose.write_csvs(results, pathlib.Path(tmp))
-        names = {p.stem for p in paths}
-        assert names == {
-            "cosine_similarity", "singular_values", "agf_filter", "agf_theta",
-            "gfsa_coefficients", "gfsa_filter", "gfsa_eigenvalues",
-        }  # fmt: skip
-        for path in paths:  # every row has one value per column, all parse as numbers
-            header, *body = list(csv.reader(open(path)))
-            assert body and all(len(row) == len(header) for row in body), path.name
-            assert all(math.isfinite(float(v)) for row in body for v in row if v not in kinds)
-        rows = list(csv.DictReader(open(pathlib.Path(tmp) / "singular_values.csv")))
-        assert len(rows) == 4 * 2 * (10 + 7)  # layers x heads x real tokens of 2 sequences
-        assert len(list(csv.DictReader(open(pathlib.Path(tmp) / "agf_filter.csv")))) == 21
-
-
-def test_diag_plots_without_matplotlib_and_with_a_stub():
-    results, _ = _diag_results()
-    out = io.StringIO()
-    with mock.patch.dict(sys.modules, {"matplotlib": None}), contextlib.redirect_stdout(out):
-        assert diagnose.plot(results, HERE) == []
-    assert "matplotlib is not installed" in out.getvalue()
-    # A stub matplotlib runs every plotting call; the figures must be saved under their names.
-    with _diag_stub_matplotlib() as figures:
-        paths = diagnose.plot(results, pathlib.Path("/nowhere"))
-    expected = ["cosine_similarity", "agf_filter", "gfsa_filter", "singular_values"]
-    assert [p.stem for p in paths] == expected
-    assert [pathlib.Path(f.savefig.call_args[0][0]).stem for f in figures] == expected
+    assert lines[0] == "toy: 3 sequences, 2 of them for the N x N analyses"
+    assert lines[1] == "val_acc 0.2500, test_acc 0.5000"
+    table = [
+        ln.split() for ln in lines if re.match(r"\s+\d+\s+(embedding|softmax|agf|gfsa|primal)", ln)
+    ]
+    assert [row[1] for row in table] == ["embedding", "softmax", "agf", "gfsa", "primal"]
+    assert np.allclose([float(r[2]) for r in table], results["cosine"].numpy(), atol=5e-4)
+    for row, layer in zip(table[1:], results["layers"], strict=True):
+        spectrum = layer["spectrum"]
+        assert float(row[3]) == pytest.approx(spectrum[0].item(), abs=5e-4)
+        assert int(row[4]) == int((spectrum < 0.9).sum()) + 1  # first k at >= 90 %
+    theta = results["layers"][1]["agf"]["theta"]
+    signs = f"({int((theta[1:] < 0).sum())} of {len(theta) - 1} < 0)"
+    assert any(ln.startswith("AGF layer 2: θ̃ = ") and ln.endswith(signs) for ln in lines)
+    assert sum(ln.startswith("  head") for ln in lines) == 2  # GFSA: one line per head
+    data = diagnose.figures(results)
+    with (
+        contextlib.redirect_stdout(io.StringIO()),
+        mock.patch.dict(sys.modules, {"matplotlib": None}),
+    ):
+        paths = diagnose.save_figures(data, tmp_path)
+    names = [
+        "cosine_similarity",
+        "agf_filter",
+        "gfsa_filter",
+        "gfsa_eigenvalues",
+        "singular_values",
+    ]
+    assert [p.name for p in paths] == [f"{n}.csv" for n in names]
+    tables = {}
+    for path in paths:  # every row has one value per column, all but the label parse as numbers
+        header, *body = list(csv.reader(open(path)))
+        assert header[0] == "curve" and body and all(len(row) == 3 for row in body), path.name
+        assert all(math.isfinite(float(v)) for row in body for v in row[1:])
+        tables[path.stem] = body
+    assert [float(r[2]) for r in tables["cosine_similarity"]] == pytest.approx(
+        results["cosine"].tolist(), rel=1e-5
+    )
+    g = results["layers"][1]["agf"]["g"]
+    assert [float(r[2]) for r in tables["agf_filter"]] == pytest.approx(g.tolist(), abs=1e-5)
+    grid = [r for r in tables["gfsa_filter"] if r[0] == "layer 3 head 1"]
+    assert [float(r[2]) for r in grid] == pytest.approx(
+        results["layers"][2]["gfsa"]["grid"][1].tolist(), abs=1e-5
+    )
+    assert len(tables["gfsa_eigenvalues"]) == 2 * (10 + 7)  # heads x eigenvalues of 2 sequences
+    for kind, i in (("primal", 4), ("agf", 2)):
+        curve = [float(r[2]) for r in tables["singular_values"] if r[0] == f"layer {i} {kind}"]
+        assert curve == pytest.approx(results["layers"][i - 1]["spectrum"].tolist(), rel=1e-5)
 
 
 @contextlib.contextmanager
 def _diag_stub_matplotlib():
-    """matplotlib replaced by mocks; yields the list of figures that plt.subplots creates."""
-    figures, plt = [], mock.MagicMock()
+    """matplotlib replaced by mocks; yields the list of (figure, axes) that plt.subplots makes."""
+    made, plt = [], mock.MagicMock()
 
-    def subplots(*shape, **kwargs):
-        figures.append(mock.MagicMock())
-        axes = (mock.MagicMock(), mock.MagicMock()) if shape == (1, 2) else mock.MagicMock()
-        return figures[-1], axes
+    def subplots(rows, cols, **kwargs):
+        made.append((mock.MagicMock(), [[mock.MagicMock() for _ in range(cols)]]))
+        return made[-1]
 
     plt.subplots.side_effect = subplots
     with mock.patch.dict(sys.modules, {"matplotlib": mock.MagicMock(pyplot=plt)}):
         with mock.patch.dict(sys.modules, {"matplotlib.pyplot": plt}):
-            yield figures
+            yield made
 
 
-def _diag_trained_run(tmp, attention: str) -> pathlib.Path:
-    """A 2-epoch JapaneseVowels run of train_uea.py with a tiny model, in tmp/<attention>."""
+def test_diag_plots_without_matplotlib_and_with_a_stub(tmp_path):
+    _, results = _diag_mixed_run()
+    data = diagnose.figures(results)
+    out = io.StringIO()
+    with mock.patch.dict(sys.modules, {"matplotlib": None}), contextlib.redirect_stdout(out):
+        assert all(p.suffix == ".csv" for p in diagnose.save_figures(data, tmp_path))
+    assert (
+        "matplotlib is not installed" in out.getvalue()
+        and "pip install matplotlib" in out.getvalue()
+    )
+    with _diag_stub_matplotlib() as made:
+        paths = diagnose.save_figures(data, tmp_path)
+    figures = ["cosine_similarity", "agf_filter", "gfsa_filter", "singular_values"]
+    assert [p.name for p in paths if p.suffix == ".png"] == [f"{n}.png" for n in figures]
+    assert [pathlib.Path(fig.savefig.call_args[0][0]).name for fig, _ in made] == [
+        f"{n}.png" for n in figures
+    ]
+    assert [len(axes[0]) for _, axes in made] == [1, 1, 2, 1]  # GFSA: grid and eigenvalues
+    (x, y, style), _ = made[0][1][0][0].plot.call_args  # the cosine curve, embedding first
+    assert x == [0, 1, 2, 3, 4] and y == pytest.approx(results["cosine"].tolist()) and style == "o-"
+
+
+def _diag_train_uea(tmp: pathlib.Path, attention: str, *extra: str) -> pathlib.Path:
+    """A 1-epoch JapaneseVowels run of train_uea.py with a tiny model, in tmp/<attention>."""
     import train_uea
 
-    folder = UEA_DIR / "JapaneseVowels"
-    if not (folder / "JapaneseVowels_TRAIN.ts").exists():
-        pytest.skip(f"real UEA data not found at {folder} (it ships only with ../shared)")
-    out = pathlib.Path(tmp) / attention
-    argv = [*TINY, "--attention", attention, "--epochs", "2", "--data-dir", str(UEA_DIR)]
-    threads = torch.get_num_threads()
-    try:
-        with contextlib.redirect_stdout(io.StringIO()):
-            train_uea.main(
-                train_uea.parse_config([*argv, "--out", str(out), "--progress", "false"])
-            )
-    finally:
-        torch.set_num_threads(threads)
+    if not (UEA_DIR / "JapaneseVowels" / "JapaneseVowels_TRAIN.ts").exists():
+        pytest.skip(f"real UEA data not found at {UEA_DIR} (it ships only with ../shared)")
+    out = tmp / attention
+    argv = [*TINY, "--attention", attention, "--epochs", "1", "--data-dir", str(UEA_DIR), *extra]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        train_uea.main(train_uea.parse_config([*argv, "--out", str(out), "--device", "cpu"]))
     return out
 
 
-def test_diag_end_to_end_on_a_japanese_vowels_checkpoint():
-    with tempfile.TemporaryDirectory() as tmp:
-        for attention in ("agf", "gfsa"):
-            run = _diag_trained_run(tmp, attention)
-            argv = [str(run), "--batches", "2", "--batch-size", "8", "--dense", "3"]
-            with contextlib.redirect_stdout(io.StringIO()) as out:
-                results = diagnose.main(argv)
-            assert "over-smoothing" in out.getvalue()
-            files = {p.name for p in (run / "diagnose").iterdir()}
-            assert {"summary.txt", "cosine_similarity.csv", "singular_values.csv"} <= files
-            assert f"{attention}_filter.csv" in files
-            rows = list(csv.DictReader(open(run / "diagnose" / "cosine_similarity.csv")))
-            assert [r["kind"] for r in rows] == ["embedding", attention, attention]
-            assert np.allclose(
-                [float(r["cosine"]) for r in rows], results["cosine"].numpy(), atol=1e-5
-            )
-            # the rebuilt model, weights and data reproduce the run's own final test accuracy
-            loaded = diagnose.load_run(run, n_cases=None, batch_size=128)
-            with torch.no_grad():
-                pred = torch.cat(
-                    [loaded.model(b["x"], b["mask"])[0].argmax(-1) for b in loaded.batches]
-                )
-            y = load_uea(str(UEA_DIR), "JapaneseVowels").y_test
-            result = json.loads((run / "result.json").read_text())
-            assert (pred == y).double().mean().item() == pytest.approx(result["final_test_acc"])
-        # the command line, in a fresh process, on the last run; --out elsewhere
-        cmd = [
-            sys.executable,
-            str(HERE / "diagnose.py"),
-            str(run),
-            "--out",
-            f"{tmp}/cli",
-            "--dense",
-            "2",
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        assert (pathlib.Path(tmp) / "cli" / "gfsa_eigenvalues.csv").exists()
+@pytest.fixture(scope="module")
+def uea_runs(tmp_path_factory):
+    """Two tiny trained UEA runs: AGF, and GFSA with the official unmasked attention."""
+    tmp = tmp_path_factory.mktemp("uea")
+    return _diag_train_uea(tmp, "agf"), _diag_train_uea(tmp, "gfsa", "--no-attention-mask")
 
 
-def test_diag_depth_experiment_trains_then_reuses_finished_runs():
-    if not (UEA_DIR / "JapaneseVowels" / "JapaneseVowels_TRAIN.ts").exists():
-        pytest.skip(f"real UEA data not found at {UEA_DIR} (it ships only with ../shared)")
-    with tempfile.TemporaryDirectory() as tmp:
-        argv = ["depth", "--depths", "1", "2", "--attentions", "softmax", "--epochs", "1"]
-        argv += ["--data-dir", str(UEA_DIR), "--out", tmp, "--train-args=--d-model 16 --d-ff 32"]
-        threads = torch.get_num_threads()
-        try:
-            with contextlib.redirect_stdout(io.StringIO()):
-                rows = diagnose.main(argv)
-                log = pathlib.Path(tmp) / "softmax-L2" / "train.log"
-                stamp = log.stat().st_mtime_ns
-                with _diag_stub_matplotlib() as figures:
-                    again = diagnose.main(argv)  # finished runs are reused, not retrained
-        finally:
-            torch.set_num_threads(threads)
-        assert [r["n_layers"] for r in rows] == [1, 2] and log.stat().st_mtime_ns == stamp
-        assert pathlib.Path(figures[0].savefig.call_args[0][0]).name == "depth.png"
-        assert [r["cos_last"] for r in again] == [r["cos_last"] for r in rows]
-        assert all(len(r["cos_per_layer"].split()) == r["n_layers"] + 1 for r in rows)
-        table = list(csv.DictReader(open(pathlib.Path(tmp) / "depth.csv")))
-        assert [int(r["n_layers"]) for r in table] == [1, 2]
+def _diag_main(argv: list) -> tuple[list, str]:
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        results = diagnose.main([str(a) for a in argv])
+    return results, out.getvalue()
 
 
-def test_diag_end_to_end_on_an_lra_best_checkpoint():
+def test_diag_end_to_end_on_a_japanese_vowels_checkpoint(uea_runs):
+    run = uea_runs[0]
+    results, printed = _diag_main([run, "--batches", "2", "--batch-size", "8", "--dense", "3"])
+    assert "JapaneseVowels, attention agf, 2 layers: 16 sequences, 3 of them" in printed
+    files = {p.name for p in (run / "diagnose").iterdir()}
+    assert {
+        "summary.txt",
+        "cosine_similarity.csv",
+        "singular_values.csv",
+        "agf_filter.csv",
+    } <= files
+    assert (run / "diagnose" / "summary.txt").read_text().splitlines()[0] in printed
+    rows = list(csv.reader(open(run / "diagnose" / "cosine_similarity.csv")))[1:]
+    assert [r[0] for r in rows] == ["embedding agf agf"] * 3
+    assert np.allclose([float(r[2]) for r in rows], results[0]["cosine"].numpy(), atol=1e-5)
+    # the rebuilt model, weights and data reproduce the run's own final test accuracy
+    loaded = diagnose.load_run(run, n_cases=None, batch_size=128)
+    with torch.no_grad():
+        pred = torch.cat([loaded.model(b["x"], b["mask"])[0].argmax(-1) for b in loaded.batches])
+    from uea_data import load_uea
+
+    y = load_uea(str(UEA_DIR), "JapaneseVowels").y_test
+    result = json.loads((run / "result.json").read_text())
+    assert len(pred) == len(y) and (pred == y).double().mean().item() == pytest.approx(
+        result["final_test_acc"]
+    )
+    assert loaded.accuracy == {k: result[k] for k in ("best_test_acc", "final_test_acc")}
+
+
+def test_diag_comparison_table_of_two_runs_matches_their_summaries(uea_runs, tmp_path):
+    results, printed = _diag_main([*uea_runs, "--dense", "2", "--out", tmp_path])
+    table = printed[printed.index("cosine similarity per layer") :].splitlines()[1:4]
+    assert len({len(line) for line in table}) == 1  # fixed width: every line ends on a number
+    head = table[0].split()
+    assert head == ["run", "attention", "layers", "cos_per_layer", "cos_last", "best_test_acc",
+                    "final_test_acc"]  # fmt: skip
+    for line, run, res in zip(table[1:], uea_runs, results, strict=True):
+        result = json.loads((run / "result.json").read_text())
+        summary = (tmp_path / run.name / "summary.txt").read_text().splitlines()
+        cosine = [r.split()[2] for r in summary if re.match(r"\s+\d+\s+(embedding|agf|gfsa)\s", r)]
+        cells = line.split()
+        assert cells[:3] == [str(run), result["attention"], "2"]
+        assert cells[3:6] == cosine  # the summary's column, embedding first
+        assert float(cells[6]) == pytest.approx(res["cosine"][-1].item(), abs=5e-5)
+        assert [float(c) for c in cells[7:]] == pytest.approx(
+            [result["best_test_acc"], result["final_test_acc"]], abs=5e-5
+        )
+    rows = list(csv.DictReader(open(tmp_path / "comparison.csv")))
+    for row, run, res in zip(rows, uea_runs, results, strict=True):
+        result = json.loads((run / "result.json").read_text())
+        assert row["run"] == str(run) and row["cos_per_layer"] == res["row"]["cos_per_layer"]
+        assert float(row["final_test_acc"]) == pytest.approx(result["final_test_acc"], rel=1e-5)
+    # the unmasked (official UEA) model: its attention sees every step, so n = the padded length
+    assert all(n == 26 for layer in results[1]["layers"] for n in layer["n"])
+    assert any(n < 26 for layer in results[0]["layers"] for n in layer["n"])
+
+
+def _diag_error(argv: list) -> str:
+    """The one-line message of a bad input (SystemExit with a string: printed, exit status 1)."""
+    with pytest.raises(SystemExit) as stop, contextlib.redirect_stdout(io.StringIO()):
+        diagnose.main([str(a) for a in argv])
+    message = stop.value.code
+    assert isinstance(message, str) and message.startswith("error: ") and "\n" not in message
+    return message
+
+
+def test_diag_bad_input_gets_one_clear_line(uea_runs, tmp_path):
+    assert "is no run folder" in _diag_error([tmp_path])  # a folder without checkpoint
+    assert "is no run folder" in _diag_error([tmp_path / "nowhere"])
+    torch.save({"model": {}, "config": {"seed": 1}}, tmp_path / "checkpoint.pt")
+    assert "names neither a dataset (UEA) nor a task (LRA)" in _diag_error([tmp_path])
+    (tmp_path / "best.pt").write_text("not a checkpoint")
+    assert "is no checkpoint.pt, nor a best.pt" in _diag_error([tmp_path / "best.pt"])
+    message = _diag_error([uea_runs[0], "--data-dir", tmp_path])  # the data is not there
+    assert "JapaneseVowels is not in" in message and "point --data-dir at its data" in message
+    ckpt = torch.load(uea_runs[0] / "checkpoint.pt", weights_only=False)
+    ckpt["config"]["n_layers"] = 3
+    (tmp_path / "other").mkdir()
+    torch.save(ckpt, tmp_path / "other" / "checkpoint.pt")
+    assert "do not fit the model of its config" in _diag_error([tmp_path / "other"])
+    with pytest.raises(SystemExit) as stop, contextlib.redirect_stderr(io.StringIO()) as err:
+        diagnose.main([str(uea_runs[0]), "--dense", "0"])
+    assert stop.value.code == 2 and "--dense" in err.getvalue()
+    with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
+        diagnose.main([str(uea_runs[0]), str(uea_runs[0]), "--out", str(tmp_path)])
+    assert "same folder name" in err.getvalue()
+    # the real command line: exit status 1, one line on stderr, no traceback
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "diagnose.py"), str(tmp_path / "nowhere")],
+        capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("error: ")
+
+
+def test_diag_end_to_end_on_an_lra_best_checkpoint(tmp_path):
     """train_lra.py on a tiny generated ListOps, then diagnose.py on its best.pt."""
+    import lra_data
     import train_lra
 
+    argv = [
+        "--preset",
+        "quick",
+        "--data-dir",
+        str(tmp_path / "data"),
+        "--out",
+        str(tmp_path / "lra"),
+    ]
+    argv += ["--listops-size", "48", "--listops-eval-size", "12", "--steps", "4", "--eval-every"]
+    argv += ["2", "--batch-size", "8", "--d-model", "16", "--d-ff", "32", "--device", "cpu"]
+    argv += ["--attention", "primal+trans"]
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        cfg = train_lra.parse_config(argv)
+        result = train_lra.main(cfg)
+        results, printed = _diag_main(
+            [tmp_path / "lra" / "best.pt", "--batches", "2", "--dense", "2"]
+        )
+    res = results[0]
+    assert res["kinds"] == ["softmax", "primal"] and res["cosine"].shape == (3,)
+    assert len(res["layers"][1]["sigma"]) == 2 and res["layers"][1]["sigma"][0].shape[0] == 2
+    assert f"val_acc {result['val_acc']:.4f}, test_acc {result['test_acc']:.4f}" in printed
+    assert (tmp_path / "lra" / "diagnose" / "singular_values.csv").exists()
+    # best.pt and the regenerated split reproduce the run's test accuracy
+    loaded = diagnose.load_run(tmp_path / "lra" / "best.pt", n_cases=None, batch_size=64)
+    test = lra_data.load_task(
+        "listops", cfg.data_dir, cfg.max_len, seed=cfg.data_seed,
+        listops=dict(train_lra.LISTOPS["quick"], train=48, val=12, test=12),
+    )["test"]  # fmt: skip
+    assert (test.lengths >= 2).all()  # so every test sequence is in loaded.batches, in order
+    with torch.no_grad():
+        pred = torch.cat([loaded.model(b["x"], b["mask"])[0].argmax(-1) for b in loaded.batches])
+    assert (pred.numpy() == test.y).mean() == pytest.approx(result["test_acc"], abs=1e-5)
+
+
+# ----------------------------------------------------------------------------------------------
+# tools: bench.py and the README
+# ----------------------------------------------------------------------------------------------
+
+
+def test_bench_runs_at_tiny_n_and_fits_the_slopes():
+    """bench.py measures every kind at two small N, writes its CSV, and reports each slope."""
     with tempfile.TemporaryDirectory() as tmp:
-        argv = ["--preset", "quick", "--attention", "primal+trans", "--steps", "4", "--warmup", "2"]
-        argv += ["--eval-every", "2", "--eval-batches", "1", "--listops-size", "64"]
-        argv += ["--listops-eval-size", "40", "--data-dir", f"{tmp}/data", "--out", f"{tmp}/run"]
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)  # a tiny model on shared cores: more threads only spin
-        try:
-            with (
-                contextlib.redirect_stdout(io.StringIO()),
-                contextlib.redirect_stderr(io.StringIO()),
-            ):
-                train_lra.main(train_lra.parse(argv))
-                results = diagnose.main([f"{tmp}/run/best.pt", "--batches", "2", "--dense", "2"])
-        finally:
-            torch.set_num_threads(threads)
-        assert results["kinds"] == ["softmax", "primal"] and results["cosine"].shape == (3,)
-        assert len(results["layers"][1]["sigma"]) == 2
-        assert (pathlib.Path(tmp) / "run" / "diagnose" / "singular_values.csv").exists()
-
-
-# ----------------------------------------------------------------------------------------------
-# runner: `python test_all.py` works without the pytest command; `pytest test_all.py` works too
-# ----------------------------------------------------------------------------------------------
+        argv = ["--n-min", "32", "--n-max", "64", "--fit-min", "32", "--repeats", "1"]
+        lines = bench.main([*argv, "--warmup", "0", "--csv", f"{tmp}/bench.csv"])
+        with open(f"{tmp}/bench.csv") as f:
+            rows = list(csv.DictReader(f))
+    assert {r["kind"] for r in rows} == set(bench.KINDS) and {r["N"] for r in rows} == {"32", "64"}
+    assert all(float(r["fwdbwd_ms"]) > 0 and float(r["mem_mb"]) > 0 for r in rows)
+    assert sum("time" in line and "memory" in line for line in lines) == len(bench.KINDS)
+    assert bench.slope([1, 2, 4], [3, 12, 48]) == pytest.approx(2.0)  # quadratic
 
 
 def test_readme_python_blocks_run():
-    """Every ```python block of the README runs as it is (STYLE.md S17 g)."""
+    """Every ```python block of the README runs as it is (a README that does not run misleads)."""
     text = (HERE / "README.md").read_text()
     blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
     assert blocks, "the README has no python block"
     for block in blocks:
         exec(compile(block, "README.md", "exec"), {})  # noqa: S102 (our own README)
-
-
-def _cases(fn):
-    """(label, kwargs) for each case of a test; expands @pytest.mark.parametrize("name", [...])."""
-    cases = [("", {})]
-    for mark in getattr(fn, "pytestmark", []):
-        if mark.name == "parametrize":
-            name, values = mark.args
-            cases = [(f"{label}[{v}]", {**kw, name: v}) for label, kw in cases for v in values]
-    return cases
-
-
-if __name__ == "__main__":
-    tests = [(n, f) for n, f in list(globals().items()) if n.startswith("test_") and callable(f)]
-    passed = failed = skipped = 0
-    for name, fn in tests:
-        for label, kwargs in _cases(fn):
-            t0 = time.perf_counter()
-            try:
-                fn(**kwargs)
-            except pytest.skip.Exception as e:
-                skipped += 1
-                print(f"skip {name + label:70s} {e}")
-                continue
-            except Exception as e:  # report every failure, then exit non-zero
-                failed += 1
-                print(f"FAIL {name + label:70s} {type(e).__name__}: {e}")
-                continue
-            passed += 1
-            print(f"ok   {name + label:70s} {time.perf_counter() - t0:6.2f}s")
-    print(f"{passed} passed, {failed} failed, {skipped} skipped")
-    sys.exit(1 if failed else 0)
