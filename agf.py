@@ -40,6 +40,7 @@ from typing import Optional
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch import Tensor
 
 from polynomials import PolynomialFilter
@@ -176,12 +177,14 @@ class AGFAttention(nn.Module):
         if mask is not None:
             # Junk at padded tokens (even NaN, as 0 · NaN = NaN) must not reach anything below.
             x = x.masked_fill(~mask[..., None], 0.0)
-        # 1) four projections, under the caller's autocast as in the official code; split heads
-        #    (B, N, D) -> (B, N, H, d) -> (B, H, N, d)
-        u_logits, v_logits, sigma_logits, values = (
-            W(x).view(B, N, self.n_heads, self.d_head).transpose(1, 2)
-            for W in (self.W_u, self.W_v, self.W_sigma, self.W_val)
-        )
+        # 1) the four projections as one matmul (the same maps as four Linear calls), under the
+        #    caller's autocast as in the official code; split heads:
+        #    (B, N, 4D) -> (B, N, 4, H, d) -> 4 x (B, H, N, d)
+        projections = (self.W_u, self.W_v, self.W_sigma, self.W_val)
+        weight = torch.cat([W.weight for W in projections])  # (4D, D)
+        bias = torch.cat([W.bias for W in projections])  # (4D,)
+        fused = F.linear(x, weight, bias).view(B, N, 4, self.n_heads, self.d_head)
+        u_logits, v_logits, sigma_logits, values = fused.permute(2, 0, 3, 1, 4)
         # Softmaxes and the degree-K polynomial (|P_k| reaches ~26) run in float32 even under
         # bf16/fp16 autocast, as the official code does (autocast(enabled=False)).
         work = torch.promote_types(x.dtype, torch.float32)

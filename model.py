@@ -250,7 +250,7 @@ class Classifier(nn.Module):
         m = mask[..., None].to(h.dtype)  # (B, N, 1)
         if self.cfg.style == "lra":
             # NOTE: the official LRA code divides by the padded length N; we divide by the number
-            #       of real tokens, so padding cannot dilute the average (README "Differences").
+            #       of real tokens, so padding cannot dilute the average (README: differences).
             return (h * m).sum(1) / m.sum(1)
         h = self.drop(F.gelu(h)) * m  # (B, N, D), padded steps exactly zero
         h = F.pad(h, (0, 0, 0, self.cfg.max_len - h.shape[1]))  # shorter inputs: pad to max_len

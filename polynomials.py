@@ -37,88 +37,121 @@ from torch import Tensor
 BASES = ("jacobi", "legendre", "chebyshev", "chebyshev_t", "monomial")
 
 
-def jacobi(x: Tensor, order: int, alpha: float, beta: float) -> Tensor:
-    """Jacobi polynomials P_0^(α,β) .. P_order^(α,β), elementwise, unnormalised (scipy's).
-
-    Three-term recurrence (DLMF §18.9; term for term the official AGF_LRA/polyconv.py):
-        P_0(x) = 1
-        P_1(x) = ½ (α - β + (α + β + 2) x)
-        P_k(x) = (A_k x + B_k) P_{k-1}(x) - C_k P_{k-2}(x),   k >= 2
-    Evaluated on x as given: AGF uses raw s ∈ (0, 1), with no map to [-1, 1].
-
-    Args:
-        x: points, any shape and float dtype.
-        order: K, the highest degree.
-        alpha, beta: α, β with α + β > -2. β < -1 (AGF's tuned -1, -1.5, -2) is allowed: the
-            recurrence is finite there, but no integrable weight makes the P_k orthogonal.
-    Returns:
-        (order + 1, *x.shape)
+def jacobi_recurrence(order: int, alpha: float, beta: float) -> list:
+    """(a_k, b_k, c_k), k = 1..K, of the Jacobi recurrence (DLMF §18.9; term for term the official
+    AGF_LRA/polyconv.py), in the form every basis of this file takes (see `evaluate_basis`):
+        P_1(x) = ½ (α - β + (α + β + 2) x)                 a_1 = (α + β + 2)/2, b_1 = (α - β)/2
+        P_k(x) = (a_k x + b_k) P_{k-1}(x) - c_k P_{k-2}(x),   k >= 2, with n = 2k + α + β:
+        a_k = n (n-1) / (2k (k+α+β)),  b_k = (n-1)(α² - β²) / (2k (k+α+β)(n-2)),
+        c_k = (k+α-1)(k+β-1) n / (k (k+α+β)(n-2))
+    α + β > -2 keeps every denominator non-zero. β < -1 (AGF's tuned -1, -1.5, -2) is allowed:
+    the recurrence is finite there, but no integrable weight makes the P_k orthogonal.
     """
     a, b = alpha, beta
-    if a + b <= -2:  # k + α + β and 2k + α + β - 2 must stay non-zero for every k >= 2
+    if a + b <= -2:
         raise ValueError(f"Jacobi needs alpha + beta > -2, got alpha={a}, beta={b}")
-    basis = [torch.ones_like(x)]
-    if order >= 1:
-        basis.append(0.5 * (a - b + (a + b + 2) * x))
+    coefs = [((a + b + 2) / 2, (a - b) / 2, 0.0)][:order]
     for k in range(2, order + 1):
-        n = 2 * k + a + b  # shorthand shared by the three coefficients
-        A_k = n * (n - 1) / (2 * k * (k + a + b))
-        B_k = (n - 1) * (a * a - b * b) / (2 * k * (k + a + b) * (n - 2))
-        C_k = (k + a - 1) * (k + b - 1) * n / (k * (k + a + b) * (n - 2))
-        basis.append((A_k * x + B_k) * basis[-1] - C_k * basis[-2])
-    return torch.stack(basis)
+        n = 2 * k + a + b
+        coefs.append((n * (n - 1) / (2 * k * (k + a + b)),
+                      (n - 1) * (a * a - b * b) / (2 * k * (k + a + b) * (n - 2)),
+                      (k + a - 1) * (k + b - 1) * n / (k * (k + a + b) * (n - 2))))  # fmt: skip
+    return coefs
+
+
+def recurrence(basis: str, order: int, alpha: float = 0.0, beta: float = 0.0) -> list:
+    """(a_k, b_k, c_k), k = 1..K, of one of the BASES.
+
+    "legendre" is Jacobi(0, 0), exactly Legendre P_k. "chebyshev" is Jacobi(-½, -½) as in the
+    official code, which equals (2k)! / (4^k (k!)²) · T_k: T_k only up to a constant per k
+    (1, ½, 3/8, 5/16, ...). "chebyshev_t" is T_k itself (T_k(cos t) = cos kt: T_1 = x,
+    T_k = 2x T_{k-1} - T_{k-2}); "monomial" is x^k (x^k = x · x^{k-1}). alpha and beta are used
+    by "jacobi" only.
+    """
+    if basis == "monomial":
+        return [(1.0, 0.0, 0.0)] * order
+    if basis == "chebyshev_t":
+        return [(1.0, 0.0, 0.0)] + [(2.0, 0.0, 1.0)] * (order - 1) if order else []
+    known = {"jacobi": (alpha, beta), "legendre": (0.0, 0.0), "chebyshev": (-0.5, -0.5)}
+    if basis not in known:
+        raise ValueError(f"unknown basis {basis!r}; choose one of {BASES}")
+    return jacobi_recurrence(order, *known[basis])
+
+
+def evaluate_basis(x: Tensor, coefs: list) -> Tensor:
+    """P_0 .. P_K at x (elementwise) from P_0 = 1, P_{-1} = 0 and, for k = 1..K,
+    P_k(x) = (a_k x + b_k) P_{k-1}(x) - c_k P_{k-2}(x),  with (a_k, b_k, c_k) = coefs[k - 1].
+
+    Args:
+        x: points, any shape and float dtype. AGF passes raw s ∈ (0, 1), no map to [-1, 1].
+        coefs: K triples, e.g. from `recurrence`.
+    Returns:
+        (K + 1, *x.shape)
+    """
+    basis = [torch.zeros_like(x), torch.ones_like(x)]  # P_{-1}, P_0
+    for a, b, c in coefs:
+        basis.append((a * x + b) * basis[-1] - c * basis[-2])
+    return torch.stack(basis[1:])
+
+
+def jacobi(x: Tensor, order: int, alpha: float, beta: float) -> Tensor:
+    """Jacobi polynomials P_0^(α,β) .. P_order^(α,β) at x, unnormalised (scipy's).  (K+1, *x)"""
+    return evaluate_basis(x, jacobi_recurrence(order, alpha, beta))
 
 
 def chebyshev_t(x: Tensor, order: int) -> Tensor:
-    """True Chebyshev polynomials of the first kind, T_0 .. T_order (T_k(cos t) = cos kt).
-
-    Recurrence: T_0 = 1, T_1 = x, T_k = 2x T_{k-1} - T_{k-2}.
-    The official "chebyshev" is NOT this: it is Jacobi(-½, -½), which equals
-    (2k)! / (4^k (k!)²) · T_k, i.e. T_k up to a constant per k (1, ½, 3/8, 5/16, ...).
-
-    Args:
-        x: points, any shape.
-        order: K, the highest degree.
-    Returns:
-        (order + 1, *x.shape)
-    """
-    basis = [torch.ones_like(x), x][: order + 1]
-    for _ in range(2, order + 1):
-        basis.append(2 * x * basis[-1] - basis[-2])
-    return torch.stack(basis)
+    """True Chebyshev polynomials of the first kind, T_0 .. T_order.  (K+1, *x)"""
+    return evaluate_basis(x, recurrence("chebyshev_t", order))
 
 
 def monomial(x: Tensor, order: int) -> Tensor:
-    """Monomials x^0 .. x^order (the official "monomial" basis). Returns (order + 1, *x.shape)."""
-    basis = [torch.ones_like(x)]
-    for _ in range(order):
-        basis.append(basis[-1] * x)
-    return torch.stack(basis)
+    """Monomials x^0 .. x^order (the official "monomial" basis).  (K+1, *x)"""
+    return evaluate_basis(x, recurrence("monomial", order))
 
 
 def polynomial_basis(
     x: Tensor, order: int, basis: str = "jacobi", alpha: float = 0.0, beta: float = 0.0
 ) -> Tensor:
-    """One of the bases in BASES, evaluated elementwise at x.
+    """One of the BASES, evaluated elementwise at x (see `recurrence`).  (K+1, *x)"""
+    return evaluate_basis(x, recurrence(basis, order, alpha, beta))
 
-    "legendre" is Jacobi(0, 0), exactly Legendre P_k. "chebyshev" is Jacobi(-½, -½) as in the
-    official code (T_k up to a constant per k, see chebyshev_t); "chebyshev_t" is T_k itself.
-    alpha and beta are used by "jacobi" only.
 
-    Returns:
-        (order + 1, *x.shape)
+class FilterSum(torch.autograd.Function):
+    """g(s) = Σ_k θ̃_k P_k(s), keeping two tensors the size of s for backward, not K + 1 or more.
+
+    Autograd through the recurrence would keep every P_k and every intermediate product. Here the
+    forward pass also runs the derivative of the recurrence,
+        P_k' = a_k P_{k-1} + (a_k s + b_k) P_{k-1}' - c_k P_{k-2}',   P_0' = P_{-1}' = 0,
+    and keeps s and the slope g'(s) = Σ_k θ̃_k P_k'(s). Backward then needs
+        ∂L/∂s = ∂L/∂g · g'(s)   and   ∂L/∂θ̃_k = Σ over all entries of ∂L/∂g · P_k(s),
+    the second by running the recurrence for P_k once more.
     """
-    if basis == "jacobi":
-        return jacobi(x, order, alpha, beta)
-    if basis == "legendre":
-        return jacobi(x, order, 0.0, 0.0)
-    if basis == "chebyshev":
-        return jacobi(x, order, -0.5, -0.5)
-    if basis == "chebyshev_t":
-        return chebyshev_t(x, order)
-    if basis == "monomial":
-        return monomial(x, order)
-    raise ValueError(f"unknown basis {basis!r}; choose one of {BASES}")
+
+    @staticmethod
+    def forward(ctx, s: Tensor, theta: Tensor, coefs: list) -> Tensor:
+        p_prev, p = torch.zeros_like(s), torch.ones_like(s)  # P_{k-2}, P_{k-1}
+        d_prev, d = torch.zeros_like(s), torch.zeros_like(s)  # P_{k-2}', P_{k-1}'
+        g, slope = theta[0] * p, torch.zeros_like(s)  # Σ θ̃_k P_k and Σ θ̃_k P_k' so far
+        for k, (a, b, c) in enumerate(coefs, start=1):
+            t = a * s + b
+            d_prev, d = d, torch.addcmul(a * p - c * d_prev, t, d)  # P_k', from P_{k-1}
+            p_prev, p = p, torch.addcmul(-c * p_prev, t, p)  # P_k
+            g.addcmul_(theta[k], p)  # g += θ̃_k P_k (θ̃_k stays a tensor: no sync with a GPU)
+            slope.addcmul_(theta[k], d)
+        ctx.save_for_backward(s, slope)
+        ctx.coefs = coefs
+        return g
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_g: Tensor):
+        s, slope = ctx.saved_tensors
+        p_prev, p = torch.zeros_like(s), torch.ones_like(s)
+        grad_theta = [grad_g.sum()]  # P_0 = 1
+        for a, b, c in ctx.coefs:
+            p_prev, p = p, torch.addcmul(-c * p_prev, a * s + b, p)  # P_k
+            grad_theta.append(torch.tensordot(grad_g, p, dims=p.dim()))  # Σ ∂L/∂g · P_k
+        return grad_g * slope, torch.stack(grad_theta), None
 
 
 class PolynomialFilter(nn.Module):
@@ -165,10 +198,9 @@ class PolynomialFilter(nn.Module):
         return torch.cat([theta0, torch.tanh(self.theta)])
 
     def forward(self, s: Tensor) -> Tensor:
-        basis = polynomial_basis(s, self.order, self.basis, self.alpha, self.beta)  # (K+1, *s)
-        theta = self.coefficients().to(s.dtype)  # (K+1,)
-        # Σ_k θ̃_k P_k(s): contract the leading K+1 axis, (K+1,) · (K+1, *s) -> (*s)
-        return torch.tensordot(theta, basis, dims=1)
+        coefs = recurrence(self.basis, self.order, self.alpha, self.beta)  # K triples
+        # Σ_k θ̃_k P_k(s) by the recurrence, never stacking the K + 1 terms (see FilterSum)
+        return FilterSum.apply(s, self.coefficients().to(s.dtype), coefs)
 
     def extra_repr(self) -> str:
         ab = f", alpha={self.alpha}, beta={self.beta}" if self.basis == "jacobi" else ""

@@ -73,6 +73,7 @@ from model import (  # noqa: E402
     layerwise_cosine_similarity,
 )
 from polynomials import (  # noqa: E402
+    BASES,
     PolynomialFilter,
     chebyshev_t,
     frequency_response,
@@ -271,6 +272,33 @@ def test_agf_polynomial_gradcheck():
     assert torch.autograd.gradcheck(
         lambda s, th, th0: call(poly, {"theta": th, "theta0": th0}, (s,)), (x, theta, theta0)
     )
+
+
+def test_filter_backward_equals_autograd_through_the_stacked_basis():
+    """FilterSum's own backward (the derivative recurrence) == autograd through Σ θ̃_k P_k(s)
+    written with the stacked basis, for every basis; and it keeps only s and θ̃ for backward."""
+    torch.manual_seed(0)
+    for basis in BASES:
+        poly = PolynomialFilter(6, basis, alpha=1.5, beta=-1.0, fix_theta0=False).double()
+        with torch.no_grad():
+            poly.theta.normal_()
+            poly.theta0.fill_(0.4)
+        s = torch.rand(3, 5, 7, dtype=torch.float64, requires_grad=True)
+        weight = torch.randn(3, 5, 7, dtype=torch.float64)
+        theta = poly.coefficients()
+        dense = torch.tensordot(theta, polynomial_basis(s, 6, basis, 1.5, -1.0), dims=1)
+        fast = poly(s)
+        assert torch.allclose(fast, dense, atol=1e-12), basis
+        grads_dense = torch.autograd.grad((dense * weight).sum(), [s, poly.theta, poly.theta0])
+        grads_fast = torch.autograd.grad((fast * weight).sum(), [s, poly.theta, poly.theta0])
+        for a, b in zip(grads_fast, grads_dense, strict=True):
+            assert torch.allclose(a, b, atol=1e-10), basis
+    sizes = []
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: sizes.append(t.numel()) or t, lambda t: t
+    ):
+        poly(torch.rand(1000, dtype=torch.float64, requires_grad=True))
+    assert sorted(n for n in sizes if n >= 1000) == [1000, 1000]  # s and g'(s): no P_k is kept
 
 
 def test_agf_filter_is_official_tanh_sum():

@@ -31,7 +31,6 @@ from tqdm import tqdm
 
 import uea_data
 from model import ATTENTION, Classifier, ModelConfig, count_parameters
-from uea_data import UEAData
 
 KINDS = (*ATTENTION, "primal+trans")  # primal+trans: softmax layers, Primal-Attention in the last
 DEVICES = ("auto", "cpu", "cuda")  # one GPU per process; pick it with CUDA_VISIBLE_DEVICES
@@ -88,10 +87,9 @@ class TrainConfig:
     gfsa_learn_w1: bool = flag(False, "GFSA: learn w1 (official: fixed at 1)")
 
 
-# The papers' settings per dataset. Epochs and optimizer: thuml/Flowformer scripts/flowformer.sh,
-# yingyichen-cyy/PrimalAttention TimeSeries run_*.sh, jeongwhanchoi/agf AGF_UEA/run_agf_best.sh:
-# 100 epochs of RAdam, except these two. AGF: run_agf_best.sh (no --alpha/--beta for Handwriting
-# and the bases other than Jacobi: options.py's 1.0 / 0.2, unused by Legendre and Chebyshev).
+# The papers' settings per dataset: 100 epochs of RAdam but for these two (thuml/Flowformer
+# scripts, yingyichen-cyy/PrimalAttention TimeSeries run_*.sh, jeongwhanchoi/agf AGF_UEA). AGF:
+# AGF_UEA/run_agf_best.sh; where it passes no --alpha/--beta, options.py's 1.0 / 0.2 apply.
 DATASETS = {"PEMS-SF": dict(epochs=400), "SpokenArabicDigits": dict(optimizer="adam")}
 JACOBI = dict(agf_basis="jacobi", agf_gamma=0.1, agf_fix_theta0=True)  # shared by 7 of the 10
 AGF = {
@@ -134,8 +132,7 @@ PRIMAL = {
         "UWaveGestureLibrary": dict(primal_rank=40, primal_eta=0.1, primal_rank_multi=10),
     },
 }
-# GFSA publishes no UEA results: our preset, the same for every dataset, is the official
-# parametrisation (only wK learned, from 0) with K = 3 (the defaults of the gfsa_* fields).
+# GFSA has no UEA scripts: the defaults of the gfsa_* fields (only wK learned, K = 3) are ours.
 QUICK = dict(d_model=64, n_heads=2, d_ff=128, epochs=10)  # --preset quick: seconds per epoch
 
 
@@ -168,7 +165,7 @@ def parse_config(argv=None) -> TrainConfig:
     return cfg
 
 
-def build(cfg: TrainConfig, data: UEAData, device: torch.device) -> tuple:
+def build(cfg: TrainConfig, data: uea_data.UEAData, device: torch.device) -> tuple:
     """-> (model, optimizer, GradScaler), with the same initial weights in every process."""
     torch.manual_seed(cfg.seed)
     kwargs = {  # each attention's constructor arguments (model.py passes them on)
@@ -215,7 +212,7 @@ def train_step(model, opt, scaler, x, mask, y, cfg: TrainConfig, autocast) -> tu
 
 
 @torch.no_grad()
-def evaluate(model, data: UEAData, batch_size: int, device, autocast) -> tuple[float, float]:
+def evaluate(model, data: uea_data.UEAData, batch_size: int, device, autocast) -> tuple:
     """(accuracy, mean cross-entropy) on TEST, in eval mode."""
     model.eval()
     correct = loss = 0.0
@@ -270,9 +267,9 @@ def main(cfg: TrainConfig) -> dict:
     state = dict(epoch=0, best_test_acc=-1.0, best_epoch=0, final_test_acc=None, elapsed=0.0)
     if cfg.resume:
         ckpt = torch.load(out / "checkpoint.pt", map_location=device, weights_only=False)
-        now, free = dataclasses.asdict(cfg), ("resume", "overwrite", "device", "out", "download")
-        changed = {k: (v, now[k]) for k, v in ckpt["config"].items() if v != now.get(k)}
-        changed = {k: v for k, v in changed.items() if k not in free + ("epochs",)}
+        now, free = dataclasses.asdict(cfg), ("resume", "overwrite", "device", "out", "epochs")
+        changed = {k: (v, now.get(k)) for k, v in ckpt["config"].items() if k not in free}
+        changed = {k: v for k, v in changed.items() if v[0] != v[1] and k != "download"}
         if changed:
             raise SystemExit(f"--resume: {out} ran with other settings (then, now): {changed}")
         for key, part in parts.items():
