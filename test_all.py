@@ -2398,6 +2398,24 @@ def test_uea_best_and_final_accuracy_are_told_apart():
     assert [r["best_test_acc"] for r in records if "test_acc" in r] == [0.5, 0.9, 0.9, 0.9]
 
 
+def test_uea_a_constant_training_channel_is_said_and_does_not_blow_test_up():
+    """Channel 2 constant in TRAIN (3.0) but not in TEST: the run's log names the channel, and
+    the TEST values it sees stay moderate (value - 3, not (value - 3) / eps)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _toy_uea(pathlib.Path(tmp))
+        train = folder / "Toy_TRAIN.ts"
+        rows = train.read_text().split("@data\n")
+        cases = [c.split(":") for c in rows[1].splitlines()]
+        flat = [f"{a}:{','.join(['3.0'] * 6)}:{label}" for a, _, label in cases]
+        train.write_text(rows[0] + "@data\n" + "\n".join(flat) + "\n")
+        argv = [*TINY, "--dataset", "Toy", "--data-dir", tmp, "--epochs", "1", "--out", tmp + "/r"]
+        result, printed = _uea_run(argv)
+        data = uea_data.load_uea(tmp, "Toy")
+    assert "channels [1] are constant in TRAIN: centred, not scaled" in printed
+    assert data.constant_channels == [1] and data.x_test[..., 1].abs().max() < 10
+    assert math.isfinite(result["final_test_acc"])
+
+
 def test_uea_resume_continues_exactly():
     """4 epochs straight == 2 epochs, then --resume to 4: same metrics and the same weights."""
     argv = [*TINY, "--attention", "primal+trans", "--data-dir", _uea_real()]
