@@ -3270,6 +3270,96 @@ def test_diag_end_to_end_on_an_lra_best_checkpoint(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------------
+# CUDA: skipped without a GPU (.ci/gpu runs them on a lent one)
+# ----------------------------------------------------------------------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
+ATTENTIONS = {"softmax": SoftmaxAttention, "agf": AGFAttention, "primal": PrimalAttention,
+              "gfsa": GFSAttention}  # fmt: skip
+
+
+@cuda
+@pytest.mark.parametrize("kind", list(ATTENTIONS))
+def test_cuda_attention_agrees_with_the_cpu(kind):
+    """Forward and gradients on CUDA equal the CPU's, float32, with padding, to 1e-4."""
+    torch.manual_seed(0)
+    layer = ATTENTIONS[kind](64, 2).eval()
+    x = torch.randn(3, 300, 64)
+    mask = torch.arange(300) < torch.tensor([[300], [211], [5]])
+    outs = []
+    for device in ("cpu", "cuda"):
+        layer.to(device).zero_grad()
+        xd = x.to(device).requires_grad_()
+        y, aux = layer(xd, mask.to(device))
+        (y.square().mean() + aux).backward()
+        grads = [xd.grad] + [p.grad for p in layer.parameters()]
+        outs.append([t.detach().cpu() for t in (y, aux, *grads)])
+    for a, b in zip(*outs, strict=True):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4), kind
+
+
+@cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_autocast_is_finite_at_8192_and_padding_still_does_not_leak(dtype):
+    """bf16 and fp16 autocast, N = 8192, padding: forward and backward finite; junk in the padding
+    changes the real outputs no more than the dtype's rounding does between two equal calls."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 8192, 64, device="cuda")
+    mask = (torch.arange(8192) < torch.tensor([[8192], [6000]])).cuda()
+    junk = torch.where(mask[..., None], x, 1e3 * torch.randn_like(x))
+    for kind, cls in ATTENTIONS.items():
+        layer = cls(64, 2).cuda().eval()
+        with torch.autocast("cuda", dtype):
+            y, aux = layer(x.requires_grad_(), mask)
+            y2, _ = layer(junk, mask)
+        (y.float().square().mean() + aux.float()).backward()
+        assert torch.isfinite(y).all() and torch.isfinite(x.grad).all(), (kind, dtype)
+        eps = torch.finfo(dtype).eps * y.float().abs().max().item()
+        assert (y - y2)[mask].abs().max().item() <= 4 * eps, (kind, dtype)
+        x.grad = None
+
+
+@cuda
+def test_cuda_fp16_step_with_grad_scaler_lowers_the_loss():
+    torch.manual_seed(0)
+    model = Classifier(_tiny("lra", "agf", max_len=64)).cuda()
+    x, mask = (t.cuda() for t in _inputs(_tiny("lra"), B=16, N=40))
+    y = (x[:, 0] % 3).cuda()  # learnable from the first token
+    opt, scaler = torch.optim.Adam(model.parameters(), 3e-3), torch.amp.GradScaler("cuda")
+    losses = []
+    for _ in range(30):
+        with torch.autocast("cuda", torch.float16):
+            logits, aux = model(x, mask)
+            loss = F.cross_entropy(logits.float(), y) + aux
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        losses.append(loss.item())
+    assert losses[-1] < 0.8 * losses[0], losses  # (the same on the CPU in bf16: 1.23 -> 0.62)
+
+
+@cuda
+def test_cuda_training_scripts_and_torchrun_end_with_a_result_line():
+    """train_uea.py and train_lra.py --preset quick --device cuda (a few steps), and torchrun with
+    one process on NCCL, each end with RESULT {json} naming the GPU."""
+    with tempfile.TemporaryDirectory() as tmp:
+        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        runs = [[sys.executable, "train_lra.py", *_lra_args(tmp + "/data", tmp + "/lra")]]
+        runs += [torchrun + ["--nproc_per_node", "1", "train_lra.py",
+                             *_lra_args(tmp + "/data", tmp + "/ddp")]]  # fmt: skip
+        if (UEA_DIR / "JapaneseVowels").exists():
+            runs += [[sys.executable, "train_uea.py", *TINY, "--epochs", "2", "--data-dir",
+                      str(UEA_DIR), "--out", tmp + "/uea"]]  # fmt: skip
+        for argv in runs:
+            run = subprocess.run([*argv, "--device", "cuda"], cwd=HERE, capture_output=True,
+                                 text=True, timeout=300)  # fmt: skip
+            assert run.returncode == 0, run.stderr[-3000:]
+            result = json.loads(run.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
+            assert torch.cuda.get_device_name() in result["device"], result["device"]
+
+
+# ----------------------------------------------------------------------------------------------
 # tools: bench.py and the README
 # ----------------------------------------------------------------------------------------------
 
