@@ -4,10 +4,11 @@ bench.py: what each attention costs as the sequence grows, forward and forward+b
     python bench.py                          # CPU: N = 256 .. 8192, every kind (a few minutes)
     python bench.py --device cuda            # GPU: N up to 32768, or until memory runs out
     python bench.py --kinds agf primal --n-min 1024 --n-max 4096 --repeats 5
+    python bench.py --device cuda --dtypes float32 bfloat16 --compile   # autocast, torch.compile
 
 For every kind and N (doubling) it measures, at the LRA width (D = 64, H = 2, d = 32):
     fwd_ms     median forward time over --repeats runs, after --warmup runs
-    fwdbwd_ms  median forward + backward time (CUDA: synchronised before the clock is read)
+    fwdbwd_ms  median forward + backward time (CUDA: from CUDA events, after warm-up)
     mem_mb     CUDA: peak memory allocated during forward + backward, minus what was already
                allocated (torch.cuda.max_memory_allocated);
                CPU: total size of the tensors autograd saves for backward (each storage counted
@@ -66,32 +67,47 @@ def saved_bytes(layer: torch.nn.Module, x: torch.Tensor, mask: torch.Tensor) -> 
     return sum(seen.values())
 
 
-def measure(layer, B: int, N: int, D: int, device, repeats: int, warmup: int) -> dict:
-    """Median forward and forward+backward time (ms) and memory (MB) of one layer at length N."""
+def timed(fn, device: torch.device, repeats: int, warmup: int) -> float:
+    """Median time of fn() in ms, after `warmup` untimed calls. On CUDA from CUDA events, which
+    time the GPU's own work; on the CPU from the wall clock."""
+    times = []
+    for i in range(warmup + repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            elapsed = start.elapsed_time(end)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            elapsed = (time.perf_counter() - t0) * 1e3
+        if i >= warmup:
+            times.append(elapsed)
+    return statistics.median(times)
+
+
+def measure(layer, B: int, N: int, D: int, device, repeats: int, warmup: int, dtype) -> dict:
+    """Median forward and forward+backward time (ms) and memory (MB) of one layer at length N.
+    dtype bfloat16 / float16: the layer runs under torch.autocast, as in training."""
     x = torch.randn(B, N, D, device=device, requires_grad=True)
     mask = torch.ones(B, N, dtype=torch.bool, device=device)
+    autocast = torch.autocast(device.type, dtype, enabled=dtype != torch.float32)
 
     def fwd():
-        with torch.no_grad():
+        with torch.no_grad(), autocast:
             layer(x, mask)
 
     def fwd_bwd():
-        y, aux = layer(x, mask)
-        (y.square().mean() + aux).backward()
+        with autocast:
+            y, aux = layer(x, mask)
+        (y.float().square().mean() + aux).backward()
         x.grad = None
         layer.zero_grad(set_to_none=True)
 
-    out = {}
-    for name, fn in (("fwd_ms", fwd), ("fwdbwd_ms", fwd_bwd)):
-        times = []
-        for i in range(warmup + repeats):
-            _sync(device)
-            t0 = time.perf_counter()
-            fn()
-            _sync(device)
-            if i >= warmup:
-                times.append((time.perf_counter() - t0) * 1e3)
-        out[name] = statistics.median(times)
+    out = {"fwd_ms": timed(fwd, device, repeats, warmup)}
+    out["fwdbwd_ms"] = timed(fwd_bwd, device, repeats, warmup)
     if device.type == "cuda":
         torch.cuda.empty_cache()
         base = torch.cuda.memory_allocated(device)
@@ -100,7 +116,8 @@ def measure(layer, B: int, N: int, D: int, device, repeats: int, warmup: int) ->
         _sync(device)
         out["mem_mb"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
     else:
-        out["mem_mb"] = saved_bytes(layer, x, mask) / 2**20
+        with autocast:
+            out["mem_mb"] = saved_bytes(layer, x, mask) / 2**20
     return out
 
 
@@ -119,24 +136,32 @@ def run(args) -> list:
     torch.manual_seed(0)
     rows = []
     ns = [args.n_min * 2**i for i in range(int(math.log2(args.n_max // args.n_min)) + 1)]
-    for kind in args.kinds:
+    for kind, dtype_name in [(k, t) for k in args.kinds for t in args.dtypes]:
         mechanism, kwargs = KINDS[kind]
         layer = build_attention(mechanism, args.d_model, args.n_heads, **kwargs).to(device)
+        if args.compile:
+            layer = torch.compile(layer, fullgraph=True)  # fullgraph: a graph break is an error
+        dtype = getattr(torch, dtype_name)
         for N in ns:
             if kind == "gfsa-official" and N > args.official_max_n:
                 continue
-            row = {"kind": kind, "N": N, "B": args.batch, "D": args.d_model, "device": str(device)}
+            row = {"kind": kind, "dtype": dtype_name, "compiled": args.compile, "N": N}
+            row.update(B=args.batch, D=args.d_model, device=str(device))
             try:
-                row.update(
-                    measure(layer, args.batch, N, args.d_model, device, args.repeats, args.warmup)
-                )
+                row.update(measure(layer, args.batch, N, args.d_model, device, args.repeats,
+                                   args.warmup, dtype))  # fmt: skip
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()
                 print(f"{kind:14s} N={N:6d}  out of memory: larger N skipped", flush=True)
                 break
+            except Exception as e:  # noqa: BLE001 (torch.compile's errors have many types)
+                if not args.compile:
+                    raise
+                print(f"{kind:14s} does not compile without graph breaks: {str(e).splitlines()[0]}")
+                break
             rows.append(row)
             print(
-                f"{kind:14s} N={N:6d}  fwd {row['fwd_ms']:9.1f} ms  fwd+bwd "
+                f"{kind:14s} {dtype_name:8s} N={N:6d}  fwd {row['fwd_ms']:9.1f} ms  fwd+bwd "
                 f"{row['fwdbwd_ms']:9.1f} ms  mem {row['mem_mb']:9.1f} MB",
                 flush=True,
             )
@@ -149,15 +174,18 @@ def run(args) -> list:
 def report(rows: list, args) -> list:
     """Print the slopes and the two GFSA ratios the README quotes; return the summary lines."""
     lines = [f"log-log slope over N >= {args.fit_min} (1 = linear, 2 = quadratic):"]
-    for kind in dict.fromkeys(r["kind"] for r in rows):
-        fit = [r for r in rows if r["kind"] == kind and r["N"] >= args.fit_min]
+    for kind, dtype in dict.fromkeys((r["kind"], r["dtype"]) for r in rows):
+        fit = [
+            r for r in rows if (r["kind"], r["dtype"]) == (kind, dtype) and r["N"] >= args.fit_min
+        ]
         ns = [r["N"] for r in fit]
+        name = kind if len(args.dtypes) == 1 else f"{kind} {dtype}"
         lines.append(
-            f"  {kind:14s} time {slope(ns, [r['fwdbwd_ms'] for r in fit]):5.2f}   "
+            f"  {name:17s} time {slope(ns, [r['fwdbwd_ms'] for r in fit]):5.2f}   "
             f"memory {slope(ns, [r['mem_mb'] for r in fit]):5.2f}   "
             f"(N = {min(ns, default=0)}..{max(ns, default=0)})"
         )
-    at = {(r["kind"], r["N"]): r["fwdbwd_ms"] for r in rows}
+    at = {(r["kind"], r["N"]): r["fwdbwd_ms"] for r in rows if r["dtype"] == args.dtypes[0]}
     for a, b, n in (("gfsa", "softmax", 1024), ("gfsa-official", "gfsa", 2048)):
         if (a, n) in at and (b, n) in at:
             lines.append(f"  fwd+bwd time {a} / {b} at N={n}: {at[(a, n)] / at[(b, n)]:.2f}x")
@@ -182,10 +210,10 @@ def save(rows: list, path: pathlib.Path) -> None:
         print("matplotlib is not installed: no plot (pip install matplotlib for one)")
         return
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for kind in dict.fromkeys(r["kind"] for r in rows):
-        sub = [r for r in rows if r["kind"] == kind]
+    for kind in dict.fromkeys((r["kind"], r["dtype"]) for r in rows):
+        sub = [r for r in rows if (r["kind"], r["dtype"]) == kind]
         for ax, key in zip(axes, ("fwdbwd_ms", "mem_mb"), strict=True):
-            ax.loglog([r["N"] for r in sub], [r[key] for r in sub], "o-", label=kind)
+            ax.loglog([r["N"] for r in sub], [r[key] for r in sub], "o-", label=" ".join(kind))
             ax.set_xlabel("N")
             ax.set_ylabel(key)
     axes[0].legend()
@@ -204,6 +232,18 @@ def parse_args(argv=None) -> argparse.Namespace:
         default=list(KINDS),
         choices=list(KINDS),
         help="attention kinds to measure (default: all)",
+    )
+    p.add_argument(
+        "--dtypes",
+        nargs="+",
+        default=["float32"],
+        choices=["float32", "bfloat16", "float16"],
+        help="precisions to measure; bfloat16 and float16 run under autocast (default: float32)",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="measure torch.compile(layer, fullgraph=True); a kind with graph breaks is reported",
     )
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto (default: cpu)")
     p.add_argument("--n-min", type=int, default=256, help="smallest N (default: 256)")
