@@ -8,6 +8,8 @@ Depends on: numpy, tqdm
 
 import csv
 import json
+import multiprocessing
+import os
 import pathlib
 import pickle
 import random
@@ -88,8 +90,21 @@ def to_value(tree):
     return APPLY[op](args) if right == END else (op, args + [right])
 
 
-def generate_listops(n, seed, min_len, max_len, max_depth=10, max_args=10, progress=True) -> list:
-    """n distinct (expression, label) pairs with min_len < length < max_len (both strict)."""
+def generate_listops(n, seed, min_len, max_len, max_depth=10, max_args=10, progress=True, shards=1):
+    """n distinct (expression, label) pairs with min_len < length < max_len (both strict).
+
+    shards > 1: shard s draws from random.Random(f"{seed}/{s}") in a process of its own, and the
+    shards are joined in order, duplicates dropped: the same data on any number of cores.
+    """
+    if shards > 1:
+        spare = n // (100 * shards) + 1  # a few more per shard: duplicates across shards drop out
+        jobs = [(n // shards + spare, f"{seed}/{s}", min_len, max_len, max_depth, max_args, False)
+                for s in range(shards)]  # fmt: skip
+        with multiprocessing.Pool(min(shards, os.cpu_count() or 1)) as pool:
+            found = dict(pair for part in pool.starmap(generate_listops, jobs) for pair in part)
+        if len(found) < n:
+            raise DataError(f"ListOps: {shards} shards gave {len(found)} distinct trees, not {n}")
+        return list(found.items())[:n]
     # NOTE: seeded and deduplicated in first-seen order; the official code: global RNG, a set
     rng, found, misses = random.Random(seed), {}, 0
     with tqdm(total=n, desc="generating ListOps", disable=not progress or None, leave=False) as bar:
@@ -114,7 +129,8 @@ def write_listops(folder: pathlib.Path, settings: dict, progress: bool = True) -
     """Generate ListOps with settings (generator.json's keys) into folder, as the release."""
     folder, sizes = pathlib.Path(folder), [settings[split] for split in SPLITS]
     limits = [settings[k] for k in ("min_length", "max_length", "max_depth", "max_args")]
-    pairs = generate_listops(sum(sizes), settings["seed"], *limits, progress=progress)
+    shards = settings.get("shards", 1)
+    pairs = generate_listops(sum(sizes), settings["seed"], *limits, progress, shards)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "generator.json").write_text(json.dumps(settings) + "\n")  # first: no tsv lacks it
     for split, start in zip(SPLITS, [0, sizes[0], sizes[0] + sizes[1]], strict=True):
@@ -318,6 +334,7 @@ def load_task(task, data_dir, max_len, *, seed=0, listops=None, pathfinder_dir=P
         settings = {"seed": seed, **{s: listops[s] for s in SPLITS}}  # as in generator.json,
         settings |= dict(min_length=listops["min_len"], max_length=listops["max_len"])  # with the
         settings |= dict(max_depth=listops["depth"], max_args=listops["args"])  # official names
+        settings |= {"shards": listops["shards"]} if listops.get("shards", 1) > 1 else {}
         files, made = [folder / f"basic_{s}.tsv" for s in SPLITS], folder / "generator.json"
         if not any(file.exists() for file in files):
             write_listops(folder, settings)

@@ -1891,6 +1891,18 @@ def test_lra_listops_generator_is_pinned():
         assert all(10 < len(lra_data.tokenize_listops(e)) < 300 for e, _ in pairs)
 
 
+def test_lra_listops_shards_are_the_single_generators_joined():
+    """shards = 3: the same as running the three seeded generators one after the other and
+    joining them without duplicates; the labels agree with the independent evaluator."""
+    pairs = lra_data.generate_listops(60, 5, 5, 60, 4, 4, progress=False, shards=3)
+    joined = {}
+    for s in range(3):
+        joined.update(lra_data.generate_listops(21, f"5/{s}", 5, 60, 4, 4, progress=False))
+    assert pairs == list(joined.items())[:60] and len({text for text, _ in pairs}) == 60
+    assert all(_lra_stack_evaluate(text) == label for text, label in pairs)
+    assert pairs == lra_data.generate_listops(60, 5, 5, 60, 4, 4, progress=False, shards=3)
+
+
 def test_lra_listops_tokeniser():
     """']' -> X, parentheses dropped, the fixed 15-token order, 0 pad, 16 OOV."""
     assert lra_data.LISTOPS_TOKENS == (

@@ -111,9 +111,9 @@ MECHANISMS = {
 }
 # --preset quick: a small ListOps of short expressions (depth <= 3) that a CPU learns in minutes.
 QUICK = dict(listops_size=6000, listops_eval_size=500, max_len=100, lr=1e-3, steps=1000, warmup=100)
-# The ListOps generator's bounds (the paper's: LRA lra_benchmarks/data/listops.py, its flags).
+# ListOps generator bounds (LRA lra_benchmarks/data/listops.py); 16 seeded shards, in parallel
 LISTOPS = {
-    "paper": dict(folder="listops-1000", min_len=500, max_len=2000, depth=10, args=10),
+    "paper": dict(folder="listops-1000", min_len=500, max_len=2000, depth=10, args=10, shards=16),
     "quick": dict(folder="listops-quick", min_len=20, max_len=100, depth=3, args=5),
 }
 
