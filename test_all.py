@@ -2601,6 +2601,18 @@ def test_lra_few_step_run_each_attention():
             assert result["steps"] == 4 and result["params"] > 0 and result["attention"] == kind
             log = _lra_log(out)
             assert [r["step"] for r in log] == [2, 4], kind
+            # the logged lr is the one that step used: OneCycleLR after step - 1 scheduler steps,
+            # recomputed here on a dummy parameter (the warm-up fraction 0.1 of 4 rounds to 0)
+            opt = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], 1e-3)
+            sched = torch.optim.lr_scheduler.OneCycleLR(
+                opt, 1e-3, 4, pct_start=0.0, anneal_strategy="linear"
+            )
+            expected = []
+            for _ in range(4):
+                expected.append(opt.param_groups[0]["lr"])
+                opt.step()
+                sched.step()
+            assert [r["lr"] for r in log] == pytest.approx([expected[1], expected[3]]), kind
             assert result["val_acc"] == max(r["val_acc"] for r in log)
             assert (out / "best.pt").exists() and json.loads(
                 (out / "result.json").read_text()

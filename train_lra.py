@@ -290,6 +290,7 @@ def main(cfg: TrainConfig) -> dict:
         epoch, k = divmod(state["step"], per_epoch)
         order = np.random.default_rng([cfg.seed, epoch]).permutation(n_train)
         idx = order[k * cfg.batch_size : (k + 1) * cfg.batch_size][rank::world]
+        lr = opt.param_groups[0]["lr"]  # the rate this step uses (the schedule moves on after it)
         loss, correct = train_step(model, opt, sched, scaler, to_batch(data["train"], idx, device),
                                    autocast)
         sums += torch.stack([loss * len(idx), correct, torch.tensor(len(idx), device=device)])
@@ -297,7 +298,6 @@ def main(cfg: TrainConfig) -> dict:
         bar.update()
         if step % cfg.eval_every and step != cfg.steps:
             continue
-        # evaluate; keep the best weights; checkpoint; log
         if ddp:
             dist.all_reduce(sums)  # the training loss and accuracy of all processes
         val_acc = evaluate(raw_model, data["val"], cfg.batch_size, device, autocast)
@@ -308,7 +308,7 @@ def main(cfg: TrainConfig) -> dict:
         state["elapsed"], t0 = state["elapsed"] + time.time() - t0, time.time()
         loss_sum, n_correct, n = sums.tolist()
         sums.zero_()
-        record = dict(step=step, lr=sched.get_last_lr()[0], train_loss=round(loss_sum / n, 5),
+        record = dict(step=step, lr=lr, train_loss=round(loss_sum / n, 5),
                       train_acc=round(n_correct / n, 5), val_acc=round(val_acc, 5),
                       time_s=round(state["elapsed"], 1))
         bar.set_postfix(loss=record["train_loss"], val=record["val_acc"])
