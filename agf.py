@@ -12,7 +12,9 @@ Idea:   Attention is a directed graph filter H over tokens. AGF builds it in SVD
         and token-wise "singular values" Σ_i = diag(g(sigmoid(x_i W_Σ))), where g is a learned
         polynomial g(s) = Σ_k θ̃_k P_k^(α,β)(s) (polynomials.py). Negative θ̃_k let H pass high
         frequencies too (README, Theorem 2). A penalty γ·(mean|UᵀU - I| + mean|VᵀV - I|)
-        pushes U and V towards orthonormal columns.
+        pushes U and V towards orthonormal columns. The paper's ablation compares two reduced
+        forms, here variant="uv" (H = U Vᵀ: no Σ, linear attention with softmax feature maps)
+        and variant="svd" (H = U Σ Vᵀ with Σ_i = diag(sigmoid(x_i W_Σ)) unfiltered).
 Cost:   O(N·d²) time and O(N·d) memory per head: Y = (U ⊙ g)·(Vᵀ·Val); H is never formed.
 
 Symbols (paper -> code -> shape):
@@ -132,6 +134,8 @@ class AGFAttention(nn.Module):
         alpha, beta: Jacobi α, β (basis "jacobi" only).
         ortho_weight: γ, weight of the orthogonality penalty (official --reg / --eta).
         fix_theta0: freeze θ̃_0 = 1 (LRA; UEA --fixI) instead of learning tanh(θ_0) from 0.
+        variant: "agf" (the full model), "uv" (H = U Vᵀ, no W_Σ and no filter) or "svd"
+            (H = U Σ Vᵀ, Σ = diag(sigmoid(X W_Σ)) as it is, no filter): the paper's ablation.
     Shapes:
         forward(x (B, N, D), mask (B, N) bool, True = real token) -> (y (B, N, D), aux_loss ())
         aux_loss = γ · penalty, averaged over the batch, in float32 (float64 for float64 x);
@@ -149,19 +153,27 @@ class AGFAttention(nn.Module):
         beta: float = -1.0,
         ortho_weight: float = 0.01,
         fix_theta0: bool = True,
+        variant: str = "agf",
     ):
         super().__init__()
         if d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        if variant not in ("agf", "uv", "svd"):
+            raise ValueError(f"variant={variant!r}: expected 'agf', 'uv' or 'svd'")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
-        self.ortho_weight = ortho_weight
+        self.ortho_weight, self.variant = ortho_weight, variant
         self.W_u = nn.Linear(d_model, d_model)  # -> U, left singular vectors
         self.W_v = nn.Linear(d_model, d_model)  # -> V, right singular vectors
-        self.W_sigma = nn.Linear(d_model, d_model)  # -> Σ, singular values
+        # -> Σ, singular values (not in the "uv" form)
+        self.W_sigma = nn.Linear(d_model, d_model) if variant != "uv" else None
         self.W_val = nn.Linear(d_model, d_model)  # -> values X W_val
         self.W_o = nn.Linear(d_model, d_model)  # output projection
-        # One θ per layer, shared by all heads, tokens and diagonal entries (official code).
-        self.poly_filter = PolynomialFilter(order, basis, alpha, beta, fix_theta0)
+        # One θ per layer, shared by all heads, tokens and diagonal entries (official code);
+        # only the full model filters Σ.
+        filtered = variant == "agf"
+        self.poly_filter = (
+            PolynomialFilter(order, basis, alpha, beta, fix_theta0) if filtered else None
+        )
 
     def factors(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, ...]:
         """Steps 1-4 of forward: U, g(Σ), V and the values, in float32 (float64 stays float64).
@@ -180,11 +192,11 @@ class AGFAttention(nn.Module):
         # 1) the four projections as one matmul (the same maps as four Linear calls), under the
         #    caller's autocast as in the official code; split heads:
         #    (B, N, 4D) -> (B, N, 4, H, d) -> 4 x (B, H, N, d)
-        projections = (self.W_u, self.W_v, self.W_sigma, self.W_val)
-        weight = torch.cat([W.weight for W in projections])  # (4D, D)
+        projections = [W for W in (self.W_u, self.W_v, self.W_sigma, self.W_val) if W is not None]
+        weight = torch.cat([W.weight for W in projections])  # (4D, D); "uv": 3D
         bias = torch.cat([W.bias for W in projections])  # (4D,)
-        fused = F.linear(x, weight, bias).view(B, N, 4, self.n_heads, self.d_head)
-        u_logits, v_logits, sigma_logits, values = fused.permute(2, 0, 3, 1, 4)
+        fused = F.linear(x, weight, bias).view(B, N, len(projections), self.n_heads, self.d_head)
+        u_logits, v_logits, *sigma_logits, values = fused.permute(2, 0, 3, 1, 4)
         # Softmaxes and the degree-K polynomial (|P_k| reaches ~26) run in float32 even under
         # bf16/fp16 autocast, as the official code does (autocast(enabled=False)).
         work = torch.promote_types(x.dtype, torch.float32)
@@ -197,8 +209,13 @@ class AGFAttention(nn.Module):
                 #       padding must not enter UᵀU (the aux loss) nor H. The official LRA code
                 #       keeps them; its UEA code masks nothing at all.
                 u = u.masked_fill(~mask[:, None, :, None], 0.0)
-            # 3) s = sigmoid(X W_Σ) ∈ (0, 1); 4) Σ_i = diag(g(s_i)), g(s) = Σ_k θ̃_k P_k(s)
-            g = self.poly_filter(torch.sigmoid(sigma_logits.to(work)))  # (B, H, N, d)
+            # 3) s = sigmoid(X W_Σ) ∈ (0, 1); 4) Σ_i = diag(g(s_i)), g(s) = Σ_k θ̃_k P_k(s);
+            #    "svd": g(s) = s, unfiltered; "uv": no Σ, g = 1
+            if self.variant == "uv":
+                g = torch.ones_like(u)
+            else:
+                g = torch.sigmoid(sigma_logits[0].to(work))  # (B, H, N, d)
+                g = self.poly_filter(g) if self.variant == "agf" else g
         return u, g, v, values.to(work)
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:

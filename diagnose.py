@@ -2,36 +2,29 @@
 diagnose.py: look inside trained runs: over-smoothing, filter responses and spectra.
 
     python diagnose.py runs/JapaneseVowels/agf-quick-seed666      # a run folder of train_*.py
-    python diagnose.py runs/listops/gfsa-quick-seed0/best.pt --data-dir data --out /tmp/diag
     python diagnose.py runs/depth/*        # several runs: each one, then a comparison table
 
-The papers argue with pictures; this script draws them for your own runs:
-- over-smoothing: mean pairwise cosine similarity of the real tokens after each block; deep
-  softmax Transformers drive it towards 1, all tokens alike (GFSA v1 Figs. 2, 4, 5 (b)).
-- AGF filter: the learned g(s) = Σ_k θ̃_k P_k(s) on s ∈ (0, 1) and the signs of θ̃_k: negative
-  ones let the filter pass high frequencies (AGF README, Theorem 2).
-- GFSA filter: p(λ) = a0 + a1·λ + a2·λ², so H = p(Ā) (GFSA v1 Eqs. 4, 5; gfsa.filter_coefficients),
-  on λ ∈ [-1, 1] and at the eigenvalues of the dense Ā of real sequences (v1 Figs. 2, 4, 5 (a)).
+- over-smoothing: mean pairwise cosine of the real tokens after each block; deep softmax models
+  drive it towards 1 (GFSA v1 Figs. 2, 4, 5 (b)). AGF filter: g(s) = Σ_k θ̃_k P_k(s) on (0, 1)
+  and the signs of θ̃_k: negative ones pass high frequencies (AGF README, Theorem 2).
+- GFSA filter: p(λ) = a0 + a1·λ + a2·λ², so H = p(Ā) (GFSA v1 Eqs. 4, 5; λ^K for the exact
+  filter), on λ ∈ [-1, 1] and at the eigenvalues of the dense Ā of real sequences (Figs. 2, 4, 5).
   Ā is not symmetric, so they are complex in general: we show the gain |p(λ)| (the factor by
   which H scales that eigen-direction; |λ| for Ā alone) against |1 - λ|, the distance from the
   eigenvalue 1 of the constant vector (lowest frequency; 0 = smooth, up to 2 = alternating). The
   "off-DC gain", the mean |p(λ)| / |p(1)| over the other λ, is how much of the non-constant part
   of a signal the filter keeps (Ā alone: mean |λ|; near 0 = a strong low-pass filter).
-- spectra: the singular values σ_1 >= σ_2 >= ... of each layer's N x N matrix, as the normalised
-  cumulative sum Σ_{i<=k} σ_i / Σ_i σ_i (Primal-Attention's spectrum figure, pics/heatmap.jpg of
-  the official code); reaching 1 early means a low effective rank. The matrix, per head, on the
-  real tokens (all steps if trained with --no-attention-mask): softmax Ā = softmax(QKᵀ/√d); AGF
-  H = U diag(g) Vᵀ (agf.agf_dense_reference); GFSA H = w0·I + w1·Ā + wK·(Ā + (K-1)(Ā² - Ā))
-  (gfsa.gfsa_dense_reference); Primal K_X = Φq Fᵀ F Φkᵀ (ksvd_attention.ksvd_kernel), of rank
-  <= d, the kernel whose SVD its primal form approximates (Primal-Attention has no values).
+- spectra: the normalised cumulative sum Σ_{i<=k} σ_i / Σ_i σ_i of the singular values of each
+  layer's N x N matrix (Primal-Attention's spectrum figure); reaching 1 early = low effective
+  rank. Per head, on the real tokens (all steps if trained with --no-attention-mask): softmax Ā;
+  AGF H = U diag(g) Vᵀ; GFSA H = w0·I + w1·Ā + wK·Ā^K (estimated or exact); Primal Φq Fᵀ F Φkᵀ.
 
-RUN: a run folder of train_uea.py / train_lra.py (its checkpoint.pt: the last weights), a
-checkpoint.pt, or an LRA best.pt (the weights chosen on validation; config.json beside it).
+RUN: a run folder (its checkpoint.pt: the last weights), a checkpoint.pt, or an LRA best.pt.
 Writes summary.txt and each figure as CSV (and PNG, with matplotlib) to <run>/diagnose/ or
-OUT/<run name>/. Two or more runs end with a table, one row per run (cosine similarity per
-layer, accuracies from result.json), also comparison.csv (in OUT or here): what sweeps print.
-Dims: B batch, N tokens, D width, H heads, d = D/H, K order. Depends on: torch, numpy, model.py,
-the mechanism files, the train scripts and their data files; matplotlib optional.
+OUT/<run name>/. Two or more runs end with a table, one row per run (cosine per layer, the
+accuracies of result.json), also comparison.csv (in OUT or here). Dims: B batch, N tokens, D
+width, H heads, d = D/H, K order. Depends on: torch, numpy, model.py, the mechanism files, the
+train scripts and their data files; matplotlib optional.
 """
 
 import argparse
@@ -174,7 +167,8 @@ def implied_matrix(layer: torch.nn.Module, kind: str, x: Tensor, mask: Tensor) -
     q, k, v = layer.W_qkv(x).view(B, N, 3, layer.n_heads, -1).permute(2, 0, 3, 1, 4)
     attn = attention_matrix(q, k, mask, layer.causal, getattr(layer, "kernel", "softmax"))
     if kind == "gfsa":  # the filter H of GFSA v1 Eq. 5, in the official order
-        return gfsa_dense_reference(attn, v, layer.w0, layer.w1, layer.wK, layer.order)[1]
+        exact = layer.high_order == "exact"  # the real Ā^K, or Eq. 4's estimate
+        return gfsa_dense_reference(attn, v, layer.w0, layer.w1, layer.wK, layer.order, exact)[1]
     return attn
 
 
@@ -191,17 +185,20 @@ def agf_response(layer, x: Tensor, mask: Tensor, n_points: int = 199) -> dict:
 
 def gfsa_response(layer, x: Tensor, mask: Tensor, n_points: int = 199) -> dict:
     """The GFSA filter as a function of the eigenvalues λ of Ā: Ā u = λ u gives Ā² u = λ² u, so
-    H u = p(λ) u, H keeps Ā's eigenvectors and scales each by p(λ). -> dict: a (3, H) = a0, a1,
-    a2; lam (n_points,) on [-1, 1]; grid (H, n_points) = p(lam); eig: per sequence (H, n_b)."""
-    a = filter_coefficients(layer.w0, layer.w1, layer.wK, layer.order)  # 3 x (1, H, 1, 1)
+    H u = p(λ) u, H keeps Ā's eigenvectors and scales each by p(λ) = a0 + a1 λ + a2 λ^power
+    (power 2; K with a = w0, w1, wK for high_order="exact"). -> dict: a (3, H), power, lam
+    (n_points,) on [-1, 1]; grid (H, n_points) = p(lam); eig: per sequence (H, n_b)."""
+    power = layer.order if layer.high_order == "exact" else 2
+    a = (layer.w0, layer.w1, layer.wK) if power != 2 else filter_coefficients(
+        layer.w0, layer.w1, layer.wK, layer.order)  # fmt: skip
     a = torch.stack([c.view(-1) for c in a]).detach().double().cpu()  # (3, H)
     lam, eig = torch.linspace(-1.0, 1.0, n_points, dtype=torch.float64), []
     for b, real in enumerate(mask):  # one sequence at a time: (1, H, N, N) stays small
         attn = implied_matrix(layer, "softmax", x[b : b + 1], mask[b : b + 1])[0]
         # float64: eigenvalues of a non-symmetric matrix are ill-conditioned, float32 blurs them
         eig.append(torch.linalg.eigvals(attn[:, real][:, :, real].double()).cpu())  # (H, n_b)
-    grid = a[0, :, None] + a[1, :, None] * lam + a[2, :, None] * lam**2  # p(λ) (H, n_points)
-    return dict(a=a, lam=lam, grid=grid, eig=eig)
+    grid = a[0, :, None] + a[1, :, None] * lam + a[2, :, None] * lam**power  # (H, n_points)
+    return dict(a=a, power=power, lam=lam, grid=grid, eig=eig)
 
 
 @torch.no_grad()
@@ -229,7 +226,8 @@ def diagnose(run: LoadedRun, dense_sequences: int = 8, n_points: int = 199) -> d
         shares = [s.cumsum(-1) / s.sum(-1, keepdim=True).clamp_min(tiny) for s in sigma]
         spectrum = torch.cat([F.pad(c, (0, width - c.shape[1]), value=1.0) for c in shares]).mean(0)
         layers.append(dict(kind=kind, n=mask.sum(1).tolist(), sigma=sigma, spectrum=spectrum))
-        if response := {"agf": agf_response, "gfsa": gfsa_response}.get(kind):  # its filter
+        response = {"agf": agf_response, "gfsa": gfsa_response}.get(kind)  # its filter, if any
+        if response and getattr(block.attn, "poly_filter", True) is not None:  # AGF "uv", "svd"
             layers[-1][kind] = response(block.attn, x, mask, n_points)
     n_cases = sum(len(batch["x"]) for batch in run.batches)
     return dict(kinds=list(model.kinds), cosine=total / n_cases, layers=layers)
@@ -263,10 +261,11 @@ def summary(run: LoadedRun, results: dict) -> list:
             # every λ but each sequence's largest, the λ = 1 of the constant vector: (H, ...)
             rest = torch.cat([e.gather(1, e.real.argsort(1, descending=True)[:, 1:]) for e in
                               layer["gfsa"]["eig"]], dim=1)  # fmt: skip
-            add(f"GFSA layer {i}: p(λ) = a0 + a1·λ + a2·λ², off-DC gain: mean |p(λ)/p(1)|, λ ≠ 1")
+            power = layer["gfsa"]["power"]
+            add(f"GFSA layer {i}: p(λ) = a0 + a1·λ + a2·λ^{power}, off-DC gain: mean |p(λ)/p(1)|")
             for h, (a0, a1, a2) in enumerate(layer["gfsa"]["a"].T.tolist()):
                 lam = rest[h]  # off-DC gain: what H keeps of a non-constant signal
-                gain = (a0 + a1 * lam + a2 * lam**2).abs().mean() / abs(a0 + a1 + a2)
+                gain = (a0 + a1 * lam + a2 * lam**power).abs().mean() / abs(a0 + a1 + a2)
                 a = f"a = ({a0:+.3f}, {a1:+.3f}, {a2:+.3f}), p(1) = {a0 + a1 + a2:.3f}"
                 add(f"  head {h}: {a}, off-DC gain {gain:.3f}, Ā alone {lam.abs().mean():.3f}")
     return lines
@@ -285,7 +284,8 @@ def figures(results: dict) -> list:
         eig = torch.cat(r["eig"], dim=1)  # (H, the eigenvalues of all dense sequences)
         for h, ((a0, a1, a2), lam) in enumerate(zip(r["a"].T.tolist(), eig, strict=True)):
             grid[f"layer {i} head {h}"] = (r["lam"], r["grid"][h])
-            gains[f"layer {i} head {h}"] = ((1 - lam).abs(), (a0 + a1 * lam + a2 * lam**2).abs())
+            p = a0 + a1 * lam + a2 * lam ** r["power"]
+            gains[f"layer {i} head {h}"] = ((1 - lam).abs(), p.abs())
             grid.setdefault("A alone: p(lambda) = lambda", (r["lam"], r["lam"]))
     at_eigenvalues = ("gfsa_eigenvalues", "|1 - lambda|", "|p(lambda)|", ".", gains)
     out += [[("gfsa_filter", "lambda", "p(lambda)", "-", grid), at_eigenvalues]] * bool(grid)

@@ -130,8 +130,12 @@ def gfsa_apply(
     causal: bool,
     kernel: str,
     dropout_p: float,
+    passes: int = 2,
 ) -> Tensor:
     """The fast path: H·V = a0·V + a1·(ĀV) + a2·Ā(ĀV), with no N×N float tensor. (Eqs. 5, 6)
+
+    passes = K with coefficients (w0, w1, wK) gives the exact filter w0·V + w1·ĀV + wK·Ā^K V
+    instead of the Taylor estimate: K successive attention passes, O(K N² d), Ā^K never formed.
 
     Both passes use the same Ā: same scale 1/√d, padding mask and causal flag. Padded rows of ĀV
     are harmless, because the second pass gives padded keys zero weight.
@@ -145,6 +149,7 @@ def gfsa_apply(
         causal: query t sees keys <= t only (kernel="softmax" only).
         kernel: "softmax" (Ā = softmax(QKᵀ/√d)) or "linear" (Ā = ρ_q(Q) ρ_k(K)ᵀ).
         dropout_p: dropout on the attention weights, per pass.
+        passes: the power of Ā in the last term (2 for the estimate, K for the exact filter).
     Returns:
         H·V                                                       (B, H, N, d)
     """
@@ -174,8 +179,10 @@ def gfsa_apply(
     #       is the same in exact arithmetic. Its dropout differs too: one mask on Ā shared by both
     #       factors (NLP) or dropout(H) (vision), because two fused passes cannot share one mask.
     av = attend(v)  # Ā V
-    aav = attend(av)  # Ā² V = Ā (Ā V): two O(N²d) passes instead of one O(N³) product
-    return a0 * v + a1 * av + a2 * aav  # (a0·I + a1·Ā + a2·Ā²) V = H V   (Eq. 6)
+    apv = av
+    for _ in range(passes - 1):  # Ā² V = Ā (Ā V), ...: O(N²d) passes instead of O(N³) products
+        apv = attend(apv)
+    return a0 * v + a1 * av + a2 * apv  # (a0·I + a1·Ā + a2·Ā^passes) V = H V   (Eq. 6)
 
 
 def attention_matrix(
@@ -203,7 +210,7 @@ def attention_matrix(
 
 
 def gfsa_dense_reference(
-    attn: Tensor, v: Tensor, w0: Tensor, w1: Tensor, wK: Tensor, order: int
+    attn: Tensor, v: Tensor, w0: Tensor, w1: Tensor, wK: Tensor, order: int, exact: bool = False
 ) -> tuple[Tensor, Tensor]:
     """The slow reference, in the official code's order: Ā², the filter H, then H·V.
 
@@ -215,6 +222,7 @@ def gfsa_dense_reference(
         v: values.                                                (B, H, N, d)
         w0, w1, wK: filter coefficients, one per head.            (H,)
         order: K >= 2.
+        exact: the real Ā^K (matrix_power, O(N³ log K)) instead of the estimate of Eq. 4.
     Returns:
         H·V                                                       (B, H, N, d)
         graph_filter, the filter H                                (B, H, N, N)
@@ -223,6 +231,8 @@ def gfsa_dense_reference(
     eye = torch.eye(attn.shape[-1], dtype=attn.dtype, device=attn.device)
     attn_sq = attn @ attn  # (B,H,N,N) @ (B,H,N,N) -> (B,H,N,N): the O(N³) product
     attn_pow_k = attn + (order - 1) * (attn_sq - attn)  # Ā^K ≈ Ā + (K-1)(Ā² - Ā)   (Eq. 4)
+    if exact:
+        attn_pow_k = torch.linalg.matrix_power(attn, order)  # the real Ā^K
     graph_filter = w0 * eye + w1 * attn + wK * attn_pow_k  # H                     (Eq. 5)
     return graph_filter @ v, graph_filter  # (B,H,N,N) @ (B,H,N,d) -> (B,H,N,d)   (Eq. 6)
 
@@ -279,6 +289,8 @@ class GFSAttention(nn.Module):
         kernel: "softmax" (the paper) or "linear" (GFSA on Efficient Attention, O(N d²)).
         evaluation: "fast" (two attention passes) or "official" (the slow reference in the
             official order: dense Ā, Ā², H, H·V; for benchmarks and tests).
+        high_order: "taylor" (Eq. 4's estimate of Ā^K, the paper's) or "exact" (the real Ā^K,
+            as K attention passes on the fast path: K/2 times the cost, for comparison).
     Shapes:
         forward(x (B, N, D), mask (B, N) bool, True = real token) -> (y (B, N, D), aux_loss ())
         Outputs at padded positions are zero. GFSA has no auxiliary loss: aux_loss is always 0.
@@ -297,6 +309,7 @@ class GFSAttention(nn.Module):
         causal: bool = False,
         kernel: str = "softmax",
         evaluation: str = "fast",
+        high_order: str = "taylor",
     ):
         super().__init__()
         if d_model % n_heads != 0:
@@ -307,6 +320,8 @@ class GFSAttention(nn.Module):
             raise ValueError(f"kernel={kernel!r}: expected 'softmax' or 'linear'")
         if evaluation not in ("fast", "official"):
             raise ValueError(f"evaluation={evaluation!r}: expected 'fast' or 'official'")
+        if high_order not in ("taylor", "exact"):
+            raise ValueError(f"high_order={high_order!r}: expected 'taylor' or 'exact'")
         if causal and kernel == "linear":
             # ρ_k(K) normalises each key feature over the whole sequence, future tokens included.
             raise ValueError(
@@ -316,7 +331,7 @@ class GFSAttention(nn.Module):
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.order = order
         self.dropout, self.causal = dropout, causal
-        self.kernel, self.evaluation = kernel, evaluation
+        self.kernel, self.evaluation, self.high_order = kernel, evaluation, high_order
         self.W_qkv = nn.Linear(d_model, 3 * d_model)  # W_Q, W_K, W_val of all heads, fused
         self.W_o = nn.Linear(d_model, d_model)  # output projection
         # wK: one learnable scalar per head, init 0, as in the official code; at init (w0 = 0)
@@ -339,12 +354,17 @@ class GFSAttention(nn.Module):
         q, k, v = self.W_qkv(x).view(B, N, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
         dropout_p = self.dropout if self.training else 0.0  # eval mode is exact
         # 2) H·V, the graph filter applied to the values                            (Eqs. 5, 6)
-        if self.evaluation == "fast":
+        exact = self.high_order == "exact"
+        if self.evaluation == "fast" and exact:  # w0·V + w1·ĀV + wK·Ā^K V, K passes
+            coefficients = tuple(w.view(1, -1, 1, 1) for w in (self.w0, self.w1, self.wK))
+            y = gfsa_apply(q, k, v, coefficients, mask, self.causal, self.kernel, dropout_p,
+                           passes=self.order)  # fmt: skip
+        elif self.evaluation == "fast":
             coefficients = filter_coefficients(self.w0, self.w1, self.wK, self.order)
             y = gfsa_apply(q, k, v, coefficients, mask, self.causal, self.kernel, dropout_p)
         else:  # slow reference: Ā (one dropout mask, NLP convention), Ā², H, then H·V
             attn = F.dropout(attention_matrix(q, k, mask, self.causal, self.kernel), dropout_p)
-            y, _ = gfsa_dense_reference(attn, v, self.w0, self.w1, self.wK, self.order)
+            y, _ = gfsa_dense_reference(attn, v, self.w0, self.w1, self.wK, self.order, exact)
         # 3) merge heads and project: (B, H, N, d) -> (B, N, D)
         y = self.W_o(y.transpose(1, 2).reshape(B, N, D))
         # 4) zero the padded rows, so the model sees exact zeros there (W_o's bias would not be)

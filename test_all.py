@@ -465,6 +465,35 @@ def test_agf_autocast_bf16_is_finite():
     assert (y - y32).abs().max() < 0.1 * y32.abs().max()  # bf16 projections: close, not equal
 
 
+def test_agf_reduced_forms_equal_their_formulas_written_out():
+    """The paper's ablation forms: "uv" is U Vᵀ Val, linear attention with softmax feature maps,
+    and "svd" is U diag(sigmoid(X W_Σ)) Vᵀ Val; each == its dense N x N reference, padding does not
+    leak, every parameter gets a gradient and neither form has the filter (nor "uv" a W_Σ)."""
+    x, mask = _agf_padded_input()
+    junk = x.masked_fill(~mask[..., None], 1e3)
+    for variant in ("uv", "svd"):
+        torch.manual_seed(0)
+        layer = AGFAttention(32, 4, variant=variant).double()
+        names = {name.split(".")[0] for name, _ in layer.named_parameters()}
+        assert "poly_filter" not in names and ("W_sigma" in names) == (variant == "svd")
+        y, aux = layer(x, mask)
+        assert torch.allclose(y, agf_dense_reference(layer, x, mask)[0], atol=1e-12), variant
+        assert torch.allclose(layer(junk, mask)[0], y, atol=1e-12), variant
+        # written out from the weights, heads as a view of the last axis: (B, N, H, d)
+        heads = lambda t: t.view(3, 20, 4, 8).transpose(1, 2)  # noqa: E731
+        real = mask[:, None, :, None]
+        u = heads(layer.W_u(x)).softmax(-1) * real
+        v = heads(layer.W_v(x)).masked_fill(~real, -torch.inf).softmax(-2)
+        g = torch.sigmoid(heads(layer.W_sigma(x))) if variant == "svd" else 1.0
+        out = (u * g) @ (v.transpose(-2, -1) @ heads(layer.W_val(x)))
+        expected = layer.W_o(out.transpose(1, 2).reshape(3, 20, 32)) * mask[..., None]
+        assert torch.allclose(y, expected, atol=1e-12), variant
+        (y.square().sum() + aux).backward()
+        assert all(p.grad.abs().sum() > 0 for p in layer.parameters()), variant
+    with pytest.raises(ValueError, match="variant='usv'"):
+        AGFAttention(32, 4, variant="usv")
+
+
 def test_agf_every_parameter_gets_a_gradient():
     """All weights, θ_k, and θ_0 when learned (W_sigma gets 0 at init, so θ is perturbed)."""
     x, mask = _agf_padded_input()
@@ -833,6 +862,32 @@ def test_gfsa_taylor_error_bounds():
         assert abs(err_soft.item() - err.item()) < 1e-6
 
 
+def test_gfsa_exact_high_order_equals_matrix_power():
+    """high_order="exact": w0·V + w1·ĀV + wK·Ā^K V by K passes == the dense filter built with
+    torch.linalg.matrix_power, module forward included; for K = 2 it equals the estimate."""
+    x = torch.randn(2, 10, 12, dtype=F64, generator=torch.Generator().manual_seed(3))
+    for mask, causal, order in [
+        (m, c, k) for m in _gfsa_masks() for c in (0, 1) for k in (2, 3, 5)
+    ]:
+        layer = _gfsa_random_gfsa(order=order, causal=bool(causal), high_order="exact")
+        q, k, v = layer.W_qkv(x).view(2, 10, 3, 3, 4).permute(2, 0, 3, 1, 4)
+        attn = attention_matrix(q, k, mask, bool(causal), "softmax")  # (B, H, N, N)
+        w0, w1, wK = (w.view(1, -1, 1, 1) for w in (layer.w0, layer.w1, layer.wK))
+        eye = torch.eye(10, dtype=F64)
+        dense = (w0 * eye + w1 * attn + wK * torch.linalg.matrix_power(attn, order)) @ v
+        expected = layer.W_o(dense.transpose(1, 2).reshape(2, 10, 12))
+        expected = expected if mask is None else expected * mask[..., None]
+        y, _ = layer(x, mask)
+        assert torch.allclose(y, expected, atol=1e-10), (order, causal)
+        layer.evaluation = "official"  # the dense module path agrees too
+        assert torch.allclose(layer(x, mask)[0], expected, atol=1e-10), (order, causal)
+        if order == 2:
+            layer.high_order, layer.evaluation = "taylor", "fast"
+            assert torch.allclose(layer(x, mask)[0], y, atol=1e-12)
+    with pytest.raises(ValueError, match="high_order='power'"):
+        GFSAttention(12, 3, high_order="power")
+
+
 def test_gfsa_padding_does_not_leak():
     """Junk at padded positions changes no real output; padded outputs are exactly zero."""
     x = torch.randn(2, 10, 12, dtype=F64, generator=torch.Generator().manual_seed(6))
@@ -845,6 +900,8 @@ def test_gfsa_padding_does_not_leak():
         {"kernel": "linear"},
         {"evaluation": "official"},
         {"kernel": "linear", "evaluation": "official"},
+        {"high_order": "exact"},
+        {"high_order": "exact", "causal": True},
     ):
         layer = _gfsa_random_gfsa(order=3, **kwargs)
         (y1, a1), (y2, a2) = layer(x, mask), layer(junk, mask)
@@ -2372,6 +2429,21 @@ def test_uea_every_preset_builds_a_model_and_the_mask_flag_reaches_it():
         assert train_uea.build(cfg, data, torch.device("cpu"))[0].cfg.attention_mask is expected
 
 
+def test_ablation_flags_reach_the_attention_modules():
+    """--agf-variant and --gfsa-high-order of both scripts build the layers they name."""
+    data = _uea_dummy_data()
+    for variant, high_order in (("uv", "exact"), ("svd", "taylor")):
+        flags = ["--agf-variant", variant, "--gfsa-high-order", high_order]
+        for attention, check in (("agf", "variant"), ("gfsa", "high_order")):
+            want = variant if attention == "agf" else high_order
+            cfg = train_uea.parse_config([*TINY, "--attention", attention, *flags])
+            model = train_uea.build(cfg, data, torch.device("cpu"))[0]
+            cfg = train_lra.parse_config(["--preset", "quick", "--attention", attention, *flags])
+            model2 = train_lra.build(cfg, torch.device("cpu"))[0]
+            for m in (model, model2):
+                assert {getattr(b.attn, check) for b in m.blocks} == {want}, (attention, want)
+
+
 def test_uea_two_epoch_run_per_attention_kind_writes_its_files():
     data_dir = _uea_real()
     with tempfile.TemporaryDirectory() as tmp:
@@ -2923,7 +2995,7 @@ def test_diag_off_dc_gain_on_known_eigenvalues():
     cases = {(0.0, 1.0, 0.0): 0.375, (0.0, 0.0, 1.0): 0.15625, (0.5, 0.0, 1.0): 0.65625 / 1.5}
     for (a0, a1, a2), expected in cases.items():
         a = torch.tensor([[a0, a0], [a1, a1], [a2, a2]], dtype=torch.float64)
-        gfsa = dict(a=a, eig=eig, lam=torch.zeros(1), grid=torch.zeros(2, 1))
+        gfsa = dict(a=a, power=2, eig=eig, lam=torch.zeros(1), grid=torch.zeros(2, 1))
         layer = dict(kind="gfsa", n=[3], spectrum=torch.ones(3), gfsa=gfsa)
         results = dict(kinds=["gfsa"], cosine=torch.tensor([0.1, 0.2]), layers=[layer])
         lines = diagnose.summary(_diag_toy_run(), results)

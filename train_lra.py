@@ -6,9 +6,8 @@ train_lra.py: train one attention mechanism on one Long Range Arena task.
     torchrun --standalone --nproc_per_node 4 train_lra.py --task image --attention primal
     python train_lra.py --task listops --attention agf --resume    # continue an interrupted run
 
-Data (--data-dir): the LRA release layout (gs://long-range-arena/lra_release), with the IMDB
-and CIFAR-10 downloads beside it, or the pickles of the PyTorch LRA code; see lra_data.py.
-ListOps is generated when missing (seeded); nothing is downloaded.
+Data (--data-dir): the LRA release layout (gs://long-range-arena/lra_release), IMDB and CIFAR-10
+beside it, or PyTorch-LRA pickles (lra_data.py); ListOps is generated (seeded) when missing.
 Protocol: every eval_every steps the model is evaluated on the validation split; the weights
 that score best there are kept (best.pt) and the test split is evaluated once, with them.
 Output: runs/<task>/<attention>-<preset>-seed<seed>/ {config.json, metrics.jsonl, checkpoint.pt,
@@ -70,9 +69,11 @@ class TrainConfig:
     agf_alpha: float = flag(2.0, "AGF: Jacobi α")
     agf_beta: float = flag(-1.0, "AGF: Jacobi β")
     agf_gamma: float = flag(0.01, "AGF: orthogonality weight γ", 0)
+    agf_variant: str = flag("agf", "AGF: agf | uv (H = U Vᵀ) | svd (H = U Σ Vᵀ, Σ unfiltered)")
     primal_rank: int = flag(20, "Primal-Attention: rank s", 1)
     primal_eta: float = flag(0.1, "Primal-Attention: KSVD weight η", 0)
     gfsa_order: int = flag(2, "GFSA: order K of the high-order term", 2)
+    gfsa_high_order: str = flag("taylor", "GFSA: Ā^K as taylor (Eq. 4, the paper) | exact")
     # data
     data_seed: int = flag(0, "seed of the ListOps generator and of the Pathfinder split")
     listops_size: int = flag(96000, "generated ListOps: training examples", 1)
@@ -121,7 +122,8 @@ LISTOPS = {
 def parse_config(argv=None) -> TrainConfig:
     """The flags (or `argv`) -> TrainConfig: defaults < preset < flags, all checked here."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    choices = dict(task=list(TASKS), attention=KINDS, preset=list(LISTOPS), device=DEVICES)
+    choices = dict(task=list(TASKS), attention=KINDS, preset=list(LISTOPS), device=DEVICES,
+                   agf_variant=("agf", "uv", "svd"), gfsa_high_order=("taylor", "exact"))
     for f in dataclasses.fields(TrainConfig):  # a bool is --amp / --no-amp
         kind = dict(action=argparse.BooleanOptionalAction) if f.type is bool else dict(type=f.type)
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, choices=choices.get(f.name),
@@ -157,11 +159,11 @@ def build(cfg: TrainConfig, device: torch.device) -> tuple:
     torch.manual_seed(cfg.seed)
     kwargs = {  # each attention's constructor arguments (model.py passes them on)
         "agf": dict(order=cfg.agf_order, basis="jacobi", alpha=cfg.agf_alpha, beta=cfg.agf_beta,
-                    ortho_weight=cfg.agf_gamma, fix_theta0=True),
+                    ortho_weight=cfg.agf_gamma, fix_theta0=True, variant=cfg.agf_variant),
         # the LRA code samples m = s · rank_multi tokens, rank_multi = 10; KSVD loss of batch means
         "primal": dict(rank=cfg.primal_rank, rank_multi=10, ksvd_weight=cfg.primal_eta,
                        ksvd_reduction="batch"),
-        "gfsa": dict(order=cfg.gfsa_order, dropout=cfg.dropout),
+        "gfsa": dict(order=cfg.gfsa_order, dropout=cfg.dropout, high_order=cfg.gfsa_high_order),
     }
     model = Classifier(ModelConfig(
         n_classes=N_CLASSES[cfg.task], max_len=cfg.max_len, vocab_size=VOCAB[cfg.task],
@@ -169,8 +171,7 @@ def build(cfg: TrainConfig, device: torch.device) -> tuple:
         n_layers=cfg.n_layers, d_ff=cfg.d_ff, dropout=cfg.dropout, attn_dropout=cfg.dropout,
         attention=cfg.attention, attention_kwargs=kwargs)).to(device)
     opt = torch.optim.AdamW(model.parameters(), cfg.lr, (0.9, 0.999), eps=1e-6, weight_decay=0)
-    # As the official code: linear warm-up from lr/25 to lr, then linear decay to lr/25e4, with
-    # β₁ cycling between 0.95 and 0.85 (OneCycleLR's defaults).
+    # As the official code: linear warm-up lr/25 -> lr, linear decay -> lr/25e4, β₁ 0.95 <-> 0.85
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, cfg.steps, anneal_strategy="linear",
                                                 pct_start=cfg.warmup / cfg.steps)
     fp16 = device.type == "cuda" and cfg.amp and not torch.cuda.is_bf16_supported()
@@ -192,8 +193,7 @@ def train_step(model, opt, sched, scaler, batch: dict, autocast) -> tuple:
     """One optimizer step -> (loss, number of correct predictions), as tensors."""
     with autocast:  # the forward pass only; backward runs outside autocast
         logits, aux = model(batch["x"], batch["mask"], batch.get("x2"), batch.get("mask2"))
-        # aux is already weighted inside each attention (γ for AGF, η for Primal, 0 for softmax
-        # and GFSA) and averaged over the layers by model.py: it is added as it is.
+        # aux: weighted in each attention (γ, η), averaged over layers by model.py: added as it is
         loss = F.cross_entropy(logits.float(), batch["y"]) + aux
     scaler.scale(loss).backward()
     scaler.step(opt)
@@ -327,7 +327,6 @@ def main(cfg: TrainConfig) -> dict:
         raw_model.load_state_dict(torch.load(out / "best.pt", map_location=device))
         # NOTE: differs from the official test loader (drop_last=True): every example counts.
         test_acc = evaluate(raw_model, data["test"], cfg.batch_size, device, autocast)
-        hardware = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         result = dict(
             task=cfg.task, attention=cfg.attention, seed=cfg.seed, preset=cfg.preset,
             protocol="test_acc of the weights with the best val_acc"
@@ -335,7 +334,8 @@ def main(cfg: TrainConfig) -> dict:
             val_acc=round(state["best_val_acc"], 5), test_acc=round(test_acc, 5),
             best_step=state["best_step"], steps=cfg.steps, params=count_parameters(raw_model),
             wall_time_s=round(state["elapsed"] + time.time() - t0, 1),
-            device=f"{hardware} x {world}", config=dataclasses.asdict(cfg))
+            device=f"{torch.cuda.get_device_name(device) if cuda else 'cpu'} x {world}",
+            config=dataclasses.asdict(cfg))
         (out / "result.json").write_text(json.dumps(result, indent=2))
         print("RESULT " + json.dumps(result), flush=True)
     if ddp:

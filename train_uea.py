@@ -5,7 +5,6 @@ train_uea.py: train one attention mechanism on one UEA multivariate time-series 
     python train_uea.py --dataset JapaneseVowels --attention agf     # the papers' setting
     torchrun --standalone --nproc_per_node 2 train_uea.py --dataset Heartbeat --attention primal
     python train_uea.py --dataset UWaveGestureLibrary --download     # fetch a missing dataset
-    python train_uea.py --dataset JapaneseVowels --attention agf --resume --epochs 200
 
 Data (--data-dir): <Name>/<Name>_TRAIN.ts and <Name>_TEST.ts, as in the UEA archive
 (timeseriesclassification.com); see uea_data.py.
@@ -35,6 +34,7 @@ from model import ATTENTION, Classifier, ModelConfig, count_parameters
 KINDS = (*ATTENTION, "primal+trans")  # primal+trans: softmax layers, Primal-Attention in the last
 DEVICES = ("auto", "cpu", "cuda")  # one GPU per process; pick it with CUDA_VISIBLE_DEVICES
 BASES = ("jacobi", "legendre", "chebyshev", "chebyshev_t", "monomial")  # polynomials.py
+VARIANTS, HIGH_ORDER = ("agf", "uv", "svd"), ("taylor", "exact")  # agf.py, gfsa.py
 
 
 def flag(default, help: str, low=None, high=None):  # noqa: A002 (argparse's word)
@@ -78,18 +78,19 @@ class TrainConfig:
     agf_beta: float = flag(0.2, "AGF: Jacobi β")
     agf_gamma: float = flag(0.01, "AGF: orthogonality weight γ (official --eta)", 0)
     agf_fix_theta0: bool = flag(False, "AGF: freeze θ̃_0 = 1 (official --fixI)")
+    agf_variant: str = flag("agf", "AGF: agf | uv (H = U Vᵀ) | svd (H = U Σ Vᵀ, Σ unfiltered)")
     primal_rank: int = flag(40, "Primal-Attention: rank s (official --low_rank)", 1)
     primal_eta: float = flag(0.5, "Primal-Attention: KSVD weight η", 0)
     primal_rank_multi: int = flag(5, "Primal-Attention: m = min(N, s · rank_multi) samples", 1)
     gfsa_order: int = flag(3, "GFSA: order K of the high-order term", 2)
+    gfsa_high_order: str = flag("taylor", "GFSA: Ā^K as taylor (Eq. 4, the paper) | exact")
     gfsa_w0: float = flag(0.0, "GFSA: w0, the identity's coefficient")
     gfsa_learn_w0: bool = flag(False, "GFSA: learn w0 (official: fixed)")
     gfsa_learn_w1: bool = flag(False, "GFSA: learn w1 (official: fixed at 1)")
 
 
-# The papers' settings per dataset: 100 epochs of RAdam but for these two (thuml/Flowformer
-# scripts, yingyichen-cyy/PrimalAttention TimeSeries run_*.sh, jeongwhanchoi/agf AGF_UEA). AGF:
-# AGF_UEA/run_agf_best.sh; where it passes no --alpha/--beta, options.py's 1.0 / 0.2 apply.
+# 100 epochs of RAdam but for these two (thuml/Flowformer scripts, PrimalAttention TimeSeries
+# run_*.sh, agf AGF_UEA). AGF: run_agf_best.sh; no --alpha/--beta there: options.py's 1.0 / 0.2.
 DATASETS = {"PEMS-SF": dict(epochs=400), "SpokenArabicDigits": dict(optimizer="adam")}
 JACOBI = dict(agf_basis="jacobi", agf_gamma=0.1, agf_fix_theta0=True)  # shared by 7 of the 10
 AGF = {
@@ -132,15 +133,15 @@ PRIMAL = {
         "UWaveGestureLibrary": dict(primal_rank=40, primal_eta=0.1, primal_rank_multi=10),
     },
 }
-# GFSA has no UEA scripts: the defaults of the gfsa_* fields (only wK learned, K = 3) are ours.
-QUICK = dict(d_model=64, n_heads=2, d_ff=128, epochs=10)  # --preset quick: seconds per epoch
+# GFSA has no UEA scripts: the gfsa_* defaults (only wK learned, K = 3) are ours. --preset quick:
+QUICK = dict(d_model=64, n_heads=2, d_ff=128, epochs=10)
 
 
 def parse_config(argv=None) -> TrainConfig:
     """The flags (or `argv`) -> TrainConfig: defaults < preset < flags, all checked here."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    choices = dict(attention=KINDS, preset=("paper", "quick"), device=DEVICES,
-                   optimizer=("radam", "adam"), agf_basis=BASES)
+    choices = dict(attention=KINDS, preset=("paper", "quick"), device=DEVICES, agf_basis=BASES,
+                   optimizer=("radam", "adam"), agf_variant=VARIANTS, gfsa_high_order=HIGH_ORDER)
     for f in dataclasses.fields(TrainConfig):  # a bool is --amp / --no-amp
         kind = dict(action=argparse.BooleanOptionalAction) if f.type is bool else dict(type=f.type)
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, choices=choices.get(f.name),
@@ -170,12 +171,14 @@ def build(cfg: TrainConfig, data: uea_data.UEAData, device: torch.device) -> tup
     torch.manual_seed(cfg.seed)
     kwargs = {  # each attention's constructor arguments (model.py passes them on)
         "agf": dict(order=cfg.agf_order, basis=cfg.agf_basis, alpha=cfg.agf_alpha,
-                    beta=cfg.agf_beta, ortho_weight=cfg.agf_gamma, fix_theta0=cfg.agf_fix_theta0),
+                    beta=cfg.agf_beta, ortho_weight=cfg.agf_gamma, fix_theta0=cfg.agf_fix_theta0,
+                    variant=cfg.agf_variant),
         # the UEA code squares each case's KSVD objective J, then averages over the batch
         "primal": dict(rank=cfg.primal_rank, rank_multi=cfg.primal_rank_multi,
                        ksvd_weight=cfg.primal_eta, ksvd_reduction="sample"),
         "gfsa": dict(order=cfg.gfsa_order, w0=cfg.gfsa_w0, learn_w0=cfg.gfsa_learn_w0,
-                     learn_w1=cfg.gfsa_learn_w1, dropout=cfg.attn_dropout),
+                     learn_w1=cfg.gfsa_learn_w1, dropout=cfg.attn_dropout,
+                     high_order=cfg.gfsa_high_order),
     }
     model = Classifier(ModelConfig(
         n_classes=len(data.class_names), max_len=data.x_train.shape[1], style="uea",
@@ -192,13 +195,11 @@ def build(cfg: TrainConfig, data: uea_data.UEAData, device: torch.device) -> tup
 
 def train_step(model, opt, scaler, x, mask, y, cfg: TrainConfig, autocast) -> tuple:
     """One optimizer step -> (loss, aux loss, number of correct predictions), as tensors."""
-    # NOTE: differs from the official UEA code, which gives the attention no mask (its padded
-    # steps are zeroed only before the head), because padding must not leak into real steps.
-    # --no-attention-mask restores the official model (model.py then drops the mask).
+    # NOTE: differs from the official UEA code, whose attention gets no mask (padded steps are
+    # zeroed before the head only), because padding must not leak. --no-attention-mask: official.
     with autocast:  # the forward pass only; backward runs outside autocast
         logits, aux = model(x, mask)
-        # aux is already weighted inside each attention (γ for AGF, η for Primal, 0 otherwise)
-        # and averaged over the layers by model.py: it is added as it is.
+        # aux: weighted in each attention (γ, η), averaged over layers by model.py: added as it is
         loss = F.cross_entropy(logits.float(), y) + aux.float()
     if not torch.isfinite(loss):
         raise FloatingPointError(f"the loss is {loss.item()}: try a smaller --lr")
@@ -287,9 +288,8 @@ def main(cfg: TrainConfig) -> dict:
 
     # 4) train. Epoch e visits TRAIN in an order seeded by (seed, e), so a resumed run sees the
     # batches it would have seen; each process takes its share of every batch.
-    n = len(data.y_train)
-    steps = -(-n // cfg.batch_size) * (cfg.epochs - state["epoch"])
-    bar = tqdm(total=steps, desc=f"{cfg.dataset} {cfg.attention}", disable=not master or None)
+    n, steps = len(data.y_train), -(-len(data.y_train) // cfg.batch_size)  # steps per epoch
+    bar = tqdm(total=steps * (cfg.epochs - state["epoch"]), disable=not master or None)
     for epoch in range(state["epoch"] + 1, cfg.epochs + 1):
         t0, sums = time.time(), torch.zeros(4, device=device)
         # seed + epoch, as torch's DistributedSampler (the order of the runs in the README)
@@ -326,7 +326,6 @@ def main(cfg: TrainConfig) -> dict:
     bar.close()
 
     # 5) the result under both protocols
-    hardware = torch.cuda.get_device_name(device) if cuda else "cpu"
     result = dict(
         dataset=cfg.dataset, attention=cfg.attention, seed=cfg.seed, preset=cfg.preset,
         best_test_acc=state["best_test_acc"], best_test_epoch=state["best_epoch"],
@@ -334,7 +333,8 @@ def main(cfg: TrainConfig) -> dict:
         protocols={"best_test_acc": "the papers': the best TEST accuracy over the evaluations",
                    "final_test_acc": "TEST accuracy after the last epoch, no selection on TEST"},
         epochs=cfg.epochs, n_params=count_parameters(model), wall_s=round(state["elapsed"], 1),
-        device=f"{hardware} x {world}", config=dataclasses.asdict(cfg))
+        device=f"{torch.cuda.get_device_name(device) if cuda else 'cpu'} x {world}",
+        config=dataclasses.asdict(cfg))
     if master:
         (out / "result.json").write_text(json.dumps(result, indent=2))
         print("RESULT " + json.dumps(result), flush=True)
