@@ -4,27 +4,24 @@ diagnose.py: look inside trained runs: over-smoothing, filter responses and spec
     python diagnose.py runs/JapaneseVowels/agf-quick-seed666      # a run folder of train_*.py
     python diagnose.py runs/depth/*        # several runs: each one, then a comparison table
 
-- over-smoothing: mean pairwise cosine of the real tokens after each block; deep softmax models
-  drive it towards 1 (GFSA v1 Figs. 2, 4, 5 (b)). AGF filter: g(s) = Σ_k θ̃_k P_k(s) on (0, 1)
-  and the signs of θ̃_k: negative ones pass high frequencies (AGF README, Theorem 2).
+- over-smoothing: mean pairwise cosine of the real tokens after each block (1 = all alike; GFSA
+  v1 Figs. 2, 4, 5 (b)). AGF: g(s) = Σ θ̃_k P_k(s) on (0, 1), θ̃_k < 0 passes high frequencies.
 - GFSA filter: p(λ) = a0 + a1·λ + a2·λ², so H = p(Ā) (GFSA v1 Eqs. 4, 5; λ^K for the exact
   filter), on λ ∈ [-1, 1] and at the eigenvalues of the dense Ā of real sequences (Figs. 2, 4, 5).
-  Ā is not symmetric, so they are complex in general: we show the gain |p(λ)| (the factor by
-  which H scales that eigen-direction; |λ| for Ā alone) against |1 - λ|, the distance from the
-  eigenvalue 1 of the constant vector (lowest frequency; 0 = smooth, up to 2 = alternating). The
-  "off-DC gain", the mean |p(λ)| / |p(1)| over the other λ, is how much of the non-constant part
-  of a signal the filter keeps (Ā alone: mean |λ|; near 0 = a strong low-pass filter).
+  They are complex (Ā is not symmetric): the gain |p(λ)| (|λ| for Ā alone) is shown against
+  |1 - λ|, the distance from the eigenvalue 1 of the constant vector (0 = smooth, 2 = alternating).
+  The "off-DC gain", mean |p(λ)| / |p(1)| over the other λ, is how much of the non-constant part
+  of a signal the filter keeps (Ā alone: mean |λ|; near 0 = strongly low-pass).
 - spectra: the normalised cumulative sum Σ_{i<=k} σ_i / Σ_i σ_i of the singular values of each
   layer's N x N matrix (Primal-Attention's spectrum figure); reaching 1 early = low effective
   rank. Per head, on the real tokens (all steps if trained with --no-attention-mask): softmax Ā;
   AGF H = U diag(g) Vᵀ; GFSA H = w0·I + w1·Ā + wK·Ā^K (estimated or exact); Primal Φq Fᵀ F Φkᵀ.
 
-RUN: a run folder (its checkpoint.pt: the last weights), a checkpoint.pt, or an LRA best.pt.
-Writes summary.txt and each figure as CSV (and PNG, with matplotlib) to <run>/diagnose/ or
-OUT/<run name>/. Two or more runs end with a table, one row per run (cosine per layer, the
-accuracies of result.json), also comparison.csv (in OUT or here). Dims: B batch, N tokens, D
-width, H heads, d = D/H, K order. Depends on: torch, numpy, model.py, the mechanism files, the
-train scripts and their data files; matplotlib optional.
+RUN: a run folder (its checkpoint.pt), a checkpoint.pt or an LRA best.pt. Writes summary.txt and
+each figure as CSV (and PNG, with matplotlib) to <run>/diagnose/ or OUT/<run name>/; several runs
+add a table (cosine per layer, the result.json accuracies) as comparison.csv and a
+cosine_per_layer plot (in OUT or here). Dims: B batch, N tokens, D width, H heads, d = D/H.
+Depends on: torch, numpy, model.py, the mechanism files, the train scripts; matplotlib optional.
 """
 
 import argparse
@@ -365,7 +362,7 @@ def main(argv: list | None = None) -> list:
     args = p.parse_args(argv)
     if min(args.batches, args.batch_size, args.dense, args.points) < 1:
         p.error("--batches, --batch-size, --dense and --points must be at least 1")
-    if args.device == "cuda" and not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():  # checked before any data is read
         p.error("--device cuda: this machine has no CUDA device")
     names = [(q if q.is_dir() else q.parent).resolve().name for q in map(pathlib.Path, args.runs)]
     if args.out and len(set(names)) < len(names):
@@ -382,10 +379,10 @@ def main(argv: list | None = None) -> list:
         (out / "summary.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
         paths = [f.name for f in save_figures(data, out, run.label)]
         print(f"wrote summary.txt and {len(paths)} files to {out}: {' '.join(paths)}")
-        cosine = results["cosine"].tolist()
-        row = dict(run=str(run.folder), attention=run.model.cfg.attention, layers=len(cosine) - 1)
-        per_layer = " ".join(f"{c:.3f}" for c in cosine)
-        results["row"] = dict(row, cos_per_layer=per_layer, cos_last=cosine[-1], **run.accuracy)
+        cos = results["cosine"].tolist()
+        row = dict(run=str(run.folder), attention=run.model.cfg.attention, layers=len(cos) - 1)
+        row.update(cos_per_layer=" ".join(f"{c:.3f}" for c in cos), cos_last=cos[-1])
+        results["row"], results["name"] = dict(row, **run.accuracy), name
         everything.append(results)
     if len(everything) > 1:
         rows = [r["row"] for r in everything]
@@ -393,6 +390,9 @@ def main(argv: list | None = None) -> list:
         print("\ncosine similarity per layer (embedding first), accuracy\n" + "\n".join(lines))
         path = pathlib.Path(args.out or ".", "comparison.csv")
         print(f"wrote {write_csv(path, header, [[r.get(k, '') for k in header] for r in rows])}")
+        curves = {r["name"]: (range(len(r["cosine"])), r["cosine"]) for r in everything}
+        panel = ("cosine_per_layer", "layer (0 = embedding)", "cosine similarity", "o-", curves)
+        save_figures([[panel]], path.parent, "mean pairwise cosine similarity of the real tokens")
     return everything
 
 

@@ -3283,6 +3283,10 @@ def test_diag_comparison_table_of_two_runs_matches_their_summaries(uea_runs, tmp
         result = json.loads((run / "result.json").read_text())
         assert row["run"] == str(run) and row["cos_per_layer"] == res["row"]["cos_per_layer"]
         assert float(row["final_test_acc"]) == pytest.approx(result["final_test_acc"], rel=1e-5)
+    curves = list(csv.DictReader(open(tmp_path / "cosine_per_layer.csv")))  # the plot's data
+    for run, res in zip(uea_runs, results, strict=True):
+        ys = [float(r["cosine similarity"]) for r in curves if r["curve"] == run.name]
+        assert ys == pytest.approx(res["cosine"].tolist(), abs=1e-5)
     # the unmasked (official UEA) model: its attention sees every step, so n = the padded length
     assert all(n == 26 for layer in results[1]["layers"] for n in layer["n"])
     assert any(n < 26 for layer in results[0]["layers"] for n in layer["n"])
