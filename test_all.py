@@ -1791,7 +1791,7 @@ def test_uea_missing_dataset_says_where_and_how(tmp_path):
     assert str(tmp_path / "Heartbeat" / "Heartbeat_TEST.ts") in text
     assert "https://www.timeseriesclassification.com/dataset.php" in text
     assert "https://timeseriesclassification.com/aeon-toolkit/Heartbeat.zip" in text
-    assert "--download true" in text
+    assert "rerun with --download to fetch" in text
     # the same message for a TRAIN file alone, and a trailing '/' in the base URL
     _write(tmp_path / "Heartbeat", "Heartbeat_TRAIN.ts", _toy_ts(["1,2:3,4:up"])[0])
     with pytest.raises(DatasetNotFoundError, match="not found; looked for"):

@@ -233,7 +233,7 @@ def dataset_paths(data_dir: str, name: str) -> tuple[pathlib.Path, pathlib.Path]
 def missing_dataset_message(data_dir: str, name: str, base_url: str, download: bool = True) -> str:
     """Where we looked and how to get the data: by hand, or (download=True) with --download."""
     train, test = dataset_paths(data_dir, name)
-    rerun = ", or rerun with --download true to fetch and unpack that zip." if download else "."
+    rerun = ", or rerun with --download to fetch and unpack that zip." if download else "."
     return (
         f"UEA dataset {name!r} not found; looked for\n  {train}\n  {test}\n"
         f"Get it from the UEA archive, {ARCHIVE_PAGE} (Multivariate2018_ts.zip; put the two files "
