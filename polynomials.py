@@ -133,9 +133,9 @@ class FilterSum(torch.autograd.Function):
         d_prev, d = torch.zeros_like(s), torch.zeros_like(s)  # P_{k-2}', P_{k-1}'
         g, slope = theta[0] * p, torch.zeros_like(s)  # Σ θ̃_k P_k and Σ θ̃_k P_k' so far
         for k, (a, b, c) in enumerate(coefs, start=1):
-            t = a * s + b
-            d_prev, d = d, torch.addcmul(a * p - c * d_prev, t, d)  # P_k', from P_{k-1}
-            p_prev, p = p, torch.addcmul(-c * p_prev, t, p)  # P_k
+            t = s.mul(a).add_(b)  # a_k s + b_k  (in-place steps: fewer temporaries)
+            d_prev, d = d, (p * a).addcmul_(t, d).sub_(d_prev, alpha=c)  # P_k', from P_{k-1}
+            p_prev, p = p, (t * p).sub_(p_prev, alpha=c)  # P_k
             g.addcmul_(theta[k], p)  # g += θ̃_k P_k (θ̃_k stays a tensor: no sync with a GPU)
             slope.addcmul_(theta[k], d)
         ctx.save_for_backward(s, slope)
@@ -149,7 +149,7 @@ class FilterSum(torch.autograd.Function):
         p_prev, p = torch.zeros_like(s), torch.ones_like(s)
         grad_theta = [grad_g.sum()]  # P_0 = 1
         for a, b, c in ctx.coefs:
-            p_prev, p = p, torch.addcmul(-c * p_prev, a * s + b, p)  # P_k
+            p_prev, p = p, (s.mul(a).add_(b) * p).sub_(p_prev, alpha=c)  # P_k
             grad_theta.append(torch.tensordot(grad_g, p, dims=p.dim()))  # Σ ∂L/∂g · P_k
         return grad_g * slope, torch.stack(grad_theta), None
 
