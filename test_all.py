@@ -2780,6 +2780,12 @@ def test_lra_resume_after_a_crash_continues_exactly():
             assert straight[key] == resumed[key]
         with pytest.raises(SystemExit, match="other settings.*'lr'"):  # not the same run any more
             _lra_run(_lra_args(tmp / "data", tmp / "b", *extra, "--resume", "--lr", "1"))
+        # a checkpoint from a version with a setting this one no longer has: a message, no KeyError
+        ckpt = torch.load(tmp / "b" / "checkpoint.pt", weights_only=False)
+        ckpt["config"]["accumulate"] = 2
+        torch.save(ckpt, tmp / "b" / "checkpoint.pt")
+        with pytest.raises(SystemExit, match=r"other settings.*'accumulate': \(2, None\)"):
+            _lra_run(_lra_args(tmp / "data", tmp / "b", *extra, "--resume"))
 
 
 def test_lra_fresh_run_never_overwrites_a_run():

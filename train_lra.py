@@ -260,9 +260,9 @@ def main(cfg: TrainConfig) -> dict:
     state = dict(step=0, best_val_acc=-1.0, best_step=0, elapsed=0.0)
     if cfg.resume:
         ckpt = torch.load(out / "checkpoint.pt", map_location=device, weights_only=False)
-        now, free = dataclasses.asdict(cfg), ("resume", "overwrite", "device", "out")
-        changed = {k: (v, now[k]) for k, v in ckpt["config"].items() if v != now.get(k)}
-        changed = {k: v for k, v in changed.items() if k not in free}
+        free = ("resume", "overwrite", "device", "out")  # the settings that may change
+        then_now = {k: (v, getattr(cfg, k, None)) for k, v in ckpt["config"].items()}
+        changed = {k: vs for k, vs in then_now.items() if vs[0] != vs[1] and k not in free}
         if changed:
             raise SystemExit(f"--resume: {out} ran with other settings (then, now): {changed}")
         for key, part in parts.items():

@@ -268,9 +268,9 @@ def main(cfg: TrainConfig) -> dict:
     state = dict(epoch=0, best_test_acc=-1.0, best_epoch=0, final_test_acc=None, elapsed=0.0)
     if cfg.resume:
         ckpt = torch.load(out / "checkpoint.pt", map_location=device, weights_only=False)
-        now, free = dataclasses.asdict(cfg), ("resume", "overwrite", "device", "out", "epochs")
-        changed = {k: (v, now.get(k)) for k, v in ckpt["config"].items() if k not in free}
-        changed = {k: v for k, v in changed.items() if v[0] != v[1] and k != "download"}
+        free = ("resume", "overwrite", "device", "out", "epochs", "download")  # may change
+        then_now = {k: (v, getattr(cfg, k, None)) for k, v in ckpt["config"].items()}
+        changed = {k: vs for k, vs in then_now.items() if vs[0] != vs[1] and k not in free}
         if changed:
             raise SystemExit(f"--resume: {out} ran with other settings (then, now): {changed}")
         for key, part in parts.items():
@@ -288,8 +288,8 @@ def main(cfg: TrainConfig) -> dict:
 
     # 4) train. Epoch e visits TRAIN in an order seeded by (seed, e), so a resumed run sees the
     # batches it would have seen; each process takes its share of every batch.
-    n, steps = len(data.y_train), -(-len(data.y_train) // cfg.batch_size)  # steps per epoch
-    bar = tqdm(total=steps * (cfg.epochs - state["epoch"]), disable=not master or None)
+    n, epochs_left = len(data.y_train), cfg.epochs - state["epoch"]
+    bar = tqdm(total=-(-n // cfg.batch_size) * epochs_left, disable=not master or None)
     for epoch in range(state["epoch"] + 1, cfg.epochs + 1):
         t0, sums = time.time(), torch.zeros(4, device=device)
         # seed + epoch, as torch's DistributedSampler (the order of the runs in the README)
