@@ -1801,7 +1801,8 @@ def test_uea_missing_dataset_says_where_and_how(tmp_path):
 
 
 def test_uea_download_unpacks_a_local_zip(tmp_path):
-    """download_dataset fetches <url>/<Name>.zip (a file:// URL) and unpacks the two .ts files."""
+    """download_dataset fetches <url>/<Name>.zip (a file:// URL) and unpacks the two .ts files;
+    once they are there, it fetches nothing."""
     rng = np.random.default_rng(2)
     rows = [_row(*rng.normal(size=(2, 3)), label=w) for w in ("up", "down", "up")]
     source = _dataset(tmp_path / "made", rows, rows)
@@ -1822,6 +1823,8 @@ def test_uea_download_unpacks_a_local_zip(tmp_path):
     assert not (tmp_path / "evil.txt").exists() and not (data_dir / "evil.txt").exists()
     data = load_uea(str(data_dir), "Toy")
     assert data.y_train.tolist() == [0, 1, 0] and data.x_train.shape == (3, 3, 2)
+    (server / "Toy.zip").unlink()  # both files are there now: a second call fetches nothing
+    uea_data.download_dataset("Toy", str(data_dir), server.as_uri() + "/", progress=False)
 
 
 def test_uea_download_failures_say_what_failed_and_how_to_get_the_files(tmp_path):
@@ -2748,11 +2751,10 @@ def test_lra_test_accuracy_is_that_of_the_best_val_weights():
         assert any(not torch.equal(best[k], last[k]) for k in best)  # step 4's weights, not 6's
 
 
-def test_lra_resume_after_a_crash_continues_exactly():
-    """A run that dies in step 3 and is resumed (from its step-2 checkpoint) ends with the same
-    weights, log and result as a run that was never interrupted."""
-    real_step = train_lra.train_step
-    calls = [0]
+def _lra_straight_and_resumed(tmp: pathlib.Path, *more) -> tuple:
+    """A 6-step run straight (in tmp/a), and one that dies in step 3 and is resumed from its
+    step-2 checkpoint (in tmp/b) -> (straight result, resumed result, [their two logs])."""
+    real_step, calls = train_lra.train_step, [0]
 
     def dies_in_step_3(*args):
         calls[0] += 1
@@ -2760,21 +2762,27 @@ def test_lra_resume_after_a_crash_continues_exactly():
             raise KeyboardInterrupt
         return real_step(*args)
 
+    extra = ["--attention", "agf", "--steps", "6", *more]
+    straight = _lra_run(_lra_args(tmp / "data", tmp / "a", *extra))
+    with (
+        mock.patch.object(train_lra, "train_step", dies_in_step_3),
+        pytest.raises(KeyboardInterrupt),
+    ):
+        _lra_run(_lra_args(tmp / "data", tmp / "b", *extra))
+    assert [r["step"] for r in _lra_log(tmp / "b")] == [2]
+    resumed = _lra_run(_lra_args(tmp / "data", tmp / "b", *extra, "--resume"))
+    return straight, resumed, [[{**r, "time_s": 0} for r in _lra_log(tmp / r)] for r in "ab"]
+
+
+def test_lra_resume_after_a_crash_continues_exactly():
+    """A run that dies in step 3 and is resumed (from its step-2 checkpoint) ends with the same
+    weights, log and result as a run that was never interrupted."""
     with tempfile.TemporaryDirectory() as tmp:
-        tmp = pathlib.Path(tmp)
-        extra = ["--attention", "agf", "--steps", "6"]
-        straight = _lra_run(_lra_args(tmp / "data", tmp / "a", *extra))
-        with (
-            mock.patch.object(train_lra, "train_step", dies_in_step_3),
-            pytest.raises(KeyboardInterrupt),
-        ):
-            _lra_run(_lra_args(tmp / "data", tmp / "b", *extra))
-        assert [r["step"] for r in _lra_log(tmp / "b")] == [2]
-        resumed = _lra_run(_lra_args(tmp / "data", tmp / "b", *extra, "--resume"))
+        tmp, extra = pathlib.Path(tmp), ["--attention", "agf", "--steps", "6"]  # as the helper
+        straight, resumed, logs = _lra_straight_and_resumed(tmp)
         a, b = (torch.load(tmp / r / "checkpoint.pt", weights_only=False) for r in "ab")
         assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
         assert a["optimizer"]["state"].keys() == b["optimizer"]["state"].keys()
-        logs = [[{**r, "time_s": 0} for r in _lra_log(tmp / r)] for r in "ab"]
         assert [r["step"] for r in logs[0]] == [2, 4, 6] and logs[0] == logs[1]
         for key in ("val_acc", "test_acc", "best_step"):
             assert straight[key] == resumed[key]
@@ -3395,7 +3403,7 @@ def test_cuda_attention_agrees_with_the_cpu(kind):
     outs = []
     for device in ("cpu", "cuda"):
         layer.to(device).zero_grad()
-        xd = x.to(device).requires_grad_()
+        xd = x.to(device).detach().requires_grad_()  # a fresh leaf on each device
         y, aux = layer(xd, mask.to(device))
         (y.square().mean() + aux).backward()
         grads = [xd.grad] + [p.grad for p in layer.parameters()]
@@ -3443,6 +3451,22 @@ def test_cuda_fp16_step_with_grad_scaler_lowers_the_loss():
         scaler.update()
         losses.append(loss.item())
     assert losses[-1] < 0.8 * losses[0], losses  # (the same on the CPU in bf16: 1.23 -> 0.62)
+
+
+@cuda
+def test_cuda_lra_resume_continues_the_same_run():
+    """On the GPU, dropout draws from the GPU's generator: a resumed run restores it too, and the
+    checkpoint (loaded to the CPU first) resumes. Same weights as a straight run, up to the GPU's
+    non-deterministic summation order; other dropout masks would move them by ~1e-3."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = pathlib.Path(tmp)
+        straight, resumed, logs = _lra_straight_and_resumed(tmp, "--device", "cuda", "--no-amp")
+        a, b = (torch.load(tmp / r / "checkpoint.pt", weights_only=False) for r in "ab")
+        assert a["cuda_rng"] is not None
+        for k in a["model"]:
+            assert torch.allclose(a["model"][k], b["model"][k], rtol=1e-4, atol=1e-5), k
+        for ra, rb in zip(*logs, strict=True):
+            assert ra["train_loss"] == pytest.approx(rb["train_loss"], abs=1e-4)
 
 
 @cuda

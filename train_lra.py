@@ -179,12 +179,11 @@ def build(cfg: TrainConfig, device: torch.device) -> tuple:
 
 
 def to_batch(split: Split, idx: np.ndarray, device) -> dict:
-    """x (B, N) ids, mask (B, N) bool (True = real token), y (B,) [, x2, mask2]: on `device`."""
+    """int64 ids x (B, N) and labels y (B,), bool mask (B, N) [, x2, mask2]: on `device`."""
     positions = np.arange(split.x.shape[1])  # real tokens come first, so mask = position < length
     batch = dict(x=split.x[idx], mask=positions < split.lengths[idx, None], y=split.y[idx])
     if split.x2 is not None:
         batch.update(x2=split.x2[idx], mask2=positions < split.lengths2[idx, None])
-    # ids and labels as int64 (what nn.Embedding and cross_entropy take); masks stay bool
     return {k: torch.as_tensor(v if v.dtype == bool else v.astype(np.int64)).to(device)
             for k, v in batch.items()}
 
@@ -259,7 +258,7 @@ def main(cfg: TrainConfig) -> dict:
     parts = dict(model=model, optimizer=opt, scheduler=sched, scaler=scaler)
     state = dict(step=0, best_val_acc=-1.0, best_step=0, elapsed=0.0)
     if cfg.resume:
-        ckpt = torch.load(out / "checkpoint.pt", map_location=device, weights_only=False)
+        ckpt = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=False)
         free = ("resume", "overwrite", "device", "out")  # the settings that may change
         then_now = {k: (v, getattr(cfg, k, None)) for k, v in ckpt["config"].items()}
         changed = {k: vs for k, vs in then_now.items() if vs[0] != vs[1] and k not in free}
@@ -268,6 +267,8 @@ def main(cfg: TrainConfig) -> dict:
         for key, part in parts.items():
             part.load_state_dict(ckpt[key])
         torch.set_rng_state(ckpt["rng"])  # dropout goes on with the masks it would have drawn
+        if cuda and ckpt.get("cuda_rng") is not None:  # on a GPU, dropout draws from its own
+            torch.cuda.set_rng_state(ckpt["cuda_rng"])
         state = ckpt["state"]
     else:
         torch.manual_seed(cfg.seed + rank)  # each process draws its own dropout masks
@@ -276,10 +277,8 @@ def main(cfg: TrainConfig) -> dict:
             for f in ("metrics.jsonl", "checkpoint.pt", "best.pt", "result.json"):
                 (out / f).unlink(missing_ok=True)  # --overwrite: nothing of the old run stays
             (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-    raw_model = model  # without the DDP wrapper: evaluated and saved
-    if ddp:
-        ids = [device.index] if device.type == "cuda" else None
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    net = torch.nn.parallel.DistributedDataParallel(model) if ddp else model  # trains; model
+    # (the same weights, without the wrapper) is evaluated and saved
 
     # 4) train. Batch k is a function of (seed, k) alone, so a resumed run sees the batches it
     # would have seen; each process takes its share of every batch.
@@ -291,7 +290,7 @@ def main(cfg: TrainConfig) -> dict:
         order = np.random.default_rng([cfg.seed, epoch]).permutation(n_train)
         idx = order[k * cfg.batch_size : (k + 1) * cfg.batch_size][rank::world]
         lr = opt.param_groups[0]["lr"]  # the rate this step uses (the schedule moves on after it)
-        loss, correct = train_step(model, opt, sched, scaler, to_batch(data["train"], idx, device),
+        loss, correct = train_step(net, opt, sched, scaler, to_batch(data["train"], idx, device),
                                    autocast)
         sums += torch.stack([loss * len(idx), correct, torch.tensor(len(idx), device=device)])
         state["step"] = step = state["step"] + 1
@@ -300,11 +299,11 @@ def main(cfg: TrainConfig) -> dict:
             continue
         if ddp:
             dist.all_reduce(sums)  # the training loss and accuracy of all processes
-        val_acc = evaluate(raw_model, data["val"], cfg.batch_size, device, autocast)
+        val_acc = evaluate(model, data["val"], cfg.batch_size, device, autocast)
         if val_acc > state["best_val_acc"]:
             state.update(best_val_acc=val_acc, best_step=step)
             if master:
-                torch.save(raw_model.state_dict(), out / "best.pt")
+                torch.save(model.state_dict(), out / "best.pt")
         state["elapsed"], t0 = state["elapsed"] + time.time() - t0, time.time()
         loss_sum, n_correct, n = sums.tolist()
         sums.zero_()
@@ -314,7 +313,8 @@ def main(cfg: TrainConfig) -> dict:
         bar.set_postfix(loss=record["train_loss"], val=record["val_acc"])
         if master:  # the checkpoint first: a crash in between loses a log line, not a step
             ckpt = {k: part.state_dict() for k, part in parts.items()}
-            ckpt.update(rng=torch.get_rng_state(), state=state, config=dataclasses.asdict(cfg))
+            ckpt.update(rng=torch.get_rng_state(), cuda_rng=torch.cuda.get_rng_state() if cuda
+                        else None, state=state, config=dataclasses.asdict(cfg))
             torch.save(ckpt, out / "checkpoint.tmp")
             os.replace(out / "checkpoint.tmp", out / "checkpoint.pt")  # never half a file
             with open(out / "metrics.jsonl", "a") as log:
@@ -324,15 +324,15 @@ def main(cfg: TrainConfig) -> dict:
     # 5) test once (rank 0), with the weights that scored best on validation
     result = None
     if master:
-        raw_model.load_state_dict(torch.load(out / "best.pt", map_location=device))
+        model.load_state_dict(torch.load(out / "best.pt", map_location=device))
         # NOTE: differs from the official test loader (drop_last=True): every example counts.
-        test_acc = evaluate(raw_model, data["test"], cfg.batch_size, device, autocast)
+        test_acc = evaluate(model, data["test"], cfg.batch_size, device, autocast)
         result = dict(
             task=cfg.task, attention=cfg.attention, seed=cfg.seed, preset=cfg.preset,
             protocol="test_acc of the weights with the best val_acc"
             + (" (Text: val = test, as the LRA pipeline)" if cfg.task == "text" else ""),
             val_acc=round(state["best_val_acc"], 5), test_acc=round(test_acc, 5),
-            best_step=state["best_step"], steps=cfg.steps, params=count_parameters(raw_model),
+            best_step=state["best_step"], steps=cfg.steps, params=count_parameters(model),
             wall_time_s=round(state["elapsed"] + time.time() - t0, 1),
             device=f"{torch.cuda.get_device_name(device) if cuda else 'cpu'} x {world}",
             config=dataclasses.asdict(cfg))

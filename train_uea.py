@@ -6,8 +6,7 @@ train_uea.py: train one attention mechanism on one UEA multivariate time-series 
     torchrun --standalone --nproc_per_node 2 train_uea.py --dataset Heartbeat --attention primal
     python train_uea.py --dataset UWaveGestureLibrary --download     # fetch a missing dataset
 
-Data (--data-dir): <Name>/<Name>_TRAIN.ts and <Name>_TEST.ts, as in the UEA archive
-(timeseriesclassification.com); see uea_data.py.
+Data (--data-dir): <Name>/<Name>_TRAIN.ts and _TEST.ts as in timeseriesclassification.com.
 Protocol: the papers (Flowformer, Primal-Attention, AGF) report the best TEST accuracy over the
 epochs, evaluated after the first epoch, every 2 epochs and after the last: best_test_acc (the
 test split serves for selection). Beside it, final_test_acc: after the last epoch, no selection.
@@ -251,8 +250,7 @@ def main(cfg: TrainConfig) -> dict:
     say(json.dumps(dataclasses.asdict(cfg)))  # the resolved settings first
 
     # 2) data: TRAIN statistics, zero padding, padding masks; rank 0 downloads, if asked to
-    missing = not all(p.exists() for p in uea_data.dataset_paths(cfg.data_dir, cfg.dataset))
-    if cfg.download and missing and master:
+    if cfg.download and master:  # fetches the dataset only when its files are missing
         uea_data.download_dataset(cfg.dataset, cfg.data_dir, cfg.download_url)
     if ddp:
         dist.barrier()  # the others wait for the files
@@ -267,7 +265,7 @@ def main(cfg: TrainConfig) -> dict:
     parts = dict(model=model, optimizer=opt, scaler=scaler)
     state = dict(epoch=0, best_test_acc=-1.0, best_epoch=0, final_test_acc=None, elapsed=0.0)
     if cfg.resume:
-        ckpt = torch.load(out / "checkpoint.pt", map_location=device, weights_only=False)
+        ckpt = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=False)
         free = ("resume", "overwrite", "device", "out", "epochs", "download")  # may change
         then_now = {k: (v, getattr(cfg, k, None)) for k, v in ckpt["config"].items()}
         changed = {k: vs for k, vs in then_now.items() if vs[0] != vs[1] and k not in free}
@@ -276,6 +274,8 @@ def main(cfg: TrainConfig) -> dict:
         for key, part in parts.items():
             part.load_state_dict(ckpt[key])
         torch.set_rng_state(ckpt["rng"])  # dropout goes on with the masks it would have drawn
+        if cuda and ckpt.get("cuda_rng") is not None:  # on a GPU, dropout draws from its own
+            torch.cuda.set_rng_state(ckpt["cuda_rng"])
         state = ckpt["state"]
     else:
         torch.manual_seed(cfg.seed + rank)  # each process draws its own dropout masks
@@ -311,14 +311,14 @@ def main(cfg: TrainConfig) -> dict:
             test_acc, test_loss = evaluate(model, data, cfg.batch_size, device, autocast)
             if test_acc > state["best_test_acc"]:
                 state.update(best_test_acc=test_acc, best_epoch=epoch)
-            state["final_test_acc"] = test_acc
-            record.update(test_acc=test_acc, test_loss=test_loss)
-            record["best_test_acc"] = state["best_test_acc"]
+            state["final_test_acc"] = record["test_acc"] = test_acc
+            record.update(test_loss=test_loss, best_test_acc=state["best_test_acc"])
             say("  ".join(f"{k} {v:.4g}" for k, v in record.items()))
         state.update(epoch=epoch, elapsed=state["elapsed"] + time.time() - t0)
         if master:  # the checkpoint first: a crash in between loses a log line, not an epoch
             ckpt = {k: part.state_dict() for k, part in parts.items()}
-            ckpt.update(rng=torch.get_rng_state(), state=state, config=dataclasses.asdict(cfg))
+            ckpt.update(rng=torch.get_rng_state(), cuda_rng=torch.cuda.get_rng_state() if cuda
+                        else None, state=state, config=dataclasses.asdict(cfg))
             torch.save(ckpt, out / "checkpoint.tmp")
             os.replace(out / "checkpoint.tmp", out / "checkpoint.pt")  # never half a file
             with open(out / "metrics.jsonl", "a") as log:

@@ -242,12 +242,15 @@ def missing_dataset_message(data_dir: str, name: str, base_url: str, download: b
 
 
 def download_dataset(name: str, data_dir: str, base_url: str, progress: bool = True):
-    """Fetch <base_url>/<Name>.zip and unpack <Name>_TRAIN.ts / _TEST.ts into <data-dir>/<Name>/.
+    """Fetch <base_url>/<Name>.zip and unpack <Name>_TRAIN.ts / _TEST.ts into <data-dir>/<Name>/
+    (when either is missing).
 
     Only the two .ts files are written, each to a path we build (no other member of the zip
     is extracted, so a hostile archive cannot write outside the folder).
     """
     paths = dataset_paths(data_dir, name)
+    if all(p.exists() for p in paths):
+        return  # both files are there: nothing to fetch
     url, folder = f"{base_url.rstrip('/')}/{name}.zip", paths[0].parent
     by_hand = "\n" + missing_dataset_message(data_dir, name, base_url, download=False)
     folder.mkdir(parents=True, exist_ok=True)
