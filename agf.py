@@ -196,7 +196,7 @@ class AGFAttention(nn.Module):
         weight = torch.cat([W.weight for W in projections])  # (4D, D); "uv": 3D
         bias = torch.cat([W.bias for W in projections])  # (4D,)
         fused = F.linear(x, weight, bias).view(B, N, len(projections), self.n_heads, self.d_head)
-        u_logits, v_logits, *sigma_logits, values = fused.permute(2, 0, 3, 1, 4)
+        u_logits, v_logits, *sigma_logits, values = (t.transpose(1, 2) for t in fused.unbind(2))
         # Softmaxes and the degree-K polynomial (|P_k| reaches ~26) run in float32 even under
         # bf16/fp16 autocast, as the official code does (autocast(enabled=False)).
         work = torch.promote_types(x.dtype, torch.float32)
@@ -216,7 +216,7 @@ class AGFAttention(nn.Module):
             else:
                 g = torch.sigmoid(sigma_logits[0].to(work))  # (B, H, N, d)
                 g = self.poly_filter(g) if self.variant == "agf" else g
-        return u, g, v, values.to(work)
+        return u, g, v, values.to(work).contiguous()  # one copy here, not one per matmul with it
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         _check_inputs(x, mask, self.d_model)
