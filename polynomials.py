@@ -125,22 +125,23 @@ class FilterSum(torch.autograd.Function):
     and keeps s and the slope g'(s) = Σ_k θ̃_k P_k'(s). Backward then needs
         ∂L/∂s = ∂L/∂g · g'(s)   and   ∂L/∂θ̃_k = Σ over all entries of ∂L/∂g · P_k(s),
     the second by running the recurrence for P_k once more.
-    Both passes write each step in place into a few buffers the size of s (P_k and P_k' replace
-    P_{k-2} and P_{k-2}', which are no longer needed): a new tensor per step would cost time, on
-    the CPU most of all, where each fresh allocation is paged in anew.
+    Both passes write each step in place into a few buffers the size of s, passed round (P_{k-2}'s
+    buffer, no longer needed, takes the next step's work): a new tensor per step would cost time,
+    on the CPU most of all, where each fresh allocation is paged in anew.
     """
 
     @staticmethod
     def forward(ctx, s: Tensor, theta: Tensor, coefs: list) -> Tensor:
-        p_prev, p = torch.zeros_like(s), torch.ones_like(s)  # P_{k-2}, P_{k-1}
-        d_prev, d = torch.zeros_like(s), torch.zeros_like(s)  # P_{k-2}', P_{k-1}'
+        # P_{k-2}, P_{k-1} and a buffer for P_k; the same for the derivatives P'
+        p_prev, p, t = torch.zeros_like(s), torch.ones_like(s), torch.empty_like(s)
+        d_prev, d, e = torch.zeros_like(s), torch.zeros_like(s), torch.empty_like(s)
         g, slope = theta[0] * p, torch.zeros_like(s)  # Σ θ̃_k P_k and Σ θ̃_k P_k' so far
-        t = torch.empty_like(s)
         for k, (a, b, c) in enumerate(coefs, start=1):
             torch.mul(s, a, out=t).add_(b)  # t = a_k s + b_k
-            d_prev.mul_(-c).add_(p, alpha=a).addcmul_(t, d)  # P_k' = a_k P_{k-1} + t P_{k-1}' - ...
-            p_prev.mul_(-c).addcmul_(t, p)  # P_k = t P_{k-1} - c_k P_{k-2}
-            p_prev, p, d_prev, d = p, p_prev, d, d_prev  # (the names follow the buffers)
+            torch.mul(p, a, out=e).addcmul_(t, d).sub_(d_prev, alpha=c)  # e = P_k' (see above)
+            t.mul_(p).sub_(p_prev, alpha=c)  # t = P_k = (a_k s + b_k) P_{k-1} - c_k P_{k-2}
+            # the names move on; the buffer of P_{k-2} (P_{k-2}') is the next t (e)
+            p_prev, p, t, d_prev, d, e = p, t, p_prev, d, e, d_prev
             g.addcmul_(theta[k], p)  # g += θ̃_k P_k (θ̃_k stays a tensor: no sync with a GPU)
             slope.addcmul_(theta[k], d)
         ctx.save_for_backward(s, slope)
@@ -154,9 +155,8 @@ class FilterSum(torch.autograd.Function):
         p_prev, p, t = torch.zeros_like(s), torch.ones_like(s), torch.empty_like(s)
         grad_theta = [grad_g.sum()]  # P_0 = 1
         for a, b, c in ctx.coefs:
-            torch.mul(s, a, out=t).add_(b)  # t = a_k s + b_k
-            p_prev.mul_(-c).addcmul_(t, p)  # P_k = t P_{k-1} - c_k P_{k-2}, in P_{k-2}'s buffer
-            p_prev, p = p, p_prev
+            torch.mul(s, a, out=t).add_(b).mul_(p).sub_(p_prev, alpha=c)  # t = P_k
+            p_prev, p, t = p, t, p_prev
             grad_theta.append(torch.tensordot(grad_g, p, dims=p.dim()))  # Σ ∂L/∂g · P_k
         return grad_g * slope, torch.stack(grad_theta), None
 
