@@ -277,8 +277,8 @@ def main(cfg: TrainConfig) -> dict:
             for f in ("metrics.jsonl", "checkpoint.pt", "best.pt", "result.json"):
                 (out / f).unlink(missing_ok=True)  # --overwrite: nothing of the old run stays
             (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-    net = torch.nn.parallel.DistributedDataParallel(model) if ddp else model  # trains; model
-    # (the same weights, without the wrapper) is evaluated and saved
+    # net trains (under torchrun: the DDP wrapper); model, the same weights, is evaluated and saved
+    net = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
 
     # 4) train. Batch k is a function of (seed, k) alone, so a resumed run sees the batches it
     # would have seen; each process takes its share of every batch.
