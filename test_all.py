@@ -2751,6 +2751,9 @@ def test_lra_test_accuracy_is_that_of_the_best_val_weights():
         assert any(not torch.equal(best[k], last[k]) for k in best)  # step 4's weights, not 6's
 
 
+RESUME_FLAGS = ["--attention", "agf", "--steps", "6"]  # the runs of _lra_straight_and_resumed
+
+
 def _lra_straight_and_resumed(tmp: pathlib.Path, *more) -> tuple:
     """A 6-step run straight (in tmp/a), and one that dies in step 3 and is resumed from its
     step-2 checkpoint (in tmp/b) -> (straight result, resumed result, [their two logs])."""
@@ -2762,7 +2765,7 @@ def _lra_straight_and_resumed(tmp: pathlib.Path, *more) -> tuple:
             raise KeyboardInterrupt
         return real_step(*args)
 
-    extra = ["--attention", "agf", "--steps", "6", *more]
+    extra = [*RESUME_FLAGS, *more]
     straight = _lra_run(_lra_args(tmp / "data", tmp / "a", *extra))
     with (
         mock.patch.object(train_lra, "train_step", dies_in_step_3),
@@ -2778,7 +2781,7 @@ def test_lra_resume_after_a_crash_continues_exactly():
     """A run that dies in step 3 and is resumed (from its step-2 checkpoint) ends with the same
     weights, log and result as a run that was never interrupted."""
     with tempfile.TemporaryDirectory() as tmp:
-        tmp, extra = pathlib.Path(tmp), ["--attention", "agf", "--steps", "6"]  # as the helper
+        tmp, extra = pathlib.Path(tmp), RESUME_FLAGS
         straight, resumed, logs = _lra_straight_and_resumed(tmp)
         a, b = (torch.load(tmp / r / "checkpoint.pt", weights_only=False) for r in "ab")
         assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
