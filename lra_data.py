@@ -1,8 +1,11 @@
 """
 lra_data.py: the Long Range Arena data, from files on disk (or a generator) to numpy arrays.
-Each reader returns a `Split`: int16 ids right-padded with 0 and the true lengths, so the mask
-is `arange(N) < length`, never `ids != 0` (a pixel of value 0 is a real token). Official code:
-google-research/long-range-arena lra_benchmarks/, mlpen/Nystromformer LRA/ (the pickles).
+Each reader returns `Split`s: int16 ids right-padded with 0 and the true lengths, so the mask
+is `arange(N) < length`, never `ids != 0` (a pixel of value 0 is a real token), together with
+notes: plain sentences on what is surprising in the data (skipped examples, unknown tokens),
+which the training script prints. Examples with no real token never reach the model.
+load_task(task, data_dir, max_len) -> ({"train", "val", "test"} -> Split, notes) picks the reader.
+Official code: google-research/long-range-arena lra_benchmarks/, mlpen/Nystromformer LRA/.
 Depends on: numpy, tqdm
 """
 
@@ -25,9 +28,12 @@ from tqdm import tqdm
 VOCAB = {"listops": 17, "text": 257, "retrieval": 257, "image": 256, "pathfinder": 256}
 N_CLASSES = {"listops": 10, "text": 2, "retrieval": 2, "image": 10, "pathfinder": 2}
 SPLITS = ("train", "val", "test")
-# load_task's defaults: the paper's ListOps (lra_benchmarks/data/listops.py's default flags)
+# load_task's default ListOps: the paper's (lra_benchmarks/data/listops.py's default flags).
+# min_length < tokens < max_length bound each expression, not the padding length max_len.
 LISTOPS_PAPER = dict(folder="listops-1000", train=96000, val=2000, test=2000)  # example counts
-LISTOPS_PAPER |= dict(min_len=500, max_len=2000, depth=10, args=10)  # length and tree bounds
+LISTOPS_PAPER |= dict(min_length=500, max_length=2000, max_depth=10, max_args=10)  # tree bounds
+# The keys of generator.json, written beside generated files: the settings that made them
+GENERATOR_KEYS = ("seed", *SPLITS, "min_length", "max_length", "max_depth", "max_args")
 PATH_HARD = "pathfinder32/curv_contour_length_14"  # and the paper's "Path": Pathfinder32, hard
 
 
@@ -44,6 +50,16 @@ class Split:
     y: np.ndarray  # (n,) int64 labels
     x2: np.ndarray | None = None  # (n, max_len) Retrieval: the second document
     lengths2: np.ndarray | None = None  # (n,)
+
+    def batch(self, idx: np.ndarray) -> dict:
+        """Examples `idx` as model inputs: int64 ids x (B, N), bool mask (B, N), int64 labels
+        y (B,) [, x2, mask2]. Real tokens come first, so mask = position < length."""
+        positions = np.arange(self.x.shape[1])
+        batch = dict(x=self.x[idx].astype(np.int64), mask=positions < self.lengths[idx, None])
+        if self.x2 is not None:
+            batch.update(x2=self.x2[idx].astype(np.int64))
+            batch.update(mask2=positions < self.lengths2[idx, None])
+        return dict(batch, y=self.y[idx])
 
 
 # ListOps: the algorithm of lra_benchmarks/data/listops.py, seeded
@@ -90,16 +106,18 @@ def to_value(tree):
     return APPLY[op](args) if right == END else (op, args + [right])
 
 
-def generate_listops(n, seed, min_len, max_len, max_depth=10, max_args=10, progress=True, shards=1):
-    """n distinct (expression, label) pairs with min_len < length < max_len (both strict).
+def generate_listops(
+    n, seed, min_length, max_length, max_depth=10, max_args=10, progress=True, shards=1
+) -> list:
+    """n distinct (expression, label) pairs with min_length < tokens < max_length (both strict).
 
     shards > 1: shard s draws from random.Random(f"{seed}/{s}") in a process of its own, and the
     shards are joined in order, duplicates dropped: the same data on any number of cores.
     """
     if shards > 1:
         spare = n // (100 * shards) + 1  # a few more per shard: duplicates across shards drop out
-        jobs = [(n // shards + spare, f"{seed}/{s}", min_len, max_len, max_depth, max_args, False)
-                for s in range(shards)]  # fmt: skip
+        bounds = (min_length, max_length, max_depth, max_args)
+        jobs = [(n // shards + spare, f"{seed}/{s}", *bounds, False) for s in range(shards)]
         with multiprocessing.Pool(min(shards, os.cpu_count() or 1)) as pool:
             found = dict(pair for part in pool.starmap(generate_listops, jobs) for pair in part)
         if len(found) < n:
@@ -110,19 +128,27 @@ def generate_listops(n, seed, min_len, max_len, max_depth=10, max_args=10, progr
     with tqdm(total=n, desc="generating ListOps", disable=not progress or None, leave=False) as bar:
         while len(found) < n:
             tree, length = generate_tree(rng, 1, max_depth, max_args)
-            text = to_string(tree) if min_len < length < max_len else None
+            text = to_string(tree) if min_length < length < max_length else None
             if text is not None and text not in found:
                 found[text], misses = to_value(tree), 0
                 bar.update()
             elif (misses := misses + 1) == 200_000:  # bounds (almost) no tree meets, n too large
-                raise DataError(f"ListOps: no new tree of {min_len} < length < {max_len} found")
+                what = f"no new tree of {min_length} < length < {max_length} found"
+                raise DataError(f"ListOps: {what}")
     return list(found.items())
 
 
+LISTOPS_OOV = len(LISTOPS_TOKENS) + 1  # the id of a token outside the vocabulary (16)
+
+
+def listops_words(expression: str) -> list:
+    """LRA input pipeline: "]" -> "X", drop parentheses, split on whitespace -> token strings."""
+    return expression.replace("]", "X").replace("(", "").replace(")", "").split()
+
+
 def tokenize_listops(expression: str) -> list:
-    """LRA input pipeline: "]" -> "X", drop parentheses, split on whitespace, map to ids."""
-    tokens = expression.replace("]", "X").replace("(", "").replace(")", "").split()
-    return [LISTOPS_IDS.get(token, len(LISTOPS_TOKENS) + 1) for token in tokens]
+    """The words of listops_words mapped to ids 1..15; any other word -> LISTOPS_OOV."""
+    return [LISTOPS_IDS.get(word, LISTOPS_OOV) for word in listops_words(expression)]
 
 
 def write_listops(folder: pathlib.Path, settings: dict, progress: bool = True) -> None:
@@ -151,9 +177,37 @@ def pack(sequences: list, max_len: int, shift: int = 0) -> tuple:
     return x, lengths
 
 
-def read_listops_tsv(path: pathlib.Path, max_len: int) -> Split:
-    """basic_{train,val,test}.tsv: header Source<TAB>Target, then expression<TAB>label 0..9."""
-    sequences, labels = [], []
+def _drop_empty(split: Split, places: list, source: str) -> tuple:
+    """Drop the examples with no real token (in either document) -> (Split, notes).
+
+    The model pools over real tokens, so an example without one has nothing to attend to (and
+    a mask with no True row fails in the attention). places[i] says where example i came from.
+    """
+    empty = split.lengths == 0
+    if split.lengths2 is not None:
+        empty |= split.lengths2 == 0
+    if not empty.any():
+        return split, []
+    first = places[np.flatnonzero(empty)[0]]
+    if empty.all():
+        raise DataError(f"{source}: no example has a real token (the first: {first})")
+    keep = ~empty
+    arrays = [None if a is None else a[keep] for a in (split.x2, split.lengths2)]
+    note = (
+        f"{source}: skipped {empty.sum()} of {len(empty)} examples with no real token (the "
+        f"first: {first}): the model would have nothing to attend to"
+    )
+    return Split(split.x[keep], split.lengths[keep], split.y[keep], *arrays), [note]
+
+
+def read_listops_tsv(path: pathlib.Path, max_len: int) -> tuple:
+    """basic_{train,val,test}.tsv: header Source<TAB>Target, then expression<TAB>label 0..9.
+
+    Returns:
+        (Split, notes): a word outside the vocabulary (a typo such as "[MAXX") becomes the OOV
+        id, as in the official pipeline, and is named in a note with its file and line.
+    """
+    sequences, labels, places, unknown = [], [], [], []  # unknown: (line, word) per bad line
     with open(path, newline="") as f:
         reader = csv.reader(f, delimiter="\t")
         for row in reader:
@@ -164,33 +218,58 @@ def read_listops_tsv(path: pathlib.Path, max_len: int) -> Split:
                 continue
             if len(row) != 2 or not row[1].strip().isdigit() or int(row[1]) > 9:
                 raise DataError(f"{where}: expected 'expression<TAB>label 0..9', got {row}"[:300])
-            sequences.append(tokenize_listops(row[0]))
+            words = listops_words(row[0])
+            if bad := [word for word in words if word not in LISTOPS_IDS]:
+                unknown.append((reader.line_num, bad[0]))
+            sequences.append([LISTOPS_IDS.get(word, LISTOPS_OOV) for word in words])
             labels.append(int(row[1]))
-    return Split(*pack(sequences, max_len), np.array(labels, dtype=np.int64))
+            places.append(where)
+    notes = []
+    if unknown:
+        (line, word), written = unknown[0], {"X": "]"}  # "X" is "]" as the file writes it
+        vocabulary = " ".join(written.get(token, token) for token in LISTOPS_TOKENS)
+        notes.append(
+            f"{path}:{line}: {word!r} is not a ListOps token ({vocabulary}); it and the other "
+            f"unknown tokens of {len(unknown)} line(s) of this file become the OOV id {LISTOPS_OOV}"
+        )
+    split = Split(*pack(sequences, max_len), np.array(labels, dtype=np.int64))
+    split, skipped = _drop_empty(split, places, path)
+    return split, notes + skipped
 
 
-def read_imdb(folder: pathlib.Path, max_len: int) -> dict:
-    """aclImdb/{train,test}/{neg,pos}/*.txt -> bytes + 1; neg = 0, pos = 1 (tfds ClassLabel)."""
-    splits = {}
-    for split in ("train", "test"):
-        neg, pos = (sorted((folder / split / p).glob("*.txt")) for p in ("neg", "pos"))
+def read_imdb(folder: pathlib.Path, max_len: int) -> tuple:
+    """aclImdb/{train,test}/{neg,pos}/*.txt -> bytes + 1; neg = 0, pos = 1 (tfds ClassLabel).
+
+    Returns:
+        ({"train", "val", "test"} -> Split, notes); val is test, as officially. An empty (or
+        all-whitespace) review is skipped, with a note.
+    """
+    splits, notes = {}, []
+    for name in ("train", "test"):
+        neg, pos = (sorted((folder / name / p).glob("*.txt")) for p in ("neg", "pos"))
         if not neg or not pos:
-            raise DataError(f"no *.txt files in {folder / split}/neg or {folder / split}/pos")
+            raise DataError(f"no *.txt files in {folder / name}/neg or {folder / name}/pos")
         texts = []
-        for file in tqdm(neg + pos, desc=f"reading {split}", leave=False, disable=None):
+        for file in tqdm(neg + pos, desc=f"reading {name}", leave=False, disable=None):
             try:  # tfds: text = f.read().strip(), then UTF-8 bytes
                 text = file.read_text(encoding="utf-8").strip().encode()
             except UnicodeDecodeError as e:
                 raise DataError(f"{file}: not UTF-8 text ({e})") from None
             texts.append(np.frombuffer(text[:max_len], np.uint8))
         labels = np.array([0] * len(neg) + [1] * len(pos), dtype=np.int64)
-        splits[split] = Split(*pack(texts, max_len, 1), labels)
-    return {"train": splits["train"], "val": splits["test"], "test": splits["test"]}  # official
+        split = Split(*pack(texts, max_len, 1), labels)
+        splits[name], skipped = _drop_empty(split, neg + pos, folder / name)
+        notes += skipped
+    return {"train": splits["train"], "val": splits["test"], "test": splits["test"]}, notes
 
 
-def read_aan_tsv(path: pathlib.Path, max_len: int) -> Split:
-    """new_aan_pairs.*.tsv: no header; label, id1, id2, text1, text2, separated by tabs."""
-    docs1, docs2, labels = [], [], []
+def read_aan_tsv(path: pathlib.Path, max_len: int) -> tuple:
+    """new_aan_pairs.*.tsv: no header; label, id1, id2, text1, text2, separated by tabs.
+
+    Returns:
+        (Split with x2 and lengths2, notes): a pair with an empty text is skipped, with a note.
+    """
+    docs1, docs2, labels, places = [], [], [], []
     with open(path, "rb") as f:  # bytes: the texts are encoded byte by byte anyway
         for line_num, line in enumerate(f, start=1):
             fields = line.rstrip(b"\r\n").split(b"\t")
@@ -206,12 +285,16 @@ def read_aan_tsv(path: pathlib.Path, max_len: int) -> Split:
             # lra_benchmarks/matching/input_pipeline.py: each text cut to 10000 bytes, then max_len
             docs1.append(np.frombuffer(fields[3][:10000][:max_len], np.uint8))
             docs2.append(np.frombuffer(fields[4][:10000][:max_len], np.uint8))
+            places.append(f"{path}:{line_num}")
     (x, lengths), (x2, lengths2) = pack(docs1, max_len, 1), pack(docs2, max_len, 1)  # byte + 1
-    return Split(x, lengths, np.array(labels, dtype=np.int64), x2, lengths2)
+    split = Split(x, lengths, np.array(labels, dtype=np.int64), x2, lengths2)
+    return _drop_empty(split, places, path)
 
 
-def read_cifar(folder: pathlib.Path) -> dict:
+def read_cifar(folder: pathlib.Path, max_len: int = 1024) -> dict:
     """cifar-10-batches-py -> 1024 gray pixels, all real; train[:90%], train[90%:], test."""
+    if max_len != 1024:  # as read_pathfinder: an image is as long as its pixels, never cut
+        raise DataError(f"{folder}: CIFAR-10 images have 1024 pixels, but max_len is {max_len}")
     xs, ys = [], []  # data_batch_1..5, test_batch
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
         try:
@@ -234,8 +317,9 @@ def read_png_gray(path: pathlib.Path) -> np.ndarray:
     """An 8-bit grayscale non-interlaced PNG -> (h, w) uint8, with zlib alone (no PIL)."""
     data, pos, chunks = path.read_bytes(), 8, {}
     while pos + 8 <= len(data) and b"IEND" not in chunks:  # each: length, type, body, CRC
-        size, kind = struct.unpack(">I4s", data[pos : pos + 8])
-        chunks[kind], pos = chunks.get(kind, b"") + data[pos + 8 : pos + 8 + size], pos + 12 + size
+        size, chunk_type = struct.unpack(">I4s", data[pos : pos + 8])
+        body = data[pos + 8 : pos + 8 + size]
+        chunks[chunk_type], pos = chunks.get(chunk_type, b"") + body, pos + 12 + size
     header = struct.unpack(">IIBBBBB", chunks.get(b"IHDR", b"").ljust(13, b"\0")[:13])
     if data[:8] != b"\x89PNG\r\n\x1a\n" or header[2:4] != (8, 0) or header[6] != 0:
         raise DataError(f"{path}: not an 8-bit grayscale non-interlaced PNG (IHDR {header})")
@@ -246,30 +330,35 @@ def read_png_gray(path: pathlib.Path) -> np.ndarray:
         raise DataError(f"{path}: corrupt image data ({e})") from None
     # Filters 1 Sub, 2 Up, 3 Average, 4 Paeth add a prediction from the left (a), upper (b),
     # upper-left (c) bytes, modulo 256 (PNG spec 9); column 0 becomes the first byte's a = 0.
-    kinds, image[:, 0], above = image[:, 0].copy(), 0, np.zeros(image.shape[1], dtype=np.int64)
-    for i, (kind, line) in enumerate(zip(kinds, image, strict=True)):  # line: a view
-        if kind == 1:  # Sub: x + a, a running sum along the row
+    filters, image[:, 0], above = image[:, 0].copy(), 0, np.zeros(image.shape[1], dtype=np.int64)
+    for i, (filter_type, line) in enumerate(zip(filters, image, strict=True)):  # line: a view
+        if filter_type == 1:  # Sub: x + a, a running sum along the row
             line[:] = np.cumsum(line) % 256
-        elif kind == 2:  # Up: x + b
+        elif filter_type == 2:  # Up: x + b
             line[:] = (line + above) % 256
-        elif kind in (3, 4):  # Average: x + (a + b) // 2;  Paeth: x + the neighbour nearest p
+        elif filter_type in (3, 4):  # Average: x + (a + b) // 2; Paeth: x + neighbour nearest p
             for j in range(1, len(line)):
                 a, b, c = line[j - 1], above[j], above[j - 1]
                 p = a + b - c  # the middle entries break ties: a, then b, then c
                 paeth = min((abs(p - a), 0, a), (abs(p - b), 1, b), (abs(p - c), 2, c))[2]
-                line[j] = (line[j] + ((a + b) // 2 if kind == 3 else paeth)) % 256
-        elif kind != 0:  # 0: None
-            raise DataError(f"{path}: row {i} has the unknown filter type {kind}")
+                line[j] = (line[j] + ((a + b) // 2 if filter_type == 3 else paeth)) % 256
+        elif filter_type != 0:  # 0: None
+            raise DataError(f"{path}: row {i} has the unknown filter type {filter_type}")
         above = line
     return image[:, 1:].astype(np.uint8)
 
 
-def read_pathfinder(folder: pathlib.Path, max_len: int, seed: int) -> dict:
-    """pathfinder32/<difficulty>: metadata/*.npy (text lines) + PNGs -> seeded 80/10/10 split."""
+def read_pathfinder(folder: pathlib.Path, max_len: int, seed: int) -> tuple:
+    """pathfinder32/<difficulty>: metadata/*.npy (text lines) + PNGs -> seeded 80/10/10 split.
+
+    Returns:
+        ({"train", "val", "test"} -> Split, notes): empty PNG files, which the release holds,
+        are skipped as officially, with a note of how many.
+    """
     metas = sorted((folder / "metadata").glob("*.npy"), key=lambda p: (len(p.stem), p.stem))
     if not metas:
         raise DataError(f"no metadata/*.npy in {folder}")
-    images, labels = [], []
+    images, labels, empty_pngs = [], [], []
     for meta in tqdm(metas, desc="reading Pathfinder", leave=False, disable=None):
         for line_num, line in enumerate(meta.read_text().splitlines(), start=1):
             # "imgs/<k> sample_<i>.png i label ...", label 1 = the markers are on the same path
@@ -281,80 +370,186 @@ def read_pathfinder(folder: pathlib.Path, max_len: int, seed: int) -> dict:
             if not (png := folder / fields[0] / fields[1]).exists():
                 raise DataError(f"{where}: image {png} does not exist")
             if png.stat().st_size == 0:  # the release has empty PNGs: skipped, as officially
+                empty_pngs.append(png)
                 continue
             images.append(read_png_gray(png).reshape(-1))
             if len(images[-1]) != max_len:
                 raise DataError(f"{png}: {len(images[-1])} pixels, but max_len is {max_len}")
             labels.append(int(fields[3]))
+    if not images:
+        raise DataError(f"{folder}: the metadata names no image that is not empty")
     x, y = np.stack(images).astype(np.int16), np.array(labels, dtype=np.int64)
     order = np.random.default_rng(seed).permutation(len(x))  # NOTE: PyTorch-LRA: random.shuffle
     parts = np.split(order, [len(x) * 8 // 10, len(x) * 9 // 10])
     lengths = np.full(len(x), max_len, dtype=np.int64)  # every pixel is a real token
-    return {s: Split(x[i], lengths[i], y[i]) for s, i in zip(SPLITS, parts, strict=True)}
+    splits = {s: Split(x[i], lengths[i], y[i]) for s, i in zip(SPLITS, parts, strict=True)}
+    notes = [
+        f"{folder}: skipped {len(empty_pngs)} empty PNG file(s) (the first: {empty_pngs[0]}), "
+        "as the official pipeline does"
+    ] if empty_pngs else []  # fmt: skip
+    return splits, notes
 
 
-def read_lra_pickle(path: pathlib.Path, task: str, max_len: int) -> Split:
-    """A PyTorch-LRA pickle (only open one you trust): dicts of input_ids_0 (, _1), label."""
+def read_lra_pickle(path: pathlib.Path, task: str, max_len: int) -> tuple:
+    """A PyTorch-LRA pickle (only open one you trust): dicts of input_ids_0 (, _1), label.
+
+    Returns:
+        (Split, notes): a token example without a real (non-zero) id is skipped, with a note.
+    """
     keys = ["input_ids_0", "input_ids_1"] if task == "retrieval" else ["input_ids_0"]
     try:
         items = pickle.loads(path.read_bytes())
         columns = {key: [item[key] for item in items] for key in ["label", *keys]}
     except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError) as e:
         raise DataError(f"{path}: not a PyTorch-LRA pickle (list of dicts): {e!r}") from None
+    if not items:
+        raise DataError(f"{path}: an empty list, no example")
     documents = []  # ids, lengths of input_ids_0 (, of input_ids_1)
     for key in keys:
-        x = np.stack([np.asarray(a, dtype=np.int64)[:max_len] for a in columns[key]])
-        x = np.pad(x, ((0, 0), (0, max_len - x.shape[1])))  # (n, max_len)
-        if x.min() < 0 or x.max() >= VOCAB[task]:
+        try:  # rows cut to max_len, each padded on its own: they need not share a length
+            rows = [np.asarray(a, dtype=np.int64).reshape(-1)[:max_len] for a in columns[key]]
+        except (TypeError, ValueError) as e:
+            raise DataError(f"{path}: {key} holds something other than token ids ({e})") from None
+        if any(len(row) and (row.min() < 0 or row.max() >= VOCAB[task]) for row in rows):
             raise DataError(f"{path}: {key} outside [0, {VOCAB[task]}) for task {task}")
-        lengths = np.where((x != 0).any(1), max_len - np.argmax((x != 0)[:, ::-1], axis=1), 0)
+        x, row_lengths = pack(rows, max_len)
+        # The pickles pad token sequences with 0 themselves: real tokens end at the last non-0.
         # NOTE: images keep every pixel; mlpen/Nystromformer LRA/code/dataset.py masks ids == 0
-        if task in ("image", "pathfinder"):
-            lengths = np.full(len(x), max_len, dtype=np.int64)
-        documents += [x.astype(np.int16), lengths]
-    return Split(documents[0], documents[1], np.asarray(columns["label"], np.int64), *documents[2:])
+        nonzero = x != 0
+        lengths = np.where(nonzero.any(1), max_len - np.argmax(nonzero[:, ::-1], axis=1), 0)
+        documents += [x, row_lengths if task in ("image", "pathfinder") else lengths]
+    try:  # one class index per item; a wrong one would only fail inside the loss, on a GPU
+        labels = np.asarray(columns["label"], np.int64).reshape(len(items))
+        if labels.min() < 0 or labels.max() >= N_CLASSES[task]:
+            raise ValueError
+    except (TypeError, ValueError):
+        what = f"a label that is not a class 0..{N_CLASSES[task] - 1} of task {task}"
+        raise DataError(f"{path}: {what}") from None
+    split = Split(*documents[:2], labels, *documents[2:])
+    return _drop_empty(split, [f"{path}, item {i}" for i in range(len(items))], path)
 
 
-def load_task(task, data_dir, max_len, *, seed=0, listops=None, pathfinder_dir=PATH_HARD) -> dict:
-    """{"train", "val", "test"} -> Split: the release format if present, else PyTorch-LRA pickles,
-    else (ListOps) generated with listops (LISTOPS_PAPER's keys; None = those) and seed."""
+def load_task(
+    task: str,
+    data_dir: str | pathlib.Path,
+    max_len: int,
+    *,
+    seed: int = 0,
+    listops: dict | None = None,
+    pathfinder_dir: str = PATH_HARD,
+) -> tuple:
+    """One LRA task's three splits: the release format if present, else PyTorch-LRA pickles,
+    else (ListOps) generated with the settings `listops` and seed.
+
+    Args:
+        task: a key of VOCAB.
+        data_dir: the folder of the release layout (and of aclImdb/, cifar-10-batches-py/).
+        max_len: tokens per input: longer ones are cut, shorter ones right-padded with 0.
+        seed: the ListOps generator's and the Pathfinder split's seed.
+        listops: the ListOps settings, LISTOPS_PAPER's keys (None = LISTOPS_PAPER) and
+            optionally "shards" (generator processes; 1 by default).
+        pathfinder_dir: the Pathfinder folder under data_dir.
+
+    Returns:
+        ({"train", "val", "test"} -> Split, notes): notes are plain sentences for the run's log
+        (skipped examples, unknown ListOps tokens, padding far beyond the longest input).
+
+    Raises:
+        DataError: no data, malformed data or bad arguments; the message names the file.
+    """
+    if task not in VOCAB:
+        raise DataError(f"unknown task {task!r}: one of {list(VOCAB)}")
+    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 1:
+        raise DataError(f"max_len must be a positive integer, got {max_len!r}")
     root, listops = pathlib.Path(data_dir), listops or LISTOPS_PAPER
-    folder, marker, source = {  # the release's (or the standard) folder, a file in it, its source
-        "listops": (root / listops["folder"], "basic_train.tsv", "the LRA release"),
-        "text": (root / "aclImdb", "train", "ai.stanford.edu/~amaas/data/sentiment"),
-        "retrieval": (root / "tsv_data", "new_aan_pairs.train.tsv", "the LRA release"),
-        "image": (root / "cifar-10-batches-py", "data_batch_1", "cs.toronto.edu/~kriz/cifar.html"),
-        "pathfinder": (root / pathfinder_dir, "metadata", "the LRA release"),
-    }[task]
+    folder, marker, source = _release_folder(task, root, listops, pathfinder_dir)
     stem = pathfinder_dir.replace("/", "-") if task == "pathfinder" else task
     # The pickles' "dev" is our "val"; Nystromformer's names, or Skyformer's with "lra-" first
     names = [[f"{stem}.{n}.pickle", f"lra-{stem}.{n}.pickle"] for n in ("train", "dev", "test")]
     pickles = [next((root / p for p in pair if (root / p).exists()), None) for pair in names]
     if task == "listops" and ((folder / marker).exists() or not all(pickles)):
-        settings = {"seed": seed, **{s: listops[s] for s in SPLITS}}  # as in generator.json,
-        settings |= dict(min_length=listops["min_len"], max_length=listops["max_len"])  # with the
-        settings |= dict(max_depth=listops["depth"], max_args=listops["args"])  # official names
-        settings |= {"shards": listops["shards"]} if listops.get("shards", 1) > 1 else {}
-        files, made = [folder / f"basic_{s}.tsv" for s in SPLITS], folder / "generator.json"
-        if not any(file.exists() for file in files):
-            write_listops(folder, settings)
-        if not all(file.exists() for file in files):
-            raise DataError(f"{folder}: incomplete, expected all of {[f.name for f in files]}")
-        if made.exists() and json.loads(made.read_text()) != settings:  # without: the release
-            raise DataError(
-                f"{folder} was generated with {made.read_text().strip()}, but this run asks for "
-                f"{json.dumps(settings)}: pick another ListOps folder or delete that one"
-            )
-        return {s: read_listops_tsv(file, max_len) for s, file in zip(SPLITS, files, strict=True)}
-    if (folder / marker).exists() and task == "retrieval":  # the LRA "eval" file is our val
-        names = zip(SPLITS, ("train", "eval", "test"), strict=True)
-        return {s: read_aan_tsv(folder / f"new_aan_pairs.{n}.tsv", max_len) for s, n in names}
-    if (folder / marker).exists():
-        read = {"text": lambda: read_imdb(folder, max_len), "image": lambda: read_cifar(folder)}
-        return read.get(task, lambda: read_pathfinder(folder, max_len, seed))()
-    if all(pickles):
-        return {s: read_lra_pickle(p, task, max_len) for s, p in zip(SPLITS, pickles, strict=True)}
-    raise DataError(
-        f"no data for task {task}: expected {folder / marker} (from {source}) or the PyTorch-LRA "
-        f"pickles {root}/{stem}.{{train,dev,test}}.pickle. See train_lra.py's docstring."
+        splits, notes = _load_listops(folder, listops, seed, max_len)
+    elif (folder / marker).exists():
+        splits, notes = _read_release(task, folder, max_len, seed)
+    elif all(pickles):
+        results = [read_lra_pickle(path, task, max_len) for path in pickles]  # (Split, notes)
+        splits = dict(zip(SPLITS, [split for split, _ in results], strict=True))
+        notes = [note for _, split_notes in results for note in split_notes]
+    else:
+        raise DataError(
+            f"no data for task {task}: expected {folder / marker} (from {source}) or the "
+            f"PyTorch-LRA pickles {root}/{stem}.{{train,dev,test}}.pickle. See train_lra.py's "
+            "docstring."
+        )
+    return splits, notes + _padding_notes(splits, max_len)
+
+
+def _release_folder(task: str, root: pathlib.Path, listops: dict, pathfinder_dir: str) -> tuple:
+    """(the release's, or the standard, folder of task, a file in it, where to get it)."""
+    if task == "listops":
+        return root / listops["folder"], "basic_train.tsv", "the LRA release"
+    if task == "text":
+        return root / "aclImdb", "train", "ai.stanford.edu/~amaas/data/sentiment"
+    if task == "retrieval":
+        return root / "tsv_data", "new_aan_pairs.train.tsv", "the LRA release"
+    if task == "image":
+        return root / "cifar-10-batches-py", "data_batch_1", "cs.toronto.edu/~kriz/cifar.html"
+    return root / pathfinder_dir, "metadata", "the LRA release"
+
+
+def _read_release(task: str, folder: pathlib.Path, max_len: int, seed: int) -> tuple:
+    """Text, Retrieval, Image or Pathfinder from its release folder -> (splits, notes)."""
+    if task == "text":
+        return read_imdb(folder, max_len)
+    if task == "image":
+        return read_cifar(folder, max_len), []
+    if task == "pathfinder":
+        return read_pathfinder(folder, max_len, seed)
+    results = [  # Retrieval: (Split, notes) per file; the LRA "eval" file is our val
+        read_aan_tsv(folder / f"new_aan_pairs.{name}.tsv", max_len)
+        for name in ("train", "eval", "test")
+    ]
+    splits = dict(zip(SPLITS, [split for split, _ in results], strict=True))
+    return splits, [note for _, split_notes in results for note in split_notes]
+
+
+def _load_listops(folder: pathlib.Path, listops: dict, seed: int, max_len: int) -> tuple:
+    """ListOps from folder's basic_*.tsv, generated there first if absent -> (splits, notes).
+
+    A folder we generated holds generator.json, the settings that made it: other settings
+    are refused (the files would not be what this run asks for). The release has none.
+    """
+    if missing := [key for key in GENERATOR_KEYS[1:] if key not in listops]:
+        raise DataError(f"the ListOps settings lack {missing} (LISTOPS_PAPER has every key)")
+    settings = {"seed": seed, **{key: listops[key] for key in GENERATOR_KEYS[1:]}}
+    settings |= {"shards": listops["shards"]} if listops.get("shards", 1) > 1 else {}
+    files, generator_json = [folder / f"basic_{s}.tsv" for s in SPLITS], folder / "generator.json"
+    if not any(file.exists() for file in files):
+        write_listops(folder, settings)
+    if not all(file.exists() for file in files):
+        raise DataError(f"{folder}: incomplete, expected all of {[f.name for f in files]}")
+    if generator_json.exists() and json.loads(generator_json.read_text()) != settings:
+        raise DataError(
+            f"{folder} was generated with {generator_json.read_text().strip()}, but this run asks "
+            f"for {json.dumps(settings)}: pick another ListOps folder or delete that one"
+        )
+    results = [read_listops_tsv(file, max_len) for file in files]  # (Split, notes) per file
+    splits = dict(zip(SPLITS, [split for split, _ in results], strict=True))
+    return splits, [note for _, split_notes in results for note in split_notes]
+
+
+def _padding_notes(splits: dict, max_len: int) -> list:
+    """A note when max_len is more than twice the longest input: padding that only costs time."""
+    longest = max(
+        int(lengths.max(initial=0))
+        for split in splits.values()
+        for lengths in (split.lengths, split.lengths2)
+        if lengths is not None
     )
+    width = max(split.x.shape[1] for split in splits.values())
+    if width <= 2 * longest:
+        return []
+    return [
+        f"max_len {max_len} is more than twice the longest input ({longest} tokens): every "
+        f"input is padded to {width} tokens, and attention pays for the padding"
+    ]

@@ -4,12 +4,13 @@ uea_data.py: the UEA multivariate time-series archive, from `.ts` files to padde
     read_ts    a `.ts` reader (standard library + numpy): every header tag, unequal lengths, '?'
                missing values interpolated as the official loader; errors name file, line, fault
     load_uea   <data-dir>/<Name>/<Name>_{TRAIN,TEST}.ts -> standardised (TRAIN statistics only),
-               zero-padded arrays with a padding mask
+               zero-padded numpy arrays with a padding mask, and notes: plain sentences on
+               what is surprising (clipped cases, constant channels, classes TRAIN lacks)
     download_dataset   one dataset's zip from the UEA archive, with a progress bar
 
 Format: aeon-toolkit/aeon aeon/datasets/_data_loaders.py. Official loader (thuml/Flowformer and
 Primal-Attention reuse it): gzerveas/mvts_transformer src/datasets/{data,dataset}.py.
-Depends on: numpy, torch (tensors for the padded batches), tqdm
+Depends on: numpy, tqdm (the training script turns the arrays into tensors)
 """
 
 import pathlib
@@ -22,8 +23,6 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
-import torch
-from torch import Tensor
 from tqdm import tqdm
 
 # ---------------------------------------------------------------------------------------------
@@ -59,13 +58,19 @@ class TsFile:
     line_numbers: list  # the file line of each case, for error messages
 
 
-def read_ts(path) -> TsFile:
+def read_ts(path, require_labels: bool = False) -> TsFile:
     """Read a UEA/aeon `.ts` file: multivariate, equal or unequal length, '?' = missing.
 
     NOTE: labels map to indices in `@classLabel` order, unlike the official loader (pandas
     category codes = SORTED labels found in that one file), because the header lists the whole
     vocabulary: a split lacking a class would shift the codes. Only the numbering changes
     (BasicMotions: Standing = 0 here, Badminton = 0 there).
+
+    Args:
+        path: the `.ts` file.
+        require_labels: refuse a file without class labels at its header, before its data
+            lines: read without labels, a line that does end in a label would otherwise be
+            reported as a case with one dimension too many.
 
     Raises:
         TsFormatError: naming the file, the line and the problem.
@@ -94,6 +99,8 @@ def read_ts(path) -> TsFile:
             tag, value = (line[1:].split(maxsplit=1) + [""])[:2]
             in_data = _parse_tag(tag.lower(), value.strip(), header, class_names, path, line_no)
             if in_data:
+                if require_labels and not class_names:
+                    raise TsFormatError(path, None, _no_labels_message(header))
                 has_label = _bool(header, "classlabel") or _bool(header, "targetlabel")
                 # @dimensions, else 1 for @univariate true, else None: set by the first case
                 n_dims = int(header.get("dimensions", _bool(header, "univariate"))) or None
@@ -104,6 +111,16 @@ def read_ts(path) -> TsFile:
     dtype = np.int64 if class_names else np.float64  # class indices or regression targets
     labels = np.array(labels, dtype) if class_names or _bool(header, "targetlabel") else None
     return TsFile(str(path), header, series, labels, class_names, line_numbers)
+
+
+def _no_labels_message(header: dict) -> str:
+    """Why a file without class labels cannot be a classification dataset, in one sentence."""
+    need = "a classification dataset needs them"
+    if _bool(header, "targetlabel"):
+        return f"this file holds regression targets (@targetLabel true), not class labels; {need}"
+    if "classlabel" in header:
+        return f"this file has no labels (@classLabel false); {need}"
+    return f"this file has no labels (no @classLabel line); {need}"
 
 
 def _bool(header: dict, tag: str) -> bool:
@@ -179,8 +196,16 @@ def _parse_values(text: str, dim: int, path, line_no) -> np.ndarray:
             except ValueError:
                 where = f"(dimension {dim + 1}, step {i + 1})"
                 raise TsFormatError(path, line_no, f"non-numeric value {token!r} {where}") from None
-    if np.isinf(out).any():  # 'inf' parses as a float but would turn the statistics into NaN
-        raise TsFormatError(path, line_no, f"infinite value in dimension {dim + 1}")
+    # The model sees float32: a value beyond its range (1e300, or 'inf', which parses as a
+    # float) would become inf there, and inf turns the TRAIN statistics into NaN.
+    largest = np.finfo(np.float32).max
+    if (beyond := np.flatnonzero(np.abs(out) > largest)).size:  # NaN compares False: kept
+        i = beyond[0]
+        where = f"in dimension {dim + 1} (step {i + 1})"
+        if np.isinf(out[i]):
+            raise TsFormatError(path, line_no, f"infinite value {where}: {tokens[i]!r}")
+        what = f"the value {tokens[i]} {where} overflows float32 (largest {largest:.4g})"
+        raise TsFormatError(path, line_no, what)
     return out
 
 
@@ -283,19 +308,25 @@ def download_dataset(name: str, data_dir: str, base_url: str, progress: bool = T
 
 @dataclass
 class UEAData:
-    """A dataset ready for the model: x (n, max_len, F) float32, mask (n, max_len) bool, y (n,)."""
+    """A dataset ready for the model, as numpy arrays (the script makes tensors of its batches).
 
-    x_train: Tensor
-    mask_train: Tensor
-    y_train: Tensor
-    x_test: Tensor
-    mask_test: Tensor
-    y_test: Tensor
-    class_names: list
-    mean: np.ndarray  # (F,) standardisation statistics, from TRAIN only
+    x holds the standardised values, zero-padded or clipped to max_len steps; mask is True at
+    real time steps; y indexes class_names (TEST labels are mapped onto TRAIN's numbering).
+    """
+
+    x_train: np.ndarray  # (B, N, F) float32
+    mask_train: np.ndarray  # (B, N) bool
+    y_train: np.ndarray  # (B,) int64
+    x_test: np.ndarray  # (B, N, F) float32
+    mask_test: np.ndarray  # (B, N) bool
+    y_test: np.ndarray  # (B,) int64
+    class_names: list  # TRAIN's @classLabel list: y = k is class_names[k]
+    mean: np.ndarray  # (F,) float64 standardisation statistics, from TRAIN only
     std: np.ndarray  # (F,) ddof = 1; 0 when TRAIN has a single time step
-    n_clipped: int  # TEST cases longer than max_len, clipped
+    n_clipped_train: int  # TRAIN cases longer than max_len, clipped
+    n_clipped_test: int  # TEST cases longer than max_len, clipped
     constant_channels: list = field(default_factory=list)  # 0-based, constant in TRAIN: centred
+    notes: list = field(default_factory=list)  # sentences for the run's log: what is surprising
 
 
 def load_uea(data_dir: str, name: str, max_len: int = 0) -> UEAData:
@@ -306,14 +337,23 @@ def load_uea(data_dir: str, name: str, max_len: int = 0) -> UEAData:
         name: dataset name.
         max_len: steps per case; 0 = the longest TRAIN series. Longer cases are clipped, as
             the official mvts collate_fn does (JapaneseVowels: train max 26, test max 29).
+
+    Returns:
+        UEAData; its `notes` say what the run's log should tell (clipped cases, constant
+        channels, classes TRAIN lacks, padding far beyond the longest series).
+
+    Raises:
+        DatasetNotFoundError: a .ts file is missing (the message says where to get it).
+        TsFormatError: a file that is malformed or does not fit the other, naming it.
+        ValueError: a dataset name that is not a plain name, or a max_len below 0.
     """
+    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 0:
+        raise ValueError(f"max_len must be a positive integer (or 0 in load_uea), got {max_len!r}")
     train_path, test_path = dataset_paths(data_dir, name)
     if not (train_path.exists() and test_path.exists()):
         raise DatasetNotFoundError(missing_dataset_message(data_dir, name, ARCHIVE_ZIPS))
-    train, test = read_ts(train_path), read_ts(test_path)
-    for split in (train, test):
-        if not split.class_names:
-            raise TsFormatError(split.path, None, "no '@classLabel true <labels>' to classify")
+    train = read_ts(train_path, require_labels=True)
+    test = read_ts(test_path, require_labels=True)
     if (f_test := test.series[0].shape[1]) != (f := train.series[0].shape[1]):
         raise TsFormatError(test.path, None, f"{f_test} dimensions, TRAIN has {f}")
     # TEST may list its labels in another order: map them by name onto the TRAIN indices.
@@ -329,22 +369,72 @@ def load_uea(data_dir: str, name: str, max_len: int = 0) -> UEAData:
     # is 0 or rounding noise (equal values give std ~ eps * |mean|) becomes 1: only centred.
     constant = std < 10 * np.finfo(np.float64).eps * np.maximum(1.0, np.abs(mean))
     scale = np.where(constant, 1.0, std)
-    max_len = max_len or max(len(s) for s in train.series)  # pad_series checks it
-    x_train, m_train = pad_series(train.series, mean, scale, max_len)
-    x_test, m_test = pad_series(test.series, mean, scale, max_len)
-    return UEAData(
-        x_train, m_train, torch.from_numpy(train.labels), x_test, m_test,
-        torch.from_numpy(y_test), train.class_names, mean, std,
-        n_clipped=sum(len(s) > max_len for s in test.series),
-        constant_channels=np.flatnonzero(constant).tolist(),
+    max_len = int(max_len) or max(len(s) for s in train.series)
+    x_train, mask_train = _standardise(train, mean, scale, max_len)
+    x_test, mask_test = _standardise(test, mean, scale, max_len)
+    n_clipped = [sum(len(s) > max_len for s in split.series) for split in (train, test)]
+    data = UEAData(
+        x_train, mask_train, train.labels, x_test, mask_test, y_test, train.class_names, mean,
+        std, *n_clipped, constant_channels=np.flatnonzero(constant).tolist(),
     )  # fmt: skip
+    data.notes = _notes(data, train, test)
+    return data
 
 
-def pad_series(series: list, mean: np.ndarray, std: np.ndarray, max_len: int):
+def _standardise(split: TsFile, mean: np.ndarray, scale: np.ndarray, max_len: int) -> tuple:
+    """pad_series for one file, refusing a case whose standardised values overflow float32."""
+    x, mask = pad_series(split.series, mean, scale, max_len)
+    # A TEST value far outside TRAIN's range, over a small TRAIN std, can exceed float32.
+    if (bad := np.flatnonzero(~np.isfinite(x).all(axis=(1, 2)))).size:
+        case = bad[0]
+        channel = int(np.flatnonzero(~np.isfinite(x[case]).all(axis=0))[0])
+        stats = f"mean {mean[channel]:.4g}, scale {scale[channel]:.4g}"
+        what = f"dimension {channel + 1} standardised with the TRAIN statistics ({stats})"
+        raise TsFormatError(split.path, split.line_numbers[case], f"{what} overflows float32")
+    return x, mask
+
+
+def _notes(data: UEAData, train: TsFile, test: TsFile) -> list:
+    """What the run's log should say about this dataset, one plain sentence each."""
+    notes, max_len = [], data.x_train.shape[1]
+    if data.constant_channels:
+        notes.append(
+            f"channels {data.constant_channels} are constant in TRAIN: centred, not scaled "
+            "(0-based indices; dividing by their std of ~0 would blow TEST values up)"
+        )
+    if len(train_classes := np.unique(data.y_train)) == 1:
+        notes.append(
+            f"TRAIN holds one class only ({data.class_names[train_classes[0]]!r}): the model can "
+            "learn nothing but to predict it"
+        )
+    if test_only := sorted(set(data.y_test.tolist()) - set(train_classes.tolist())):
+        names = [data.class_names[k] for k in test_only]
+        n = int(np.isin(data.y_test, test_only).sum())
+        notes.append(
+            f"classes {names} occur only in TEST ({n} of {len(data.y_test)} TEST cases): no "
+            "TRAIN case teaches them, so the model gets those cases wrong"
+        )
+    longest = [max(len(s) for s in split.series) for split in (train, test)]
+    if data.n_clipped_train or data.n_clipped_test:
+        notes.append(
+            f"max_len {max_len} clips {data.n_clipped_train} of {len(data.y_train)} TRAIN cases "
+            f"and {data.n_clipped_test} of {len(data.y_test)} TEST cases (longest {longest[0]} "
+            f"and {longest[1]} steps): their later steps are dropped, as the official loader does"
+        )
+    if max_len > 2 * max(longest):
+        notes.append(
+            f"max_len {max_len} is more than twice the longest series ({max(longest)} steps): "
+            f"every case is zero-padded to {max_len} steps (0 = the longest TRAIN series)"
+        )
+    return notes
+
+
+def pad_series(series: list, mean: np.ndarray, std: np.ndarray, max_len: int) -> tuple:
     """(x - mean) / std, zero-padded or clipped to max_len -> x (n, max_len, F) float32, mask.
 
     std is the scale to divide by: positive (load_uea puts 1 for a constant channel). mask
     (n, max_len) is True at real time steps; padded steps are exactly 0 (the mean after scaling).
+    A value beyond the float32 range becomes inf (load_uea refuses such a case, naming it).
     """
     mean, std = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
     if not isinstance(max_len, (int, np.integer)) or max_len < 1:
@@ -355,8 +445,9 @@ def pad_series(series: list, mean: np.ndarray, std: np.ndarray, max_len: int):
         raise ValueError(f"cases {bad[:9]} are not (L, F) arrays with F = {len(mean)} channels")
     x = np.zeros((len(series), max_len, len(mean)), dtype=np.float32)
     mask = np.zeros((len(series), max_len), dtype=bool)
-    for i, s in enumerate(series):
-        n = min(len(s), max_len)
-        x[i, :n] = (np.asarray(s[:n]) - mean) / std
-        mask[i, :n] = True
-    return torch.from_numpy(x), torch.from_numpy(mask)
+    with np.errstate(over="ignore"):  # float64 -> float32 overflow: inf, found by the caller
+        for i, s in enumerate(series):
+            n = min(len(s), max_len)
+            x[i, :n] = (np.asarray(s[:n]) - mean) / std
+            mask[i, :n] = True
+    return x, mask
