@@ -37,6 +37,7 @@ Run:         python agf.py   -> shapes, fast path == dense N x N reference, a co
 Depends on:  torch, polynomials.py (copy both)
 """
 
+import math
 import time
 from typing import Optional
 
@@ -105,16 +106,21 @@ def orthogonality_penalty(u: Tensor, v: Tensor) -> Tensor:
 
 
 def _check_inputs(x: Tensor, mask: Optional[Tensor], d_model: int) -> None:
-    """Check forward's inputs: TypeError for a wrong dtype, ValueError for a wrong shape, each
-    naming the argument (raised, not asserted: python -O removes asserts)."""
+    """Check forward's inputs: TypeError for a wrong dtype, ValueError for a wrong shape or
+    device, each naming the argument (raised, not asserted: python -O removes asserts). Only
+    shapes, dtypes and devices are read, never values, so torch.compile traces it in full."""
     if not x.is_floating_point() or x.dim() != 3 or x.shape[-1] != d_model:
         error = ValueError if x.is_floating_point() else TypeError
         want = f"a float tensor of shape (B, N, {d_model})"
         raise error(f"x: expected {want}, got {x.dtype} of shape {tuple(x.shape)}")
+    if x.shape[1] == 0:  # no token: there is nothing to attend to, and no aux loss to define
+        raise ValueError(f"x: N must be >= 1 (at least one token), got shape {tuple(x.shape)}")
     if mask is not None and (mask.dtype != torch.bool or mask.shape != x.shape[:2]):
         error = TypeError if mask.dtype != torch.bool else ValueError
         want = f"a bool tensor of shape {tuple(x.shape[:2])} (True = real token)"
         raise error(f"mask: expected {want}, got {mask.dtype} of shape {tuple(mask.shape)}")
+    if mask is not None and mask.device != x.device:
+        raise ValueError(f"mask: expected a tensor on x's device {x.device}, got {mask.device}")
 
 
 class AGFAttention(nn.Module):
@@ -238,18 +244,43 @@ class AGFAttention(nn.Module):
         return y.to(x.dtype), aux
 
 
+DENSE_MAX_BYTES = 2**32  # 4 GiB: default cap on one (B, H, N, N) matrix of a dense reference
+
+
+def _check_dense_size(name: str, shape: tuple, dtype: torch.dtype, max_bytes: int) -> None:
+    """Refuse (MemoryError), before allocating, a dense (B, H, N, N) matrix of more than
+    max_bytes: at N = 65536 a float32 one with B = 1, H = 2 takes 32 GiB, which torch would
+    otherwise try to allocate without a word (and may push the machine into swap)."""
+    n_bytes = math.prod(shape) * dtype.itemsize
+    if n_bytes > max_bytes:
+        raise MemoryError(
+            f"{name}: N = {shape[-1]} needs dense {tuple(shape)} {dtype} matrices of "
+            f"{n_bytes / 2**30:.1f} GiB each, above max_bytes = {max_bytes / 2**30:.1f} GiB; "
+            "use the fast path, a smaller N, or pass a larger max_bytes"
+        )
+
+
 def agf_dense_reference(
-    layer: AGFAttention, x: Tensor, mask: Optional[Tensor] = None
+    layer: AGFAttention,
+    x: Tensor,
+    mask: Optional[Tensor] = None,
+    *,
+    max_bytes: int = DENSE_MAX_BYTES,
 ) -> tuple[Tensor, Tensor]:
     """Same output as layer(x, mask)[0], with the N x N graph filter H written out. Tests only.
 
     H_ij = Σ_c U_ic g_ic V_jc, i.e. H = U Σ Vᵀ with a token-wise diagonal Σ_i. Its rows do not sum
     to 1, and padded tokens have zero rows and columns.
 
+    Args:
+        max_bytes: MemoryError, raised before anything is allocated, when H (B, H, N, N) would
+            take more bytes than this (default 4 GiB).
     Returns:
         y (B, N, D), graph_filter H (B, H, N, N)
     """
     B, N, D = x.shape
+    work = torch.promote_types(x.dtype, torch.float32)  # the dtype of `factors`, hence of H
+    _check_dense_size("x", (B, layer.n_heads, N, N), work, max_bytes)
     u, g, v, values = layer.factors(x, mask)
     graph_filter = torch.einsum("bhic,bhjc->bhij", u * g, v)  # U diag(g_i) Vᵀ: (B, H, N, N)
     y = graph_filter @ values  # H Val: (B,H,N,N) @ (B,H,N,d) -> (B,H,N,d)

@@ -185,8 +185,30 @@ def gfsa_apply(
     return a0 * v + a1 * av + a2 * apv  # (a0·I + a1·Ā + a2·Ā^passes) V = H V   (Eq. 6)
 
 
+DENSE_MAX_BYTES = 2**32  # 4 GiB: default cap on one (B, H, N, N) matrix of the dense paths
+
+
+def _check_dense_size(name: str, shape: tuple, dtype: torch.dtype, max_bytes: int) -> None:
+    """Refuse (MemoryError), before allocating, a dense (B, H, N, N) matrix of more than
+    max_bytes: at N = 65536 a float32 one with B = 1, H = 2 takes 32 GiB, which torch would
+    otherwise try to allocate without a word (and may push the machine into swap)."""
+    n_bytes = math.prod(shape) * dtype.itemsize
+    if n_bytes > max_bytes:
+        raise MemoryError(
+            f"{name}: N = {shape[-1]} needs dense {tuple(shape)} {dtype} matrices of "
+            f"{n_bytes / 2**30:.1f} GiB each, above max_bytes = {max_bytes / 2**30:.1f} GiB; "
+            "use the fast path, a smaller N, or pass a larger max_bytes"
+        )
+
+
 def attention_matrix(
-    q: Tensor, k: Tensor, mask: Optional[Tensor], causal: bool, kernel: str
+    q: Tensor,
+    k: Tensor,
+    mask: Optional[Tensor],
+    causal: bool,
+    kernel: str,
+    *,
+    max_bytes: int = DENSE_MAX_BYTES,
 ) -> Tensor:
     """Ā written out as an N×N matrix, with the same conventions as `gfsa_apply`. Dense paths only.
 
@@ -195,9 +217,13 @@ def attention_matrix(
         mask: (B, N) bool, True = real token, or None.
         causal: query t sees keys <= t only (kernel="softmax" only).
         kernel: "softmax" or "linear".
+        max_bytes: MemoryError, raised before anything is allocated, when Ā would take more
+            bytes than this (default 4 GiB).
     Returns:
         Ā, rows sum to 1                                          (B, H, N, N)
     """
+    B, H, N, _ = q.shape
+    _check_dense_size("q", (B, H, N, N), q.dtype, max_bytes)
     if kernel == "linear":
         rho_q, rho_k = efficient_attention_features(q, k, mask)
         return rho_q @ rho_k.transpose(-2, -1)  # (B,H,N,d) @ (B,H,d,N) -> (B,H,N,N)
@@ -210,7 +236,15 @@ def attention_matrix(
 
 
 def gfsa_dense_reference(
-    attn: Tensor, v: Tensor, w0: Tensor, w1: Tensor, wK: Tensor, order: int, exact: bool = False
+    attn: Tensor,
+    v: Tensor,
+    w0: Tensor,
+    w1: Tensor,
+    wK: Tensor,
+    order: int,
+    exact: bool = False,
+    *,
+    max_bytes: int = DENSE_MAX_BYTES,
 ) -> tuple[Tensor, Tensor]:
     """The slow reference, in the official code's order: Ā², the filter H, then H·V.
 
@@ -223,10 +257,14 @@ def gfsa_dense_reference(
         w0, w1, wK: filter coefficients, one per head.            (H,)
         order: K >= 2.
         exact: the real Ā^K (matrix_power, O(N³ log K)) instead of the estimate of Eq. 4.
+        max_bytes: MemoryError, raised before anything is allocated, when each of Ā², H
+            (B, H, N, N) would take more bytes than this (default 4 GiB); `attention_matrix`
+            checks the same cap before it forms Ā.
     Returns:
         H·V                                                       (B, H, N, d)
         graph_filter, the filter H                                (B, H, N, N)
     """
+    _check_dense_size("attn", tuple(attn.shape), attn.dtype, max_bytes)
     w0, w1, wK = w0.view(1, -1, 1, 1), w1.view(1, -1, 1, 1), wK.view(1, -1, 1, 1)
     eye = torch.eye(attn.shape[-1], dtype=attn.dtype, device=attn.device)
     attn_sq = attn @ attn  # (B,H,N,N) @ (B,H,N,N) -> (B,H,N,N): the O(N³) product
@@ -257,16 +295,21 @@ def taylor_error(attn: Tensor, order: int) -> tuple[Tensor, int, int]:
 
 
 def _check_inputs(x: Tensor, mask: Optional[Tensor], d_model: int) -> None:
-    """Check forward's inputs: TypeError for a wrong dtype, ValueError for a wrong shape, each
-    naming the argument (raised, not asserted: python -O removes asserts)."""
+    """Check forward's inputs: TypeError for a wrong dtype, ValueError for a wrong shape or
+    device, each naming the argument (raised, not asserted: python -O removes asserts). Only
+    shapes, dtypes and devices are read, never values, so torch.compile traces it in full."""
     if not x.is_floating_point() or x.dim() != 3 or x.shape[-1] != d_model:
         error = ValueError if x.is_floating_point() else TypeError
         want = f"a float tensor of shape (B, N, {d_model})"
         raise error(f"x: expected {want}, got {x.dtype} of shape {tuple(x.shape)}")
+    if x.shape[1] == 0:  # no token: there is nothing to attend to, and no aux loss to define
+        raise ValueError(f"x: N must be >= 1 (at least one token), got shape {tuple(x.shape)}")
     if mask is not None and (mask.dtype != torch.bool or mask.shape != x.shape[:2]):
         error = TypeError if mask.dtype != torch.bool else ValueError
         want = f"a bool tensor of shape {tuple(x.shape[:2])} (True = real token)"
         raise error(f"mask: expected {want}, got {mask.dtype} of shape {tuple(mask.shape)}")
+    if mask is not None and mask.device != x.device:
+        raise ValueError(f"mask: expected a tensor on x's device {x.device}, got {mask.device}")
 
 
 class GFSAttention(nn.Module):

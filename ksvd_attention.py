@@ -36,6 +36,7 @@ Run:         python ksvd_attention.py  -> shapes, primal == dual check, a cost c
 Depends on:  torch
 """
 
+import math
 import time
 from typing import Optional
 
@@ -147,16 +148,44 @@ def ksvd_objective(
     return energy.sum() / (H * mask.sum()).clamp(min=1) - trace  # ()
 
 
-def ksvd_kernel(phi_q: Tensor, phi_k: Tensor, f_x: Optional[Tensor], mask: Tensor) -> Tensor:
+DENSE_MAX_BYTES = 2**32  # 4 GiB: default cap on one (B, H, N, N) matrix of the dense dual form
+
+
+def _check_dense_size(name: str, shape: tuple, dtype: torch.dtype, max_bytes: int) -> None:
+    """Refuse (MemoryError), before allocating, a dense (B, H, N, N) matrix of more than
+    max_bytes: at N = 65536 a float32 one with B = 1, H = 2 takes 32 GiB, which torch would
+    otherwise try to allocate without a word (and may push the machine into swap)."""
+    n_bytes = math.prod(shape) * dtype.itemsize
+    if n_bytes > max_bytes:
+        raise MemoryError(
+            f"{name}: N = {shape[-1]} needs dense {tuple(shape)} {dtype} matrices of "
+            f"{n_bytes / 2**30:.1f} GiB each, above max_bytes = {max_bytes / 2**30:.1f} GiB; "
+            "use the fast path, a smaller N, or pass a larger max_bytes"
+        )
+
+
+def ksvd_kernel(
+    phi_q: Tensor,
+    phi_k: Tensor,
+    f_x: Optional[Tensor],
+    mask: Tensor,
+    *,
+    max_bytes: int = DENSE_MAX_BYTES,
+) -> Tensor:
     """The N x N asymmetric kernel the primal form never builds. Tests and teaching only.
 
         κ(x_i, x_j) = φ_q(x_i)ᵀ f(X)ᵀ f(X) φ_k(x_j),   K_X = Φq Fᵀ F Φkᵀ
     With f_x None (causal variant: W_{e|X} is the free variable) F = I and K = Φq Φkᵀ.
     Rows and columns of padded tokens are 0: they are not data points of the KSVD.
 
+    Args:
+        max_bytes: MemoryError, raised before anything is allocated, when K_X (B, H, N, N)
+            would take more bytes than this (default 4 GiB).
     Returns:
         K_X                                                          (B, H, N, N)
     """
+    B, H, N, _ = phi_q.shape
+    _check_dense_size("phi_q", (B, H, N, N), phi_q.dtype, max_bytes)
     if f_x is not None:
         phi_k = phi_k @ (f_x.transpose(-2, -1) @ f_x)  # Φk Fᵀ F: (B,H,N,d) @ (B,H,d,d)
     kernel = phi_q @ phi_k.transpose(-2, -1)  # (B,H,N,d) @ (B,H,d,N) -> (B,H,N,N)
@@ -187,32 +216,45 @@ def kkt_base_weights(
 
 
 def ksvd_dual_reference(
-    phi_q: Tensor, phi_k: Tensor, f_x: Optional[Tensor], h_e: Tensor, h_r: Tensor, mask: Tensor
+    phi_q: Tensor,
+    phi_k: Tensor,
+    f_x: Optional[Tensor],
+    h_e: Tensor,
+    h_r: Tensor,
+    mask: Tensor,
+    *,
+    max_bytes: int = DENSE_MAX_BYTES,
 ) -> tuple[Tensor, Tensor]:
     """Dual form of the scores with the N x N kernel written out. Tests and teaching only.
 
         e(x_i) = Σ_j h_{r_j} κ(x_i, x_j)   ->  E = K_X H_r                        (Remark 3.3)
         r(x_j) = Σ_i h_{e_i} κ(x_i, x_j)   ->  R = K_Xᵀ H_e                        (Remark 3.3)
     Equals `primal_scores` at the real tokens when W_e, W_r come from `kkt_base_weights`.
+    max_bytes: the cap on K_X, see `ksvd_kernel`.
 
     Returns:
         e, r                                                         (B, H, N, r) each
     """
-    kernel = ksvd_kernel(phi_q, phi_k, f_x, mask)  # (B, H, N, N)
+    kernel = ksvd_kernel(phi_q, phi_k, f_x, mask, max_bytes=max_bytes)  # (B, H, N, N)
     return kernel @ h_r, kernel.transpose(-2, -1) @ h_e  # (B,H,N,N) @ (B,H,N,r) -> (B,H,N,r)
 
 
 def _check_inputs(x: Tensor, mask: Optional[Tensor], d_model: int) -> None:
-    """Check forward's inputs: TypeError for a wrong dtype, ValueError for a wrong shape, each
-    naming the argument (raised, not asserted: python -O removes asserts)."""
+    """Check forward's inputs: TypeError for a wrong dtype, ValueError for a wrong shape or
+    device, each naming the argument (raised, not asserted: python -O removes asserts). Only
+    shapes, dtypes and devices are read, never values, so torch.compile traces it in full."""
     if not x.is_floating_point() or x.dim() != 3 or x.shape[-1] != d_model:
         error = ValueError if x.is_floating_point() else TypeError
         want = f"a float tensor of shape (B, N, {d_model})"
         raise error(f"x: expected {want}, got {x.dtype} of shape {tuple(x.shape)}")
+    if x.shape[1] == 0:  # no token: there is nothing to attend to, and no aux loss to define
+        raise ValueError(f"x: N must be >= 1 (at least one token), got shape {tuple(x.shape)}")
     if mask is not None and (mask.dtype != torch.bool or mask.shape != x.shape[:2]):
         error = TypeError if mask.dtype != torch.bool else ValueError
         want = f"a bool tensor of shape {tuple(x.shape[:2])} (True = real token)"
         raise error(f"mask: expected {want}, got {mask.dtype} of shape {tuple(mask.shape)}")
+    if mask is not None and mask.device != x.device:
+        raise ValueError(f"mask: expected a tensor on x's device {x.device}, got {mask.device}")
 
 
 class PrimalAttention(nn.Module):

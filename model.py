@@ -11,7 +11,8 @@ Two model styles, because the official code of the three papers uses two:
 
 The attention of each layer is chosen by name (ATTENTION below); a list gives one kind per layer,
 and "primal+trans" is the papers' hybrid (softmax layers, Primal last). Every attention has one
-interface and checks its inputs against it (TypeError: wrong dtype, ValueError: wrong shape):
+interface and checks its inputs against it (TypeError: wrong dtype, ValueError: wrong shape, a
+mask on another device than x, or N = 0):
     forward(x (B, N, D), mask (B, N) bool, True = real token) -> (y (B, N, D), aux_loss ())
 `Classifier.forward` returns (logits (B, C), aux_loss ()), where aux_loss is the mean over the
 layers whose mechanism has an auxiliary loss (AGF, Primal), as in the official code.
@@ -35,12 +36,33 @@ from gfsa import GFSAttention
 from ksvd_attention import PrimalAttention
 
 
-def _check_mask(mask: Optional[Tensor], B: int, N: int, name: str = "mask") -> None:
-    """None or a bool (B, N) mask passes, else TypeError (dtype) or ValueError (shape)."""
-    if mask is not None and (mask.dtype != torch.bool or tuple(mask.shape) != (B, N)):
+def _check_mask(mask: Optional[Tensor], x: Tensor, name: str = "mask", x_name: str = "x") -> None:
+    """None or a bool (B, N) mask on x's device passes (B, N = x.shape[:2]), else TypeError
+    (dtype) or ValueError (shape, device). Reads no values: torch.compile traces it in full."""
+    if mask is None:
+        return
+    B, N = x.shape[:2]
+    if mask.dtype != torch.bool or tuple(mask.shape) != (B, N):
         error = TypeError if mask.dtype != torch.bool else ValueError
         want = f"a bool tensor of shape {(B, N)} (True = real token)"
         raise error(f"{name}: expected {want}, got {mask.dtype} of shape {tuple(mask.shape)}")
+    if mask.device != x.device:
+        raise ValueError(
+            f"{name}: expected a tensor on {x_name}'s device {x.device}, got {mask.device}"
+        )
+
+
+def _require(ok: Tensor, message: str) -> None:
+    """ValueError(message) unless the bool tensor `ok` is True: for checks of input *values*.
+
+    torch.compile cannot branch on a tensor's value (the branch would break the graph), so a
+    compiled model checks with an assert inside the graph instead: the same message, raised as a
+    RuntimeError (on CUDA a device-side assert, reported at the next synchronisation).
+    """
+    if torch.compiler.is_compiling():
+        torch._assert_async(ok, message)
+    elif not ok:
+        raise ValueError(message)
 
 
 class SoftmaxAttention(nn.Module):
@@ -70,7 +92,9 @@ class SoftmaxAttention(nn.Module):
             want = f"a float tensor of shape (B, N, {self.d_model})"
             raise error(f"x: expected {want}, got {x.dtype} of shape {tuple(x.shape)}")
         B, N, D = x.shape
-        _check_mask(mask, B, N)  # a float 0/1 mask would act in SDPA as an additive bias
+        if N == 0:  # as the other attentions: nothing to attend to
+            raise ValueError(f"x: N must be >= 1 (at least one token), got shape {tuple(x.shape)}")
+        _check_mask(mask, x)  # a float 0/1 mask would act in SDPA as an additive bias
         # 1) project, split heads: (B, N, 3D) -> 3 x (B, H, N, d)
         q, k, v = self.W_qkv(x).view(B, N, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
         # 2) boolean mask, True = may attend: padded keys are excluded (and future keys if causal);
@@ -217,16 +241,22 @@ class Classifier(nn.Module):
             error = ValueError if dtype_ok else TypeError
             raise error(f"{x_name}: expected {want}, got {x.dtype} of shape {tuple(x.shape)}")
         B, N = x.shape[:2]
-        if V > 0 and x.numel() and (x.min() < 0 or x.max() >= V):
-            found = f"[{x.min().item()}, {x.max().item()}]"
-            raise ValueError(f"{x_name}: token ids must lie in [0, {V}), found {found}")
+        if N == 0:
+            raise ValueError(
+                f"{x_name}: N must be >= 1 (at least one token), got shape {tuple(x.shape)}"
+            )
         if N > cfg.max_len:
             raise ValueError(f"{x_name}: length {N} exceeds the position table ({cfg.max_len=})")
+        if V > 0 and x.numel():
+            low, high = x.min(), x.max()  # the range found: eager only, .item() breaks a graph
+            compiled = torch.compiler.is_compiling()
+            found = "" if compiled else f", found [{low.item()}, {high.item()}]"
+            _require((low >= 0) & (high < V), f"{x_name}: token ids must lie in [0, {V}){found}")
         if mask is None:
             return torch.ones(B, N, dtype=torch.bool, device=x.device)
-        _check_mask(mask, B, N, mask_name)
-        if not mask.any(dim=1).all():
-            raise ValueError(f"{mask_name}: every sequence needs at least one real token")
+        _check_mask(mask, x, mask_name, x_name)
+        no_token = f"{mask_name}: every sequence needs at least one real token"
+        _require(mask.any(dim=1).all(), no_token)
         return mask
 
     def encode(self, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, list]:

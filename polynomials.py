@@ -116,6 +116,14 @@ def polynomial_basis(
     return evaluate_basis(x, recurrence(basis, order, alpha, beta))
 
 
+def _buffer(s: Tensor, fill: Optional[float] = None) -> Tensor:
+    """A contiguous tensor of the shape, dtype and device of s, filled with `fill` (or left
+    uninitialised), whatever the strides of s. AGF passes a transposed view, and torch.compile
+    cannot trace `out=` into a non-contiguous tensor, which `empty_like(s)` would copy from s."""
+    buffer = torch.empty(s.shape, dtype=s.dtype, device=s.device)
+    return buffer if fill is None else buffer.fill_(fill)
+
+
 class FilterSum(torch.autograd.Function):
     """g(s) = Σ_k θ̃_k P_k(s), keeping two tensors the size of s for backward, not K + 1 or more.
 
@@ -133,9 +141,9 @@ class FilterSum(torch.autograd.Function):
     @staticmethod
     def forward(ctx, s: Tensor, theta: Tensor, coefs: list) -> Tensor:
         # P_{k-2}, P_{k-1} and a buffer for P_k; the same for the derivatives P'
-        p_prev, p, t = torch.zeros_like(s), torch.ones_like(s), torch.empty_like(s)
-        d_prev, d, e = torch.zeros_like(s), torch.zeros_like(s), torch.empty_like(s)
-        g, slope = theta[0] * p, torch.zeros_like(s)  # Σ θ̃_k P_k and Σ θ̃_k P_k' so far
+        p_prev, p, t = _buffer(s, 0.0), _buffer(s, 1.0), _buffer(s)
+        d_prev, d, e = _buffer(s, 0.0), _buffer(s, 0.0), _buffer(s)
+        g, slope = theta[0] * p, _buffer(s, 0.0)  # Σ θ̃_k P_k and Σ θ̃_k P_k' so far
         for k, (a, b, c) in enumerate(coefs, start=1):
             torch.mul(s, a, out=t).add_(b)  # t = a_k s + b_k
             torch.mul(p, a, out=e).addcmul_(t, d).sub_(d_prev, alpha=c)  # e = P_k' (see above)
@@ -152,7 +160,7 @@ class FilterSum(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_g: Tensor):
         s, slope = ctx.saved_tensors
-        p_prev, p, t = torch.zeros_like(s), torch.ones_like(s), torch.empty_like(s)
+        p_prev, p, t = _buffer(s, 0.0), _buffer(s, 1.0), _buffer(s)
         grad_theta = [grad_g.sum()]  # P_0 = 1
         for a, b, c in ctx.coefs:
             torch.mul(s, a, out=t).add_(b).mul_(p).sub_(p_prev, alpha=c)  # t = P_k
