@@ -20,16 +20,17 @@ diagnose.py: look inside trained runs: over-smoothing, filter responses and spec
 RUN: a run folder (its checkpoint.pt), a checkpoint.pt or an LRA best.pt. Writes summary.txt and
 each figure as CSV (and PNG, with matplotlib) to <run>/diagnose/ or OUT/<run name>/; several runs
 add a table (cosine per layer, the result.json accuracies) as comparison.csv and a
-cosine_per_layer plot (in OUT or here). Dims: B batch, N tokens, D width, H heads, d = D/H.
-Depends on: torch, numpy, model.py, the mechanism files, the train scripts; matplotlib optional.
+cosine_per_layer plot (in OUT, or the folder that holds the runs).
+Dims: B batch, N tokens, D width, H heads, d = D/H.
+Depends on: torch, numpy, model.py, the mechanism and data files; matplotlib optional.
 """
 
 import argparse
 import csv
 import json
+import os
 import pathlib
 from collections import namedtuple
-from dataclasses import fields
 
 import numpy as np
 import torch
@@ -37,13 +38,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import lra_data
-import train_lra
-import train_uea
 import uea_data
 from agf import agf_dense_reference
 from gfsa import attention_matrix, filter_coefficients, gfsa_dense_reference
 from ksvd_attention import ksvd_kernel
-from model import Classifier, layerwise_cosine_similarity
+from model import Classifier, ModelConfig, layerwise_cosine_similarity
 from polynomials import frequency_response
 
 # 1. Rebuild a trained model and a few batches of its data from a run ---------------------------
@@ -57,20 +56,23 @@ def _fail(message: str):
     raise SystemExit("error: " + " ".join(message.split()))
 
 
-def read_checkpoint(path) -> tuple[dict, dict, pathlib.Path]:
-    """(state_dict, config dict, run folder) from a run folder, its checkpoint.pt or best.pt."""
+def read_checkpoint(path) -> tuple[dict, dict, dict, pathlib.Path]:
+    """(state_dict, model settings, data settings, run folder) of a run folder, its
+    checkpoint.pt or best.pt: the settings that train_*.py saves beside the weights."""
     path = pathlib.Path(path)
     file = path / "checkpoint.pt" if path.is_dir() else path
     if not file.is_file():
         _fail(f"{path} is no run folder of train_uea.py / train_lra.py, checkpoint.pt or best.pt")
-    try:  # weights_only=False: it also holds RNG states and the config. Load only trusted files.
+    try:  # weights_only=False: a checkpoint also holds RNG states. Load only trusted files.
         ckpt = torch.load(file, map_location="cpu", weights_only=False)
-        if isinstance(ckpt, dict) and {"model", "config"} <= set(ckpt):  # checkpoint.pt
-            return ckpt["model"], ckpt["config"], file.parent
-        # best.pt holds only the weights; the run's config sits beside it
-        return ckpt, json.loads((file.parent / "config.json").read_text()), file.parent
-    except Exception as e:  # unreadable, not a checkpoint, no config.json: name the file
-        _fail(f"{file} is no checkpoint.pt, nor a best.pt with a config.json beside it ({e!r:.99})")
+    except Exception as e:  # truncated, empty, not a torch file: name the file
+        _fail(f"{file} cannot be read as a checkpoint ({type(e).__name__}: {e!s:.99})")
+    if not isinstance(ckpt, dict) or not {"model", "model_config", "data"} <= set(ckpt):
+        _fail(
+            f"{file} holds no model settings beside its weights: it was written by an older "
+            "train_*.py, before checkpoints said what they hold; train that run again"
+        )
+    return ckpt["model"], ckpt["model_config"], ckpt["data"], file.parent
 
 
 def _spread(n_real: np.ndarray, n_cases: int | None) -> np.ndarray:
@@ -83,48 +85,42 @@ def _spread(n_real: np.ndarray, n_cases: int | None) -> np.ndarray:
 
 
 def load_run(path, data_dir=None, split="test", n_cases=64, batch_size=16, device="cpu"):
-    """A run's model, rebuilt by its train script's `build`, with its weights, and n_cases
-    sequences of `split` (None = all, see _spread) from data_dir (None: the run's). -> LoadedRun"""
-    state_dict, config, folder = read_checkpoint(path)
-    uea, lra = (isinstance(config, dict) and key in config for key in ("dataset", "task"))
-    if not (uea or lra):
-        _fail(f"the config of {folder} names neither a dataset (UEA) nor a task (LRA)")
-    TrainConfig = (train_uea if uea else train_lra).TrainConfig
-    values = {k: v for k, v in config.items() if k in {f.name for f in fields(TrainConfig)}}
-    cfg = TrainConfig(**{**values, **({"data_dir": data_dir} if data_dir else {})})
+    """A run's model, rebuilt from its saved settings with model.py, with its weights, and
+    n_cases sequences of `split` (None = all, see _spread) from data_dir (None: the run's)."""
+    state_dict, model_config, data_args, folder = read_checkpoint(path)
+    data_args = dict(data_args, **({"data_dir": data_dir} if data_dir else {}))
+    uea = "name" in data_args  # uea_data.load_uea(data_dir, name, max_len), else a LRA task
     try:  # (a generated ListOps that is missing is generated again, seeded, as in training)
-        if uea:
-            data = uea_data.load_uea(cfg.data_dir, cfg.dataset, cfg.max_len)
-        else:
-            n_eval, settings = cfg.listops_eval_size, train_lra.LISTOPS[cfg.preset]
-            listops = dict(settings, train=cfg.listops_size, val=n_eval, test=n_eval)
-            args = (cfg.task, cfg.data_dir, cfg.max_len)
-            data = lra_data.load_task(*args, seed=cfg.data_seed, listops=listops)
+        data = uea_data.load_uea(**data_args) if uea else lra_data.load_task(**data_args)[0]
     except uea_data.DatasetNotFoundError:
-        _fail(f"UEA dataset {cfg.dataset} is not in {cfg.data_dir}: point --data-dir at its data")
+        _fail(
+            f"UEA dataset {data_args['name']} is not in {data_args['data_dir']}: point "
+            "--data-dir at its data"
+        )
     except (uea_data.TsFormatError, lra_data.DataError) as e:
         _fail(f"{e} (point --data-dir at the data of {folder})")
     if uea:
-        model = train_uea.build(cfg, data, torch.device("cpu"))[0]
         x, mask = getattr(data, f"x_{split}"), getattr(data, f"mask_{split}")
-        index = torch.as_tensor(_spread(mask.sum(1).numpy(), n_cases))
-        tensors = {"x": x[index], "mask": mask[index]}
+        index = _spread(mask.sum(1), n_cases)
+        tensors = {"x": torch.from_numpy(x[index]), "mask": torch.from_numpy(mask[index])}
     else:  # choose the sequences first: a whole split as int64 tensors can take GBs
-        model, chosen = train_lra.build(cfg, torch.device("cpu"))[0], data[split]
+        chosen = data[split]
         real = chosen.lengths if chosen.x2 is None else np.minimum(chosen.lengths, chosen.lengths2)
         index = _spread(real, n_cases)
-        tensors = {k: v for k, v in train_lra.to_batch(chosen, index, "cpu").items() if k != "y"}
+        tensors = {k: torch.from_numpy(v) for k, v in chosen.batch(index).items() if k != "y"}
     if not len(index):
         _fail(f"no sequence of the {split} split of {folder} has 2 real tokens")
+    model = Classifier(ModelConfig(**model_config))
     try:
         model.load_state_dict(state_dict)
     except Exception as e:  # the weights of another model, or no state_dict at all
-        _fail(f"the weights of {folder} do not fit the model of its config ({e!r:.150})")
+        _fail(f"the weights of {folder} do not fit the model of its settings ({e!r:.150})")
     chunks = torch.arange(len(index)).split(batch_size)
     batches = [{k: v[c].to(device) for k, v in tensors.items()} for c in chunks]
     result = folder / "result.json"
     result = json.loads(result.read_text()) if result.is_file() else {}
-    label = f"{cfg.dataset if uea else cfg.task}, attention {cfg.attention}, {cfg.n_layers} layers"
+    name = data_args["name"] if uea else data_args["task"]
+    label = f"{name}, attention {model_config['attention']}, {model_config['n_layers']} layers"
     accuracy = {k: v for k, v in result.items() if k.endswith("_acc")}  # by protocol name
     return LoadedRun(model.to(device).eval(), batches, label, folder, accuracy)
 
@@ -358,7 +354,11 @@ def main(argv: list | None = None) -> list:
     add("--dense", type=int, default=8, help="sequences for the N x N analyses (default 8)")
     add("--points", type=int, default=199, help="grid of the filter responses (default 199)")
     add("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
-    add("--out", help="OUT/<run name>/ and OUT/comparison.csv (default <run>/diagnose/, ./)")
+    add(
+        "--out",
+        help="OUT/<run name>/ and OUT/comparison.csv (default: <run>/diagnose/, and the\n"
+        "table of several runs in the folder that holds them, e.g. runs/depth/)",
+    )
     args = p.parse_args(argv)
     if min(args.batches, args.batch_size, args.dense, args.points) < 1:
         p.error("--batches, --batch-size, --dense and --points must be at least 1")
@@ -380,7 +380,8 @@ def main(argv: list | None = None) -> list:
         paths = [f.name for f in save_figures(data, out, run.label)]
         print(f"wrote summary.txt and {len(paths)} files to {out}: {' '.join(paths)}")
         cos = results["cosine"].tolist()
-        row = dict(run=str(run.folder), attention=run.model.cfg.attention, layers=len(cos) - 1)
+        row = dict(run=str(run.folder.resolve()), attention=run.model.cfg.attention)
+        row.update(layers=len(cos) - 1)
         row.update(cos_per_layer=" ".join(f"{c:.3f}" for c in cos), cos_last=cos[-1])
         results["row"], results["name"] = dict(row, **run.accuracy), name
         everything.append(results)
@@ -388,7 +389,9 @@ def main(argv: list | None = None) -> list:
         rows = [r["row"] for r in everything]
         header, lines = comparison_table(rows)
         print("\ncosine similarity per layer (embedding first), accuracy\n" + "\n".join(lines))
-        path = pathlib.Path(args.out or ".", "comparison.csv")
+        beside = os.path.commonpath([r["row"]["run"] for r in everything])  # holds the runs
+        path = pathlib.Path(args.out or beside, "comparison.csv")
+        path.parent.mkdir(parents=True, exist_ok=True)
         print(f"wrote {write_csv(path, header, [[r.get(k, '') for k in header] for r in rows])}")
         curves = {r["name"]: (range(len(r["cosine"])), r["cosine"]) for r in everything}
         panel = ("cosine_per_layer", "layer (0 = embedding)", "cosine similarity", "o-", curves)

@@ -11,17 +11,21 @@ Protocol: the papers (Flowformer, Primal-Attention, AGF) report the best TEST ac
 epochs, evaluated after the first epoch, every 2 epochs and after the last: best_test_acc (the
 test split serves for selection). Beside it, final_test_acc: after the last epoch, no selection.
 Output: runs/<dataset>/<attention>-<preset>-seed<seed>/ {config.json, metrics.jsonl,
-checkpoint.pt, result.json}; the last line printed is  RESULT {json}.
+checkpoint.pt, result.json}, and a lock file while the run writes; the last line is  RESULT {json}.
 """
 
 import argparse
 import dataclasses
 import json
+import math
 import os
 import pathlib
+import socket
+import sys
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -30,8 +34,10 @@ from tqdm import tqdm
 import uea_data
 from model import ATTENTION, Classifier, ModelConfig, count_parameters
 
-KINDS = (*ATTENTION, "primal+trans")  # primal+trans: softmax layers, Primal-Attention in the last
+ATTENTIONS = (*ATTENTION, "primal+trans")  # primal+trans: softmax layers, Primal in the last
 DEVICES = ("auto", "cpu", "cuda")  # one GPU per process; pick it with CUDA_VISIBLE_DEVICES
+SEEDS = 2**32  # numpy's and torch's seeds lie in [0, 2**32)
+RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "result.json")
 BASES = ("jacobi", "legendre", "chebyshev", "chebyshev_t", "monomial")  # polynomials.py
 VARIANTS, HIGH_ORDER = ("agf", "uv", "svd"), ("taylor", "exact")  # agf.py, gfsa.py
 
@@ -44,7 +50,7 @@ def flag(default, help: str, low=None, high=None):  # noqa: A002 (argparse's wor
 @dataclass
 class TrainConfig:
     dataset: str = flag("JapaneseVowels", "UEA dataset name, e.g. JapaneseVowels, PEMS-SF")
-    attention: str = flag("softmax", " | ".join(KINDS))
+    attention: str = flag("softmax", " | ".join(ATTENTIONS))
     preset: str = flag("paper", "paper (the official scripts' settings) | quick (small, CPU)")
     data_dir: str = flag("data/uea", "holds <Name>/<Name>_TRAIN.ts and <Name>_TEST.ts")
     download: bool = flag(False, "fetch <download-url>/<Name>.zip when the dataset is missing")
@@ -52,9 +58,11 @@ class TrainConfig:
     out: str = flag("", "run folder (default runs/<dataset>/<attention>-<preset>-seed<seed>)")
     resume: bool = flag(False, "continue the run in --out from its checkpoint.pt")
     overwrite: bool = flag(False, "start afresh in a folder that holds a run (deleting its files)")
-    seed: int = flag(666, "seed of the initial weights, dropout and the order of the batches")
+    seed: int = flag(666, "seed of the initial weights, dropout and the batch order", 0, SEEDS)
     device: str = flag("auto", "auto (CUDA when there is one) | cpu | cuda")
     amp: bool = flag(True, "mixed precision on CUDA (bf16, else fp16 with loss scaling)")
+    compile: bool = flag(None, "torch.compile the model (default: on CUDA yes, on a CPU no); the "
+                         "first steps and evaluations of each batch shape pay the compile time")
     # optimisation: the official scripts (constant lr: their lr_step 1e6 never decays)
     epochs: int = flag(100, "training epochs (may grow on --resume)", 1)
     batch_size: int = flag(16, "cases per step, all processes together", 1)
@@ -139,30 +147,97 @@ QUICK = dict(d_model=64, n_heads=2, d_ff=128, epochs=10)
 def parse_config(argv=None) -> TrainConfig:
     """The flags (or `argv`) -> TrainConfig: defaults < preset < flags, all checked here."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    choices = dict(attention=KINDS, preset=("paper", "quick"), device=DEVICES, agf_basis=BASES,
-                   optimizer=("radam", "adam"), agf_variant=VARIANTS, gfsa_high_order=HIGH_ORDER)
+    choices = dict(attention=ATTENTIONS, preset=("paper", "quick"), device=DEVICES,
+                   agf_basis=BASES, optimizer=("radam", "adam"), agf_variant=VARIANTS,
+                   gfsa_high_order=HIGH_ORDER)
     for f in dataclasses.fields(TrainConfig):  # a bool is --amp / --no-amp
         kind = dict(action=argparse.BooleanOptionalAction) if f.type is bool else dict(type=f.type)
         p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, choices=choices.get(f.name),
                        help=f"{f.metadata['help']} (default: {f.default})", **kind)
     given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
-    name, attention = given.get("dataset", TrainConfig.dataset), given.get("attention", "")
+    name = given.get("dataset", TrainConfig.dataset)
+    attention = given.get("attention", TrainConfig.attention)
+    preset = given.get("preset", TrainConfig.preset)
     values = {**DATASETS.get(name, {}), **AGF.get(name, {})}
     values.update(PRIMAL.get(attention, PRIMAL["primal"]).get(name, {}))
-    values.update(QUICK if given.get("preset") == "quick" else {})
+    values.update(QUICK if preset == "quick" else {})
+    if preset == "paper" and name not in AGF:  # the ten datasets of the papers' scripts
+        values["preset"] = "default"  # recorded as what it is: the options.py defaults
     cfg = TrainConfig(**{**values, **given})
     for f in dataclasses.fields(cfg):
         low, high, value = f.metadata["low"], f.metadata["high"], getattr(cfg, f.name)
+        name = "--" + f.name.replace("_", "-")
+        if isinstance(value, float) and not math.isfinite(value):
+            p.error(f"{name} must be a finite number, got {value}")
         if (low is not None and value < low) or (high is not None and value >= high):
-            bounds = f"at least {low}" if high is None else f"in [{low}, {high})"
-            p.error(f"--{f.name.replace('_', '-')} must be {bounds}, got {value}")
+            p.error(f"{name} must be " + (f"at least {low}" if high is None
+                    else f"in [{low}, {high})") + f", got {value}")
     if cfg.lr <= 0:
         p.error(f"--lr must be positive, got {cfg.lr}")
     if cfg.d_model % cfg.n_heads:
         p.error(f"--d-model {cfg.d_model} is not divisible by --n-heads {cfg.n_heads}")
-    if cfg.device == "cuda" and not torch.cuda.is_available():
+    cuda = torch.cuda.is_available() and cfg.device != "cpu"
+    if cfg.device == "cuda" and not cuda:
         p.error("--device cuda: this machine has no CUDA device (use auto or cpu)")
+    world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's number of processes
+    if cfg.batch_size % world:
+        p.error(f"--batch-size {cfg.batch_size} is not divisible by {world} processes")
+    cfg.compile = cuda if cfg.compile is None else cfg.compile
     return cfg
+
+
+def open_run(cfg: TrainConfig, out: pathlib.Path, master: bool) -> dict | None:
+    """Check the run folder before anything is written -> the checkpoint to resume, or None."""
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"--out {out} is a file, not a folder: choose another --out")
+    if not cfg.resume and not cfg.overwrite and (out / "config.json").exists():
+        raise SystemExit(f"{out} holds a run already: add --resume to continue it, --overwrite "
+                         "to start it again (deleting its files), or choose another --out")
+    file, lock, ckpt = out / "checkpoint.pt", out / "lock", None
+    if cfg.resume and not file.exists():
+        raise SystemExit(f"--resume: there is no checkpoint at {file}; start with --overwrite")
+    try:
+        ckpt = torch.load(file, map_location="cpu", weights_only=False) if cfg.resume else None
+        then, done = (ckpt["config"], ckpt["state"]["epoch"]) if ckpt else ({}, 0)
+    except Exception as e:  # truncated, empty, or not a checkpoint of this script
+        raise SystemExit(f"{file} is damaged ({type(e).__name__}): use --overwrite") from None
+    may_change = ("resume", "overwrite", "device", "out", "compile", "epochs", "download")
+    changed = {k: (v, getattr(cfg, k, None)) for k, v in then.items()
+               if k not in may_change and v != getattr(cfg, k, None)}
+    if changed:
+        raise SystemExit(f"--resume: {out} ran with other settings (then, now): {changed}")
+    if ckpt and done >= cfg.epochs:
+        raise SystemExit(f"{out} finished its {done} epochs: nothing to resume ("
+                         f"--epochs above {done} continues it, ""--overwrite starts it again)")
+    if master and lock.exists():  # one run writes to a folder at a time
+        pid, _, host = lock.read_text().partition("@")
+        gone = False
+        if host == socket.gethostname():  # on another machine we cannot tell: it may run
+            try:
+                os.kill(int(pid), 0)  # signal 0 only asks whether the process exists
+            except (ProcessLookupError, ValueError):
+                gone = True
+        if not gone:
+            raise SystemExit(f"{out} is in use by process {pid} on {host}: wait for it, "
+                             f"choose another --out, or delete {lock} if that run is gone")
+        print(f"{lock} was left by process {pid}, which is no longer running: removing it")
+        lock.unlink()
+    return ckpt
+
+
+def lock_run(out: pathlib.Path) -> None:
+    """Create the run folder and its lock (pid@host); check that its files are writable."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        for name in RUN_FILES:  # a read-only file, folder or disk: one sentence, before step 1
+            if (out / name).exists() and not os.access(out / name, os.W_OK):
+                raise PermissionError(13, "Permission denied", str(out / name))
+        with open(out / "lock", "x") as lock:  # "x" fails if another run made it meanwhile
+            lock.write(f"{os.getpid()}@{socket.gethostname()}")
+    except FileExistsError:
+        raise SystemExit(f"{out} is in use by another run: wait, or choose another --out") from None
+    except OSError as e:
+        raise SystemExit(f"cannot write the run to {e.filename or out}: {e.strerror}") from None
 
 
 def build(cfg: TrainConfig, data: uea_data.UEAData, device: torch.device) -> tuple:
@@ -192,17 +267,21 @@ def build(cfg: TrainConfig, data: uea_data.UEAData, device: torch.device) -> tup
     return model, optimizer(model.parameters(), lr=cfg.lr), scaler
 
 
+def to_batch(data: uea_data.UEAData, split: str, idx: np.ndarray, device) -> tuple:
+    """Features x (B, N, F), bool mask (B, N) and labels y (B,) of `split`, on `device`."""
+    arrays = (getattr(data, f"{name}_{split}") for name in ("x", "mask", "y"))
+    return tuple(torch.from_numpy(a[idx]).to(device) for a in arrays)
+
+
 def train_step(model, opt, scaler, x, mask, y, cfg: TrainConfig, autocast) -> tuple:
     """One optimizer step -> (loss, aux loss, number of correct predictions), as tensors."""
+    opt.zero_grad(set_to_none=True)
     # NOTE: differs from the official UEA code, whose attention gets no mask (padded steps are
     # zeroed before the head only), because padding must not leak. --no-attention-mask: official.
     with autocast:  # the forward pass only; backward runs outside autocast
         logits, aux = model(x, mask)
         # aux: weighted in each attention (γ, η), averaged over layers by model.py: added as it is
         loss = F.cross_entropy(logits.float(), y) + aux.float()
-    if not torch.isfinite(loss):
-        raise FloatingPointError(f"the loss is {loss.item()}: try a smaller --lr")
-    opt.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
     scaler.unscale_(opt)  # clip the true gradients, not the fp16-scaled ones
     torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -213,17 +292,18 @@ def train_step(model, opt, scaler, x, mask, y, cfg: TrainConfig, autocast) -> tu
 
 @torch.no_grad()
 def evaluate(model, data: uea_data.UEAData, batch_size: int, device, autocast) -> tuple:
-    """(accuracy, mean cross-entropy) on TEST, in eval mode."""
+    """(accuracy, mean cross-entropy) on TEST, in eval mode (a bar on a terminal)."""
     model.eval()
     correct = loss = 0.0
-    for batch in torch.arange(len(data.y_test)).split(batch_size):
-        x, mask, y = (t[batch].to(device) for t in (data.x_test, data.mask_test, data.y_test))
+    n = len(data.y_test)
+    for start in tqdm(range(0, n, batch_size), desc="evaluating", leave=False, disable=None):
+        x, mask, y = to_batch(data, "test", np.arange(start, min(start + batch_size, n)), device)
         with autocast:
             logits, _ = model(x, mask)
         loss += F.cross_entropy(logits.float(), y, reduction="sum").item()
         correct += (logits.argmax(-1) == y).sum().item()
     model.train()
-    return correct / len(data.y_test), loss / len(data.y_test)
+    return correct / n, loss / n
 
 
 def main(cfg: TrainConfig) -> dict:
@@ -241,75 +321,96 @@ def main(cfg: TrainConfig) -> dict:
     half = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float16
     autocast = torch.autocast(device.type, half, enabled=cuda and cfg.amp)
     out = pathlib.Path(cfg.out or f"runs/{cfg.dataset}/{cfg.attention}-{cfg.preset}-seed{cfg.seed}")
-    if cfg.resume and not (out / "checkpoint.pt").exists():
-        raise SystemExit(f"--resume: there is no checkpoint at {out / 'checkpoint.pt'}")
-    if not cfg.resume and not cfg.overwrite and (out / "config.json").exists():
-        raise SystemExit(f"{out} holds a run already: add --resume to continue it, --overwrite "
-                         "to start it again (deleting its files), or choose another --out")
+    ckpt = open_run(cfg, out, master)
+    state = dict(epoch=0, best_test_acc=-1.0, best_epoch=0, final_test_acc=None, elapsed=0.0)
+    try:
+        return train(cfg, out, ckpt, state, device, rank, world, autocast)
+    except KeyboardInterrupt:
+        if master:
+            saved = (out / "checkpoint.pt").exists()
+            then = "continue with --resume" if saved else "no checkpoint yet: --overwrite"
+            sys.stderr.write(f"\ninterrupted in epoch {state['epoch'] + 1}; {then}\n")
+        raise SystemExit(130) from None
+    finally:  # the lock goes, if this process took it
+        lock = out / "lock"
+        if master and lock.exists() and lock.read_text() == f"{os.getpid()}@{socket.gethostname()}":
+            lock.unlink()
+        if ddp:
+            dist.destroy_process_group()
+
+
+def train(cfg: TrainConfig, out: pathlib.Path, ckpt, state: dict, device, rank, world, autocast):
+    """The run, in the folder that `main` checked and locked -> the result dict."""
+    ddp, master, cuda = "RANK" in os.environ, rank == 0, device.type == "cuda"
     say = tqdm.write if master else (lambda *_: None)
     say(json.dumps(dataclasses.asdict(cfg)))  # the resolved settings first
-
+    if cfg.preset == "default":
+        say(f"{cfg.dataset} has no preset from the papers' scripts: the defaults above are used")
     # 2) data: TRAIN statistics, zero padding, padding masks; rank 0 downloads, if asked to
     if cfg.download and master:  # fetches the dataset only when its files are missing
         uea_data.download_dataset(cfg.dataset, cfg.data_dir, cfg.download_url)
     if ddp:
         dist.barrier()  # the others wait for the files
-    data = uea_data.load_uea(cfg.data_dir, cfg.dataset, cfg.max_len)
-    say(f"{cfg.dataset}: train {tuple(data.x_train.shape)}, test {tuple(data.x_test.shape)} "
-        f"(B, N, F), {len(data.class_names)} classes, {data.n_clipped} test cases clipped")
-    if data.constant_channels:
-        say(f"channels {data.constant_channels} are constant in TRAIN: centred, not scaled")
+    data_args = dict(data_dir=cfg.data_dir, name=cfg.dataset, max_len=cfg.max_len)
+    data = uea_data.load_uea(**data_args)  # data_args: in the checkpoint, for diagnose.py
+    say(f"{cfg.dataset}: train {data.x_train.shape}, test {data.x_test.shape} (B, N, F), "
+        f"{len(data.class_names)} classes")
+    for note in data.notes:
+        say(note)
 
     # 3) model, optimizer: fresh, or as the interrupted run left them
+    if master:
+        lock_run(out)  # from here on, this run alone writes to out
     model, opt, scaler = build(cfg, data, device)
     parts = dict(model=model, optimizer=opt, scaler=scaler)
-    state = dict(epoch=0, best_test_acc=-1.0, best_epoch=0, final_test_acc=None, elapsed=0.0)
-    if cfg.resume:
-        ckpt = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=False)
-        free = ("resume", "overwrite", "device", "out", "epochs", "download")  # may change
-        then_now = {k: (v, getattr(cfg, k, None)) for k, v in ckpt["config"].items()}
-        changed = {k: vs for k, vs in then_now.items() if vs[0] != vs[1] and k not in free}
-        if changed:
-            raise SystemExit(f"--resume: {out} ran with other settings (then, now): {changed}")
+    if ckpt is not None:
         for key, part in parts.items():
             part.load_state_dict(ckpt[key])
         torch.set_rng_state(ckpt["rng"])  # dropout goes on with the masks it would have drawn
         if cuda and ckpt.get("cuda_rng") is not None:  # on a GPU, dropout draws from its own
             torch.cuda.set_rng_state(ckpt["cuda_rng"])
-        state = ckpt["state"]
+        state.update(ckpt["state"])
     else:
         torch.manual_seed(cfg.seed + rank)  # each process draws its own dropout masks
         if master:
-            out.mkdir(parents=True, exist_ok=True)
-            for f in ("metrics.jsonl", "checkpoint.pt", "result.json"):
-                (out / f).unlink(missing_ok=True)  # --overwrite: nothing of the old run stays
+            for name in RUN_FILES:  # --overwrite: nothing of the old run stays
+                (out / name).unlink(missing_ok=True)
             (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-    net = torch.nn.parallel.DistributedDataParallel(model) if ddp else model
+    # The checkpoint says what it holds: the model's settings beside its weights (diagnose.py)
+    model_config = dataclasses.asdict(model.cfg)
+    # fast: compiled (fixed shapes: one graph per batch shape); net: what trains (DDP under
+    # torchrun). model holds the weights: it is saved and loaded, fast and net share them.
+    fast = torch.compile(model, dynamic=False) if cfg.compile else model
+    net = torch.nn.parallel.DistributedDataParallel(fast) if ddp else fast
 
     # 4) train. Epoch e visits TRAIN in an order seeded by (seed, e), so a resumed run sees the
     # batches it would have seen; each process takes its share of every batch.
-    n, epochs_left = len(data.y_train), cfg.epochs - state["epoch"]
-    bar = tqdm(total=-(-n // cfg.batch_size) * epochs_left, disable=not master or None)
+    n = len(data.y_train)
+    bar = tqdm(total=-(-n // cfg.batch_size) * (cfg.epochs - state["epoch"]), desc=cfg.attention,
+               disable=not master or None)  # None: shown on a terminal only
     for epoch in range(state["epoch"] + 1, cfg.epochs + 1):
-        t0, sums = time.time(), torch.zeros(4, device=device)
-        # seed + epoch, as torch's DistributedSampler (the order of the runs in the README)
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.seed + epoch))
-        for batch in order.split(cfg.batch_size):
+        t0 = time.time()
+        sums = torch.zeros(4, device=device)
+        order = np.random.default_rng([cfg.seed, epoch]).permutation(n)
+        for start in range(0, n, cfg.batch_size):
+            batch = order[start : start + cfg.batch_size]
             if len(batch) < world:
                 continue  # a last batch too small to share: every process needs a case
-            idx = batch[rank::world]
-            x, mask, y = (t[idx].to(device) for t in (data.x_train, data.mask_train, data.y_train))
+            x, mask, y = to_batch(data, "train", batch[rank::world], device)
             loss, aux, correct = train_step(net, opt, scaler, x, mask, y, cfg, autocast)
             sums += torch.stack([loss * len(y), aux * len(y), correct, loss.new_tensor(len(y))])
             bar.update()
         if ddp:
             dist.all_reduce(sums)  # the training loss and accuracy of all processes
         loss_sum, aux_sum, n_correct, count = sums.tolist()
+        if not math.isfinite(loss_sum):
+            raise SystemExit(f"the training loss is {loss_sum / count} in epoch {epoch}: the run "
+                             "diverged (a smaller --lr may help); its last good checkpoint stays")
         record = dict(epoch=epoch, train_loss=loss_sum / count, train_aux=aux_sum / count,
                       train_acc=n_correct / count)
         if epoch == 1 or epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
-            test_acc, test_loss = evaluate(model, data, cfg.batch_size, device, autocast)
-            if test_acc > state["best_test_acc"]:
+            test_acc, test_loss = evaluate(fast, data, cfg.batch_size, device, autocast)
+            if test_acc > state["best_test_acc"]:  # the first of equal scores is kept
                 state.update(best_test_acc=test_acc, best_epoch=epoch)
             state["final_test_acc"] = record["test_acc"] = test_acc
             record.update(test_loss=test_loss, best_test_acc=state["best_test_acc"])
@@ -317,8 +418,9 @@ def main(cfg: TrainConfig) -> dict:
         state.update(epoch=epoch, elapsed=state["elapsed"] + time.time() - t0)
         if master:  # the checkpoint first: a crash in between loses a log line, not an epoch
             ckpt = {k: part.state_dict() for k, part in parts.items()}
-            ckpt.update(rng=torch.get_rng_state(), cuda_rng=torch.cuda.get_rng_state() if cuda
-                        else None, state=state, config=dataclasses.asdict(cfg))
+            ckpt.update(rng=torch.get_rng_state(), state=state, config=dataclasses.asdict(cfg))
+            ckpt.update(cuda_rng=torch.cuda.get_rng_state() if cuda else None)
+            ckpt.update(model_config=model_config, data=data_args)
             torch.save(ckpt, out / "checkpoint.tmp")
             os.replace(out / "checkpoint.tmp", out / "checkpoint.pt")  # never half a file
             with open(out / "metrics.jsonl", "a") as log:
@@ -338,13 +440,11 @@ def main(cfg: TrainConfig) -> dict:
     if master:
         (out / "result.json").write_text(json.dumps(result, indent=2))
         print("RESULT " + json.dumps(result), flush=True)
-    if ddp:
-        dist.destroy_process_group()
     return result
 
 
 if __name__ == "__main__":
     try:
         main(parse_config())
-    except (uea_data.TsFormatError, uea_data.DatasetNotFoundError, FloatingPointError) as e:
+    except (uea_data.TsFormatError, uea_data.DatasetNotFoundError) as e:
         raise SystemExit(f"error: {e}") from None
