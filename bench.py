@@ -1,40 +1,64 @@
 """
-bench.py: what each attention costs as the sequence grows, forward and forward+backward.
+bench.py: what each attention costs as the sequence grows, one layer and one training step.
 
-    python bench.py                          # CPU: N = 256 .. 8192, every kind (a few minutes)
-    python bench.py --device cuda            # GPU: N up to 32768, or until memory runs out
+    python bench.py                           # CPU: one layer, N = 256 .. 8192, every kind
     python bench.py --kinds agf primal --n-min 1024 --n-max 4096 --repeats 5
-    python bench.py --device cuda --dtypes float32 bfloat16 --compile   # autocast, torch.compile
+    python bench.py --what step               # CPU: training steps of the LRA model, N = 1K, 4K
+    python bench.py --device cuda --what layer step --dtypes float32 bfloat16
+                                              # GPU: eager and torch.compile side by side
+    python bench.py --what floor --kinds agf primal --n-min 16384 --n-max 16384
+                                              # the memory-traffic floor, tensor by tensor
 
-For every kind and N (doubling) it measures, at the LRA width (D = 64, H = 2, d = 32):
+--what layer (default): one attention layer (B = --batch, D = 64, H = 2, d = 32: the LRA width)
+at N = --n-min, doubling, up to --n-max (or at the N of --ns):
     fwd_ms     median forward time over --repeats runs, after --warmup runs
-    fwdbwd_ms  median forward + backward time (CUDA: from CUDA events, after warm-up)
-    mem_mb     CUDA: peak memory allocated during forward + backward, minus what was already
-               allocated (torch.cuda.max_memory_allocated);
-               CPU: total size of the tensors autograd saves for backward (each storage counted
-               once). That is the memory a training step must keep between forward and backward,
-               the part that grows with N; the CPU allocator has no exact peak counter.
-Then it fits the log-log slope of time and memory against N over [--fit-min, --n-max]:
-1 means linear in N, 2 quadratic. Results go to a CSV (and a PNG when matplotlib is installed).
+    fwdbwd_ms  median forward + backward time (CUDA: from CUDA events)
+    mem_mib    CUDA: peak memory allocated during forward + backward above what was allocated
+               before (torch.cuda.max_memory_allocated), in MiB (2^20 bytes);
+               CPU: total size of the tensors autograd saves for backward (each storage once),
+               the part of a training step's memory that grows with N, in MiB
+    floor_mib, floor_ms  the memory traffic of forward + backward if every tensor the layer saves
+               for backward were written once and read once, plus x and y, dy and dx (weights
+               left out); floor_ms = that / --bandwidth-gbs, the time below which no
+               implementation that keeps these tensors can go
+Then the log-log slope of time and memory against N over [--fit-min, --n-max]: 1 means linear
+in N, 2 quadratic.
+--what step: one training step of model.py's Classifier at the LRA Text size (D = 64, H = 2,
+2 layers, d_ff = 128), batch --step-batch, for each N of --step-ns: forward, loss, backward and
+an AdamW step; step_ms, tokens_per_s (batch x N / step time) and mem_mib (CUDA: the step's peak
+above the model and optimizer state; CPU: saved for backward).
+--what floor: prints the tensors behind floor_mib, one line each (one forward pass, no timing).
+
+--compile (default on CUDA, off on the CPU) adds rows with mode = compiled beside the eager
+ones: torch.compile(fullgraph=True, dynamic=False), compiled afresh for every point (compile_s:
+the first call, which compiles); a graph break is reported with its place in the code (a row
+with a note), and that kind's compiled rows at larger N are skipped.
+--dtypes bfloat16 / float16 run under torch.autocast, as in training.
+Output: a CSV with one row per (what, kind, N, dtype, mode), written as each row is measured.
 
 Kinds: softmax (the baseline in model.py), agf, primal, gfsa (two attention passes, Ā(ĀV)),
-gfsa-official (the official code's order: Ā@Ā materialised, O(N³) per head; only up to
---official-max-n), gfsa-linear (GFSA on a kernelised linear attention, O(N d²)).
+gfsa-official (the official code's order: Ā@Ā materialised, O(N³) per head; layer only, up to
+--official-max-n), gfsa-linear (GFSA on a kernelised linear attention, O(N d²)), and, for
+--what step, primal+trans (softmax layers, Primal-Attention in the last one).
 
 Depends on: torch, numpy, model.py and the mechanism files
 """
 
 import argparse
+import csv
+import itertools
 import math
 import pathlib
+import re
 import statistics
 import sys
 import time
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from model import build_attention
+from model import Classifier, ModelConfig, build_attention
 
 # name -> (model.py attention kind, constructor keyword arguments)
 KINDS = {
@@ -45,6 +69,16 @@ KINDS = {
     "gfsa-official": ("gfsa", {"evaluation": "official"}),
     "gfsa-linear": ("gfsa", {"kernel": "linear"}),
 }
+STEP_KINDS = ("softmax", "agf", "primal", "primal+trans", "gfsa")  # the five trained on LRA
+# --what step: the LRA Text model of train_lra.py (bytes + 1 as tokens, 0 = padding; 2 classes)
+STEP_MODEL = dict(
+    n_classes=2, vocab_size=257, style="lra", d_model=64, n_heads=2, n_layers=2, d_ff=128
+)
+WHATS = ("layer", "step", "floor")
+COLUMNS = "what kind N dtype mode B D H device fwd_ms fwdbwd_ms step_ms tokens_per_s mem_mib"
+COLUMNS = (*COLUMNS.split(), "floor_mib", "floor_ms", "compile_s", "note")  # of the CSV
+BANDWIDTH_GBS = {"H100": 3350, "H200": 4800}  # HBM bandwidth of the SXM parts, GB/s
+MIB = 2**20
 
 
 def _sync(device: torch.device) -> None:
@@ -52,19 +86,33 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def saved_bytes(layer: torch.nn.Module, x: torch.Tensor, mask: torch.Tensor) -> int:
-    """Bytes autograd keeps for backward in one forward pass (each storage counted once)."""
+def saved_tensors(fn) -> list:
+    """(shape, dtype, bytes, storage) of every tensor autograd saves for backward while fn()
+    runs a forward pass; each storage once (a view of a saved tensor costs nothing more)."""
     seen = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         storage = t.untyped_storage()
-        seen[storage.data_ptr()] = storage.nbytes()
+        seen.setdefault(storage.data_ptr(), (tuple(t.shape), t.dtype, storage.nbytes(), storage))
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        y, aux = layer(x, mask)
-    del y, aux
-    return sum(seen.values())
+        fn()
+    return list(seen.values())
+
+
+def traffic_floor(layer, x: torch.Tensor, mask: torch.Tensor, dtype) -> tuple[int, list]:
+    """Bytes that forward + backward must move if each tensor saved for backward is written
+    once (forward) and read once (backward): x read, y written, dy read, dx written, each the
+    size of x; the weights (D x D, a few KB) are left out. Returns (bytes, saved tensors)."""
+    params = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    with torch.autocast(x.device.type, dtype, enabled=dtype != torch.float32):
+        saved = saved_tensors(lambda: layer(x, mask))
+    saved = [s for s in saved if s[3].data_ptr() not in params]
+    x_ptr = x.untyped_storage().data_ptr()
+    written = sum(s[2] for s in saved if s[3].data_ptr() != x_ptr)  # x exists: not written
+    read = sum(s[2] for s in saved)
+    return written + read + 4 * x.numel() * x.element_size(), saved
 
 
 def timed(fn, device: torch.device, repeats: int, warmup: int) -> float:
@@ -88,37 +136,274 @@ def timed(fn, device: torch.device, repeats: int, warmup: int) -> float:
     return statistics.median(times)
 
 
-def measure(layer, B: int, N: int, D: int, device, repeats: int, warmup: int, dtype) -> dict:
-    """Median forward and forward+backward time (ms) and memory (MB) of one layer at length N.
-    dtype bfloat16 / float16: the layer runs under torch.autocast, as in training."""
+def first_call_s(fn, device: torch.device) -> float:
+    """Wall time of one call of fn() in seconds: for a compiled fn, its compile time."""
+    t0 = time.perf_counter()
+    fn()
+    _sync(device)
+    return time.perf_counter() - t0
+
+
+def peak_mib(fn, saved_fn, device: torch.device) -> float:
+    """CUDA: peak memory of fn() above what was allocated before. CPU: what saved_fn() saves."""
+    if device.type != "cuda":
+        return sum(s[2] for s in saved_tensors(saved_fn)) / MIB
+    torch.cuda.empty_cache()
+    base = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    _sync(device)
+    return (torch.cuda.max_memory_allocated(device) - base) / MIB
+
+
+def measure(
+    layer,
+    *,
+    B: int,
+    N: int,
+    D: int,
+    device,
+    dtype=torch.float32,
+    repeats: int = 5,
+    warmup: int = 2,
+    forward=None,
+) -> dict:
+    """Forward and forward + backward time (ms, median) and memory (MiB) of one layer, called
+    as forward(x, mask) -> (y, aux) with x (B, N, D) (forward: the layer, or its compiled form).
+    dtype bfloat16 / float16: under torch.autocast, as in training."""
+    forward = layer if forward is None else forward
     x = torch.randn(B, N, D, device=device, requires_grad=True)
     mask = torch.ones(B, N, dtype=torch.bool, device=device)
     autocast = torch.autocast(device.type, dtype, enabled=dtype != torch.float32)
 
     def fwd():
         with torch.no_grad(), autocast:
-            layer(x, mask)
+            forward(x, mask)
 
     def fwd_bwd():
         with autocast:
-            y, aux = layer(x, mask)
+            y, aux = forward(x, mask)
         (y.float().square().mean() + aux).backward()
         x.grad = None
         layer.zero_grad(set_to_none=True)
 
-    out = {"fwd_ms": timed(fwd, device, repeats, warmup)}
-    out["fwdbwd_ms"] = timed(fwd_bwd, device, repeats, warmup)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-        base = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        fwd_bwd()
-        _sync(device)
-        out["mem_mb"] = (torch.cuda.max_memory_allocated(device) - base) / 2**20
-    else:
+    def fwd_only():
         with autocast:
-            out["mem_mb"] = saved_bytes(layer, x, mask) / 2**20
+            forward(x, mask)
+
+    out = {}
+    if forward is not layer:  # compiled: the first calls compile (forward, then backward)
+        out["compile_s"] = first_call_s(lambda: (fwd(), fwd_bwd()), device)
+    out["fwd_ms"] = timed(fwd, device, repeats, warmup)
+    out["fwdbwd_ms"] = timed(fwd_bwd, device, repeats, warmup)
+    out["mem_mib"] = peak_mib(fwd_bwd, fwd_only, device)
     return out
+
+
+def _forward_unchecked(model: Classifier):
+    """Classifier.forward without its input checks, whose data-dependent branches torch.compile
+    cannot trace in one graph (fullgraph): what a step runs on a batch checked beforehand."""
+
+    def forward(x, mask):
+        h, aux, _ = model.encode(x, mask)
+        return model.head(model.pool(h, mask)), aux
+
+    return forward
+
+
+def measure_step(
+    kind: str,
+    *,
+    B: int,
+    N: int,
+    device,
+    dtype=torch.float32,
+    compiled=False,
+    repeats: int = 5,
+    warmup: int = 2,
+) -> dict:
+    """Time (ms, median), tokens per second and memory (MiB) of one training step of the LRA
+    Text model: forward, cross-entropy + auxiliary loss, backward, AdamW step."""
+    mechanism, kwargs = KINDS.get(kind, (kind, {}))
+    extra = {"attention_kwargs": {mechanism: kwargs}} if kwargs else {}
+    cfg = ModelConfig(max_len=N, attention=mechanism, **STEP_MODEL, **extra)
+    model = Classifier(cfg).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    forward = _forward_unchecked(model)
+    if compiled:
+        forward = torch.compile(forward, fullgraph=True, dynamic=False)
+    x = torch.randint(1, cfg.vocab_size, (B, N), device=device)
+    mask = torch.ones(B, N, dtype=torch.bool, device=device)
+    labels = torch.randint(0, cfg.n_classes, (B,), device=device)
+    model(x, mask)  # the checks that the step leaves out, once
+    autocast = torch.autocast(device.type, dtype, enabled=dtype != torch.float32)
+
+    def step():
+        with autocast:
+            logits, aux = forward(x, mask)
+        (F.cross_entropy(logits.float(), labels) + aux).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def fwd_only():
+        with autocast:
+            forward(x, mask)
+
+    out = {"compile_s": first_call_s(step, device)} if compiled else {}
+    ms = out["step_ms"] = timed(step, device, repeats, warmup)
+    out["tokens_per_s"] = B * N / (ms / 1e3)
+    out["mem_mib"] = peak_mib(step, fwd_only, device)
+    return out
+
+
+def graph_break(e: Exception) -> str:
+    """One line from a torch.compile error: its first line and, if given, where in our code."""
+    text = str(e)
+    first = next((line.strip() for line in text.splitlines() if line.strip()), type(e).__name__)
+    where = re.findall(r'File "([^"]+)", line (\d+)', text.split("from user code:")[-1])
+    return first + (f" (at {pathlib.Path(where[-1][0]).name}:{where[-1][1]})" if where else "")
+
+
+def resolve_device(name: str) -> torch.device:
+    """--device: "auto" is CUDA when there is a GPU, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def lengths(args) -> list:
+    """The layer's N: --ns, or --n-min, doubling, up to --n-max."""
+    if args.ns:
+        return args.ns
+    return [args.n_min * 2**i for i in range(int(math.log2(args.n_max // args.n_min)) + 1)]
+
+
+class Rows:
+    """The CSV, one row written (and flushed) as soon as it is measured: a run cut off by a time
+    limit keeps what it measured. Also keeps the rows for the report."""
+
+    def __init__(self, path: pathlib.Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path, self.rows, self.file = path, [], open(path, "w", newline="")  # noqa: SIM115
+        self.writer = csv.DictWriter(self.file, COLUMNS, restval="")
+        self.writer.writeheader()
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        self.writer.writerow(
+            {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()}
+        )
+        self.file.flush()
+
+
+def measure_row(row: dict, layer, args, device, bandwidth) -> None:
+    """Measure one (what, kind, N, dtype, mode) into row; layer: the attention (None for step)."""
+    dtype, compiled = getattr(torch, row["dtype"]), row["mode"] == "compiled"
+    if row["what"] == "floor":
+        return floor(layer, row, dtype, bandwidth)
+    torch._dynamo.reset()  # a fresh compile per point: no recompile limit, nothing reused
+    size = dict(B=row["B"], N=row["N"], device=device, dtype=dtype)
+    timing = dict(repeats=args.repeats, warmup=args.warmup)
+    if row["what"] == "step":
+        return row.update(measure_step(row["kind"], compiled=compiled, **size, **timing))
+    forward = torch.compile(layer, fullgraph=True, dynamic=False) if compiled else layer
+    row.update(measure(layer, D=args.d_model, forward=forward, **size, **timing))
+    if not compiled:
+        floor(layer, row, dtype, bandwidth)
+
+
+def describe(row: dict) -> str:
+    """One printed line per row."""
+    text = f"{row['what']:5s} {row['kind']:13s} {row['dtype']:8s} {row['mode']:8s} N={row['N']:6d}"
+    if "step_ms" in row:
+        text += f"  step {row['step_ms']:9.1f} ms  {row['tokens_per_s']:10.0f} tokens/s"
+    if "fwdbwd_ms" in row:
+        text += f"  fwd {row['fwd_ms']:9.1f} ms  fwd+bwd {row['fwdbwd_ms']:9.1f} ms"
+    if "mem_mib" in row:
+        text += f"  mem {row['mem_mib']:9.1f} MiB"
+    if "floor_ms" in row:
+        text += f"  floor {row['floor_ms']:.3f} ms"
+    if "compile_s" in row:
+        text += f"  (compiled in {row['compile_s']:.1f} s)"
+    return text
+
+
+def run(args, rows: Rows) -> None:
+    """Measure every (what, dtype, N, kind, mode) asked for, in that order (so a run cut off by
+    a time limit has eager and compiled side by side at the smaller N); each row goes to rows.
+    A (kind, dtype, mode) stops growing N once memory runs out, one run takes over
+    --max-seconds, or (compiled) the graph breaks."""
+    device, modes = resolve_device(args.device), ["eager"] + ["compiled"] * args.compile
+    bandwidth = args.bandwidth_gbs
+    if bandwidth is None and device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        bandwidth = next((v for k, v in BANDWIDTH_GBS.items() if k in name), None)
+    layers, stopped = {}, set()  # one layer per kind, the same in both modes; (kind, ...) done
+    for what in args.what:
+        kinds = [k for k in args.kinds if k in (STEP_KINDS if what == "step" else KINDS)]
+        ns = args.step_ns if what == "step" else lengths(args)
+        for dtype, N, kind, mode in itertools.product(args.dtypes, ns, kinds, modes):
+            key = (what, kind, dtype, mode)
+            if key in stopped or (what == "floor" and mode == "compiled"):
+                continue
+            if kind == "gfsa-official" and N > args.official_max_n:
+                continue
+            if what != "step" and kind not in layers:
+                torch.manual_seed(0)
+                mechanism, kwargs = KINDS[kind]
+                layer = build_attention(mechanism, args.d_model, args.n_heads, **kwargs)
+                layers[kind] = layer.to(device)
+            B = args.step_batch if what == "step" else args.batch
+            row = dict(what=what, kind=kind, N=N, dtype=dtype, mode=mode, B=B)
+            sizes = (
+                STEP_MODEL if what == "step" else dict(d_model=args.d_model, n_heads=args.n_heads)
+            )
+            row.update(D=sizes["d_model"], H=sizes["n_heads"], device=str(device))
+            try:
+                measure_row(row, layers.get(kind), args, device, bandwidth)
+            except torch.cuda.OutOfMemoryError:
+                torch.cuda.empty_cache()
+                print(f"{describe(row)}  out of memory: larger N skipped", flush=True)
+                stopped.add(key)
+                continue
+            except Exception as e:  # noqa: BLE001 (torch.compile's errors have many types)
+                if mode != "compiled":
+                    raise
+                broke = isinstance(e, torch._dynamo.exc.Unsupported)  # fullgraph: a break
+                row["note"] = ("graph break: " if broke else "compile failed: ") + graph_break(e)
+                print(f"{describe(row)}  {row['note']}", flush=True)
+                stopped.add(key)
+            rows.add(row)
+            if what != "floor" and not row.get("note"):  # floor printed its own lines
+                print(describe(row), flush=True)
+            if row.get("step_ms", row.get("fwdbwd_ms", 0)) > args.max_seconds * 1e3:
+                print(f"{' '.join(key)}: one run took over {args.max_seconds} s: larger N skipped")
+                stopped.add(key)
+
+
+def floor(layer, row: dict, dtype, bandwidth) -> None:
+    """Adds floor_mib (and floor_ms when the bandwidth is known) to a layer row; --what floor
+    also prints the saved tensors behind it."""
+    device = next(layer.parameters()).device
+    x = torch.randn(row["B"], row["N"], row["D"], device=device, requires_grad=True)
+    mask = torch.ones(row["B"], row["N"], dtype=torch.bool, device=device)
+    nbytes, saved = traffic_floor(layer, x, mask, dtype)
+    row["floor_mib"] = nbytes / MIB
+    if bandwidth:
+        row["floor_ms"] = nbytes / (bandwidth * 1e9) * 1e3
+    if row["what"] == "floor":
+        head = f"{row['kind']} {row['dtype']}, B={row['B']} N={row['N']} D={row['D']}"
+        print(f"{head}: saved for backward (written in forward, read in backward):")
+        small = [s for s in saved if s[2] < nbytes / 200]  # each under 0.5 % of the total
+        for shape, t, n, _ in sorted((s for s in saved if s not in small), key=lambda s: -s[2]):
+            print(f"    {str(shape):22s} {str(t).removeprefix('torch.'):9s} {n / MIB:9.2f} MiB")
+        if small:
+            print(f"    {len(small)} smaller tensors: {sum(s[2] for s in small) / MIB:.2f} MiB")
+        x_mib = x.numel() * x.element_size() / MIB
+        print(
+            f"  + x, y, dy, dx: 4 x {x_mib:.2f} MiB;  total {row['floor_mib']:.1f} MiB"
+            + (f" = {row['floor_ms']:.4f} ms at {bandwidth} GB/s" if bandwidth else "")
+        )
 
 
 def slope(ns: list, values: list) -> float:
@@ -128,64 +413,58 @@ def slope(ns: list, values: list) -> float:
     return float(np.polyfit(np.log(ns), np.log(values), 1)[0])
 
 
-def run(args) -> list:
-    """Measure every (kind, N); returns one dict per row."""
-    device = torch.device(
-        args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    )
-    torch.manual_seed(0)
-    rows = []
-    ns = [args.n_min * 2**i for i in range(int(math.log2(args.n_max // args.n_min)) + 1)]
-    for kind, dtype_name in [(k, t) for k in args.kinds for t in args.dtypes]:
-        mechanism, kwargs = KINDS[kind]
-        layer = build_attention(mechanism, args.d_model, args.n_heads, **kwargs).to(device)
-        if args.compile:
-            layer = torch.compile(layer, fullgraph=True)  # fullgraph: a graph break is an error
-        dtype = getattr(torch, dtype_name)
-        for N in ns:
-            if kind == "gfsa-official" and N > args.official_max_n:
-                continue
-            row = {"kind": kind, "dtype": dtype_name, "compiled": args.compile, "N": N}
-            row.update(B=args.batch, D=args.d_model, device=str(device))
-            try:
-                row.update(measure(layer, args.batch, N, args.d_model, device, args.repeats,
-                                   args.warmup, dtype))  # fmt: skip
-            except torch.cuda.OutOfMemoryError:
-                torch.cuda.empty_cache()
-                print(f"{kind:14s} N={N:6d}  out of memory: larger N skipped", flush=True)
-                break
-            except Exception as e:  # noqa: BLE001 (torch.compile's errors have many types)
-                if not args.compile:
-                    raise
-                print(f"{kind:14s} does not compile without graph breaks: {str(e).splitlines()[0]}")
-                break
-            rows.append(row)
-            print(
-                f"{kind:14s} {dtype_name:8s} N={N:6d}  fwd {row['fwd_ms']:9.1f} ms  fwd+bwd "
-                f"{row['fwdbwd_ms']:9.1f} ms  mem {row['mem_mb']:9.1f} MB",
-                flush=True,
+def side_by_side(rows: list) -> list:
+    """One line per point measured in both modes: eager and compiled time (step or fwd+bwd)."""
+    ms = {}
+    for r in rows:
+        ms[r["what"], r["kind"], r["dtype"], r["N"], r["mode"]] = r.get(
+            "step_ms", r.get("fwdbwd_ms")
+        )
+    lines = []
+    for (what, kind, dtype, N, mode), eager in ms.items():
+        compiled = ms.get((what, kind, dtype, N, "compiled"))
+        if mode == "eager" and eager and compiled:
+            head = f"  {what:5s} {kind:13s} {dtype:8s} N={N:6d}"
+            lines.append(
+                f"{head}  eager {eager:8.2f} ms  compiled {compiled:8.2f} ms  "
+                f"(compiled is {eager / compiled:.2f}x as fast)"
             )
-            if row["fwdbwd_ms"] > args.max_seconds * 1e3:
-                print(f"{kind:14s} one step took over {args.max_seconds} s: larger N skipped")
-                break
-    return rows
+    return ["eager against torch.compile (step, or layer fwd+bwd):", *lines] if lines else []
 
 
 def report(rows: list, args) -> list:
-    """Print the slopes and the two GFSA ratios the README quotes; return the summary lines."""
-    lines = [f"log-log slope over N >= {args.fit_min} (1 = linear, 2 = quadratic):"]
-    for kind, dtype in dict.fromkeys((r["kind"], r["dtype"]) for r in rows):
-        fit = [
-            r for r in rows if (r["kind"], r["dtype"]) == (kind, dtype) and r["N"] >= args.fit_min
-        ]
-        ns = [r["N"] for r in fit]
-        name = kind if len(args.dtypes) == 1 else f"{kind} {dtype}"
-        lines.append(
-            f"  {name:17s} time {slope(ns, [r['fwdbwd_ms'] for r in fit]):5.2f}   "
-            f"memory {slope(ns, [r['mem_mb'] for r in fit]):5.2f}   "
-            f"(N = {min(ns, default=0)}..{max(ns, default=0)})"
+    """Print eager against compiled, the slopes of the layer rows and the two GFSA ratios;
+    return the summary lines."""
+    lines = side_by_side(rows)
+    layer_rows = [r for r in rows if r["what"] == "layer" and "fwdbwd_ms" in r]
+    if not layer_rows:
+        print("\n".join(lines))
+        return lines
+    lines += [f"log-log slope over N >= {args.fit_min} (1 = linear, 2 = quadratic):"]
+    for key in dict.fromkeys((r["kind"], r["dtype"], r["mode"]) for r in layer_rows):
+        fit = [r for r in layer_rows if (r["kind"], r["dtype"], r["mode"]) == key]
+        ns = [r["N"] for r in fit if r["N"] >= args.fit_min]
+        name = " ".join(
+            k
+            for k, many in zip(key, (True, len(args.dtypes) > 1, args.compile), strict=True)
+            if many
         )
-    at = {(r["kind"], r["N"]): r["fwdbwd_ms"] for r in rows if r["dtype"] == args.dtypes[0]}
+        if len(ns) < 2:
+            lines.append(
+                f"  {name:26s} time and memory: no slope (measured at N >= "
+                f"{args.fit_min}: {ns or 'none'})"
+            )
+            continue
+        fit = [r for r in fit if r["N"] >= args.fit_min]
+        lines.append(
+            f"  {name:26s} time {slope(ns, [r['fwdbwd_ms'] for r in fit]):5.2f}   "
+            f"memory {slope(ns, [r['mem_mib'] for r in fit]):5.2f}   (N = {min(ns)}..{max(ns)})"
+        )
+    at = {
+        (r["kind"], r["N"]): r["fwdbwd_ms"]
+        for r in layer_rows
+        if r["dtype"] == args.dtypes[0] and r["mode"] == "eager"
+    }
     for a, b, n in (("gfsa", "softmax", 1024), ("gfsa-official", "gfsa", 2048)):
         if (a, n) in at and (b, n) in at:
             lines.append(f"  fwd+bwd time {a} / {b} at N={n}: {at[(a, n)] / at[(b, n)]:.2f}x")
@@ -193,14 +472,9 @@ def report(rows: list, args) -> list:
     return lines
 
 
-def save(rows: list, path: pathlib.Path) -> None:
-    """CSV of every row, and a PNG of time and memory against N when matplotlib is installed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    keys = list(rows[0])
-    path.write_text(
-        "\n".join([",".join(keys)] + [",".join(str(r[k]) for k in keys) for r in rows]) + "\n"
-    )
-    print(f"wrote {path}")
+def plot(rows: list, path: pathlib.Path) -> None:
+    """A PNG of the layer rows' time and memory against N, when matplotlib is installed."""
+    rows = [r for r in rows if r["what"] == "layer" and "fwdbwd_ms" in r]
     try:
         import matplotlib
 
@@ -209,14 +483,16 @@ def save(rows: list, path: pathlib.Path) -> None:
     except ImportError:
         print("matplotlib is not installed: no plot (pip install matplotlib for one)")
         return
+    if not rows:
+        return
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    for kind in dict.fromkeys((r["kind"], r["dtype"]) for r in rows):
-        sub = [r for r in rows if (r["kind"], r["dtype"]) == kind]
-        for ax, key in zip(axes, ("fwdbwd_ms", "mem_mb"), strict=True):
-            ax.loglog([r["N"] for r in sub], [r[key] for r in sub], "o-", label=" ".join(kind))
+    for key in dict.fromkeys((r["kind"], r["dtype"], r["mode"]) for r in rows):
+        sub = [r for r in rows if (r["kind"], r["dtype"], r["mode"]) == key]
+        for ax, col in zip(axes, ("fwdbwd_ms", "mem_mib"), strict=True):
+            ax.loglog([r["N"] for r in sub], [r[col] for r in sub], "o-", label=" ".join(key))
             ax.set_xlabel("N")
-            ax.set_ylabel(key)
-    axes[0].legend()
+            ax.set_ylabel(col)
+    axes[0].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(path.with_suffix(".png"), dpi=120)
     print(f"wrote {path.with_suffix('.png')}")
@@ -226,63 +502,121 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument(
+    add = p.add_argument
+    add(
+        "--what",
+        nargs="+",
+        default=["layer"],
+        choices=WHATS,
+        help="layer: one attention layer; step: LRA training steps; floor: the traffic floor",
+    )
+    add(
         "--kinds",
         nargs="+",
-        default=list(KINDS),
-        choices=list(KINDS),
-        help="attention kinds to measure (default: all)",
+        default=list(dict.fromkeys([*KINDS, *STEP_KINDS])),
+        choices=list(dict.fromkeys([*KINDS, *STEP_KINDS])),
+        help="attention kinds (default: all; each --what takes the kinds it has)",
     )
-    p.add_argument(
+    add(
         "--dtypes",
         nargs="+",
         default=["float32"],
         choices=["float32", "bfloat16", "float16"],
-        help="precisions to measure; bfloat16 and float16 run under autocast (default: float32)",
+        help="precisions; bfloat16 and float16 run under autocast (default: float32)",
     )
-    p.add_argument(
+    add(
         "--compile",
-        action="store_true",
-        help="measure torch.compile(layer, fullgraph=True); a kind with graph breaks is reported",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also measure torch.compile(fullgraph=True) beside eager (default: on CUDA only)",
     )
-    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1 or auto (default: cpu)")
-    p.add_argument("--n-min", type=int, default=256, help="smallest N (default: 256)")
-    p.add_argument(
+    add("--device", default="cpu", help="cpu, cuda, cuda:1 or auto (default: cpu)")
+    add("--n-min", type=int, default=256, help="layer: smallest N (default: 256)")
+    add(
         "--n-max",
         type=int,
         default=None,
-        help="largest N, doubling from --n-min (default: 8192 on CPU, 32768 on CUDA)",
+        help="layer: largest N, doubling from --n-min (default: 8192 on CPU, 32768 on CUDA)",
     )
-    p.add_argument(
-        "--fit-min",
+    add("--ns", type=int, nargs="+", default=None, help="layer: these N instead of the doubling")
+    add("--fit-min", type=int, default=1024, help="smallest N of the slope fit (default: 1024)")
+    add("--batch", type=int, default=2, help="layer: batch size B (default: 2)")
+    add(
+        "--step-ns",
         type=int,
-        default=1024,
-        help="smallest N used for the slope fit (default: 1024)",
+        nargs="+",
+        default=[1024, 4096],
+        help="step: sequence lengths (default: 1024 4096)",
     )
-    p.add_argument("--batch", type=int, default=2, help="batch size B (default: 2)")
-    p.add_argument("--d-model", type=int, default=64, help="model width D (default: 64, LRA)")
-    p.add_argument("--n-heads", type=int, default=2, help="heads H (default: 2, LRA)")
-    p.add_argument("--repeats", type=int, default=5, help="timed runs per point (default: 5)")
-    p.add_argument("--warmup", type=int, default=2, help="untimed runs first (default: 2)")
-    p.add_argument(
+    add("--step-batch", type=int, default=32, help="step: batch size (default: 32, LRA)")
+    add("--d-model", type=int, default=64, help="layer: width D (default: 64, LRA)")
+    add("--n-heads", type=int, default=2, help="layer: heads H (default: 2, LRA)")
+    add("--repeats", type=int, default=5, help="timed runs per point (default: 5)")
+    add("--warmup", type=int, default=2, help="untimed runs first (default: 2)")
+    add(
         "--official-max-n",
         type=int,
         default=2048,
         help="largest N for gfsa-official, which costs O(N³) (default: 2048)",
     )
-    p.add_argument(
+    add(
         "--max-seconds",
         type=float,
         default=30.0,
-        help="stop growing N for a kind once one fwd+bwd takes longer (default: 30)",
+        help="stop growing N for a kind once one run takes longer (default: 30)",
     )
-    p.add_argument("--threads", type=int, default=0, help="CPU threads (default: torch's)")
-    p.add_argument("--csv", default=None, help="output CSV (default: runs/bench/bench_<dev>.csv)")
+    add(
+        "--bandwidth-gbs",
+        type=float,
+        default=None,
+        help="memory bandwidth for floor_ms, GB/s (default: H100 3350, H200 4800, else none)",
+    )
+    add("--threads", type=int, default=None, help="CPU threads (default: torch's)")
+    add("--csv", default=None, help="output CSV (default: runs/bench/bench_<device>.csv)")
     args = p.parse_args(argv)
     if args.n_max is None:
         args.n_max = 32768 if args.device.startswith("cuda") else 8192
-    if args.n_min <= 0 or args.n_max < args.n_min:
-        p.error("need 0 < --n-min <= --n-max")
+    at_least = dict(
+        repeats=1,
+        warmup=0,
+        n_heads=1,
+        d_model=1,
+        batch=1,
+        step_batch=1,
+        n_min=1,
+        official_max_n=1,
+        threads=1,
+    )
+    for name, low in at_least.items():
+        value = getattr(args, name)
+        if value is not None and value < low:
+            p.error(f"--{name.replace('_', '-')} must be at least {low}, got {value}")
+    for name in ("step_ns", "ns"):
+        if min(getattr(args, name) or [1]) < 1:
+            p.error(f"--{name.replace('_', '-')} must all be at least 1, got {getattr(args, name)}")
+    for name in ("max_seconds", "bandwidth_gbs"):
+        value = getattr(args, name)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            p.error(f"--{name.replace('_', '-')} must be a finite number above 0, got {value}")
+    if args.d_model % args.n_heads:
+        p.error(f"--d-model {args.d_model} is not divisible by --n-heads {args.n_heads}")
+    if args.n_max < args.n_min:
+        p.error(f"--n-min {args.n_min} is above --n-max {args.n_max}")
+    if "layer" in args.what and max(lengths(args)) < args.fit_min:
+        name = f"--ns {max(args.ns)}" if args.ns else f"--n-max {args.n_max}"
+        p.error(f"{name} is below --fit-min {args.fit_min}: no N to fit a slope to")
+    try:
+        device = resolve_device(args.device)
+    except RuntimeError:
+        p.error(f"--device {args.device!r} is not a device: use cpu, cuda, cuda:1 or auto")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: this machine has no CUDA GPU (torch {torch.__version__})")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        p.error(f"--device {args.device}: there are {torch.cuda.device_count()} GPUs")
+    if device.type not in ("cpu", "cuda"):
+        p.error(f"--device {args.device}: only cpu and cuda are measured")
+    if args.compile is None:
+        args.compile = device.type == "cuda"
     return args
 
 
@@ -290,16 +624,23 @@ def main(argv=None) -> list:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    modes = "eager and compiled" if args.compile else "eager"
     print(
-        f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
-        f"B={args.batch} D={args.d_model} H={args.n_heads}",
+        f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, layer B={args.batch} "
+        f"D={args.d_model} H={args.n_heads}, step batch {args.step_batch}, {modes}",
         flush=True,
     )
-    rows = run(args)
-    if not rows:
+    path = pathlib.Path(args.csv or f"runs/bench/bench_{args.device.replace(':', '')}.csv")
+    rows = Rows(path)
+    try:
+        run(args, rows)
+    finally:
+        rows.file.close()
+    if not rows.rows:
         sys.exit("nothing was measured")
-    lines = report(rows, args)
-    save(rows, pathlib.Path(args.csv or f"runs/bench/bench_{args.device.replace(':', '')}.csv"))
+    print(f"wrote {path}")
+    lines = report(rows.rows, args)
+    plot(rows.rows, path)
     return lines
 
 

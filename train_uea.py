@@ -207,8 +207,8 @@ def open_run(cfg: TrainConfig, out: pathlib.Path, master: bool) -> dict | None:
     if changed:
         raise SystemExit(f"--resume: {out} ran with other settings (then, now): {changed}")
     if ckpt and done >= cfg.epochs:
-        raise SystemExit(f"{out} finished its {done} epochs: nothing to resume ("
-                         f"--epochs above {done} continues it, ""--overwrite starts it again)")
+        raise SystemExit(f"{out} finished its {done} epochs: nothing to resume (--epochs "
+                         f"above {done} continues it, --overwrite starts it again)")
     if master and lock.exists():  # one run writes to a folder at a time
         pid, _, host = lock.read_text().partition("@")
         gone = False
