@@ -3566,6 +3566,25 @@ def test_train_uea_batches_follow_the_documented_order(tmp_path):
     orders = [np.random.default_rng([3, e]).permutation(12).tolist() for e in (1, 2)]
     expected = [o[k : k + 5] for o in orders for k in (0, 5, 10)]
     assert taken == expected and orders[0] != orders[1]
+    # under torchrun (faked: 2 ranks, batches of 6) rank r takes [r::2] of every batch
+    seen = {0: [], 1: []}
+    for rank in (0, 1):
+        taken = seen[rank]
+        calls = dict(get_rank=lambda rank=rank: rank, get_world_size=lambda: 2)
+        names = ("init_process_group", "barrier", "all_reduce", "destroy_process_group")
+        fake = types.SimpleNamespace(**calls, **{k: lambda *a, **kw: None for k in names})
+        with (
+            mock.patch.dict(os.environ, {"RANK": str(rank), "WORLD_SIZE": "2"}),
+            mock.patch.object(train_uea, "to_batch", recording),
+            mock.patch.object(train_uea, "dist", fake),
+            mock.patch.object(torch.nn.parallel, "DistributedDataParallel", lambda m: m),
+        ):
+            _uea_run(
+                [*argv, "--batch-size", "6", "--seed", "3", "--out", str(tmp_path / f"{rank}")]
+            )
+    wholes = [o[k : k + 6] for o in orders for k in (0, 6)]
+    for whole, a, b in zip(wholes, seen[0], seen[1], strict=True):
+        assert not set(a) & set(b) and sorted(a + b) == sorted(whole) and a == whole[0::2]
 
 
 def test_train_uea_gradients_are_clipped_to_grad_clip_after_unscaling():
