@@ -193,7 +193,8 @@ def open_run(cfg: TrainConfig, out: pathlib.Path, master: bool) -> dict | None:
     if not cfg.resume and not cfg.overwrite and (out / "config.json").exists():
         raise SystemExit(f"{out} holds a run already: add --resume to continue it, --overwrite "
                          "to start it again (deleting its files), or choose another --out")
-    file, lock, ckpt = out / "checkpoint.pt", out / "lock", None
+    file = out / "checkpoint.pt"
+    lock = out / "lock"
     if cfg.resume and not file.exists():
         raise SystemExit(f"--resume: there is no checkpoint at {file}; start with --overwrite")
     try:
@@ -341,7 +342,9 @@ def main(cfg: TrainConfig) -> dict:
 
 def train(cfg: TrainConfig, out: pathlib.Path, ckpt, state: dict, device, rank, world, autocast):
     """The run, in the folder that `main` checked and locked -> the result dict."""
-    ddp, master, cuda = "RANK" in os.environ, rank == 0, device.type == "cuda"
+    ddp = "RANK" in os.environ
+    master = rank == 0
+    cuda = device.type == "cuda"
     say = tqdm.write if master else (lambda *_: None)
     say(json.dumps(dataclasses.asdict(cfg)))  # the resolved settings first
     if cfg.preset == "default":
