@@ -248,10 +248,12 @@ class Classifier(nn.Module):
         if N > cfg.max_len:
             raise ValueError(f"{x_name}: length {N} exceeds the position table ({cfg.max_len=})")
         if V > 0 and x.numel():
-            low, high = x.min(), x.max()  # the range found: eager only, .item() breaks a graph
-            compiled = torch.compiler.is_compiling()
-            found = "" if compiled else f", found [{low.item()}, {high.item()}]"
-            _require((low >= 0) & (high < V), f"{x_name}: token ids must lie in [0, {V}){found}")
+            low, high = x.min(), x.max()
+            in_range = (low >= 0) & (high < V)
+            expected = f"{x_name}: token ids must lie in [0, {V})"
+            if not torch.compiler.is_compiling() and not in_range:  # eager: say what was found
+                raise ValueError(f"{expected}, found [{low.item()}, {high.item()}]")
+            _require(in_range, expected)
         if mask is None:
             return torch.ones(B, N, dtype=torch.bool, device=x.device)
         _check_mask(mask, x, mask_name, x_name)
