@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from lra_data import N_CLASSES, VOCAB, DataError, Split, load_task
+from lra_data import LISTOPS_PAPER, N_CLASSES, VOCAB, DataError, Split, load_task
 from model import ATTENTION, Classifier, ModelConfig, count_parameters
 
 ATTENTIONS = (*ATTENTION, "primal+trans")  # primal+trans: softmax layers, Primal in the last
@@ -121,8 +121,7 @@ MECHANISMS = {
 QUICK = dict(listops_size=6000, listops_eval_size=500, max_len=100, lr=1e-3, steps=1000, warmup=100)
 # ListOps generator bounds (LRA lra_benchmarks/data/listops.py); 16 seeded shards, in parallel
 LISTOPS = {
-    "paper": dict(folder="listops-1000", min_length=500, max_length=2000, max_depth=10,
-                  max_args=10, shards=16),
+    "paper": dict(LISTOPS_PAPER, shards=16),  # listops-1000, 500 < tokens < 2000, depth 10
     "quick": dict(folder="listops-quick", min_length=20, max_length=100, max_depth=3, max_args=5),
 }
 
