@@ -14,9 +14,13 @@ at N = --n-min, doubling, up to --n-max (or at the N of --ns):
     fwd_ms     median forward time over --repeats runs, after --warmup runs
     fwdbwd_ms  median forward + backward time (CUDA: from CUDA events)
     mem_mib    CUDA: peak memory allocated during forward + backward above what was allocated
-               before (torch.cuda.max_memory_allocated), in MiB (2^20 bytes);
+               before (torch.cuda.max_memory_allocated), in MiB (2^20 bytes); not for mode
+               graphs, whose memory pool is allocated once, when the graph is recorded;
                CPU: total size of the tensors autograd saves for backward (each storage once),
                the part of a training step's memory that grows with N, in MiB
+    ops        eager rows: the aten operators one forward + backward dispatches (views, which
+               launch nothing, left out): on a GPU each is at least one kernel launch, so at small
+               N, where every kernel is short, time ~ ops x the cost of one launch
     floor_mib, floor_ms  the memory traffic of forward + backward if every tensor the layer saves
                for backward were written once and read once, plus x and y, dy and dx (weights
                left out); floor_ms = that / --bandwidth-gbs, the time below which no
@@ -25,14 +29,19 @@ Then the log-log slope of time and memory against N over [--fit-min, --n-max]: 1
 in N, 2 quadratic.
 --what step: one training step of model.py's Classifier at the LRA Text size (D = 64, H = 2,
 2 layers, d_ff = 128), batch --step-batch, for each N of --step-ns: forward, loss, backward and
-an AdamW step; step_ms, tokens_per_s (batch x N / step time) and mem_mib (CUDA: the step's peak
-above the model and optimizer state; CPU: saved for backward).
+an AdamW step (fused on CUDA, as the training scripts); step_ms, tokens_per_s (batch x N / step
+time), mem_mib (CUDA: the step's peak above the model and optimizer state; CPU: saved for
+backward) and ops (eager: the operators one whole step dispatches, optimizer included).
 --what floor: prints the tensors behind floor_mib, one line each (one forward pass, no timing).
 
 --compile (default on CUDA, off on the CPU) adds rows with mode = compiled beside the eager
 ones: torch.compile(fullgraph=True, dynamic=False), compiled afresh for every point (compile_s:
 the first call, which compiles); a graph break is reported with its place in the code (a row
 with a note), and that kind's compiled rows at larger N are skipped.
+--cuda-graphs (default on CUDA with --compile) adds rows with mode = graphs:
+torch.compile(mode="reduce-overhead"), which also records the compiled kernels into CUDA graphs
+and replays them with one launch (shapes are fixed here, as in training); a row whose graphs
+inductor did not record says so in its note (TORCH_LOGS=cudagraphs prints why).
 --dtypes bfloat16 / float16 run under torch.autocast, as in training.
 Output: a CSV with one row per (what, kind, N, dtype, mode), written as each row is measured.
 
@@ -57,6 +66,7 @@ import time
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from model import Classifier, ModelConfig, build_attention
 
@@ -76,7 +86,7 @@ STEP_MODEL = dict(
 )
 WHATS = ("layer", "step", "floor")
 COLUMNS = "what kind N dtype mode B D H device fwd_ms fwdbwd_ms step_ms tokens_per_s mem_mib"
-COLUMNS = (*COLUMNS.split(), "floor_mib", "floor_ms", "compile_s", "note")  # of the CSV
+COLUMNS = (*COLUMNS.split(), "ops", "floor_mib", "floor_ms", "compile_s", "note")  # of the CSV
 BANDWIDTH_GBS = {"H100": 3350, "H200": 4800}  # HBM bandwidth of the SXM parts, GB/s
 MIB = 2**20
 
@@ -99,6 +109,26 @@ def saved_tensors(fn) -> list:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()
     return list(seen.values())
+
+
+class _CountOps(TorchDispatchMode):
+    """Counts the aten operators dispatched while active, views left out (they launch nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += not func.is_view
+        return func(*args, **(kwargs or {}))
+
+
+def dispatched_ops(fn) -> int:
+    """How many aten operators fn() dispatches, forward and backward, views left out: in eager
+    mode on a GPU each is at least one kernel launch."""
+    with _CountOps() as counter:
+        fn()
+    return counter.count
 
 
 def traffic_floor(layer, x: torch.Tensor, mask: torch.Tensor, dtype) -> tuple[int, list]:
@@ -167,20 +197,25 @@ def measure(
     repeats: int = 5,
     warmup: int = 2,
     forward=None,
+    graphs: bool = False,
 ) -> dict:
     """Forward and forward + backward time (ms, median) and memory (MiB) of one layer, called
-    as forward(x, mask) -> (y, aux) with x (B, N, D) (forward: the layer, or its compiled form).
+    as forward(x, mask) -> (y, aux) with x (B, N, D) (forward: the layer, or its compiled form;
+    graphs: compiled into CUDA graphs, which need to be told where each step begins).
     dtype bfloat16 / float16: under torch.autocast, as in training."""
     forward = layer if forward is None else forward
+    begin = torch.compiler.cudagraph_mark_step_begin if graphs else lambda: None
     x = torch.randn(B, N, D, device=device, requires_grad=True)
     mask = torch.ones(B, N, dtype=torch.bool, device=device)
     autocast = torch.autocast(device.type, dtype, enabled=dtype != torch.float32)
 
     def fwd():
+        begin()
         with torch.no_grad(), autocast:
             forward(x, mask)
 
     def fwd_bwd():
+        begin()
         with autocast:
             y, aux = forward(x, mask)
         (y.float().square().mean() + aux).backward()
@@ -188,15 +223,19 @@ def measure(
         layer.zero_grad(set_to_none=True)
 
     def fwd_only():
+        begin()
         with autocast:
             forward(x, mask)
 
     out = {}
     if forward is not layer:  # compiled: the first calls compile (forward, then backward)
         out["compile_s"] = first_call_s(lambda: (fwd(), fwd_bwd()), device)
+    else:
+        out["ops"] = dispatched_ops(fwd_bwd)
     out["fwd_ms"] = timed(fwd, device, repeats, warmup)
     out["fwdbwd_ms"] = timed(fwd_bwd, device, repeats, warmup)
-    out["mem_mib"] = peak_mib(fwd_bwd, fwd_only, device)
+    if not (graphs and device.type == "cuda"):  # CUDA graphs allocate their pool when recorded
+        out["mem_mib"] = peak_mib(fwd_bwd, fwd_only, device)
     return out
 
 
@@ -218,20 +257,22 @@ def measure_step(
     N: int,
     device,
     dtype=torch.float32,
-    compiled=False,
+    mode: str = "eager",
     repeats: int = 5,
     warmup: int = 2,
 ) -> dict:
     """Time (ms, median), tokens per second and memory (MiB) of one training step of the LRA
-    Text model: forward, cross-entropy + auxiliary loss, backward, AdamW step."""
+    Text model: forward, cross-entropy + auxiliary loss, backward, AdamW step (fused on CUDA).
+    mode: "eager", "compiled" (torch.compile) or "graphs" (compiled into CUDA graphs)."""
     mechanism, kwargs = KINDS.get(kind, (kind, {}))
     extra = {"attention_kwargs": {mechanism: kwargs}} if kwargs else {}
     cfg = ModelConfig(max_len=N, attention=mechanism, **STEP_MODEL, **extra)
     model = Classifier(cfg).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
     forward = _forward_unchecked(model)
-    if compiled:
-        forward = torch.compile(forward, fullgraph=True, dynamic=False)
+    if mode != "eager":
+        forward = compile_fn(forward, mode)
+    begin = torch.compiler.cudagraph_mark_step_begin if mode == "graphs" else lambda: None
     x = torch.randint(1, cfg.vocab_size, (B, N), device=device)
     mask = torch.ones(B, N, dtype=torch.bool, device=device)
     labels = torch.randint(0, cfg.n_classes, (B,), device=device)
@@ -239,6 +280,7 @@ def measure_step(
     autocast = torch.autocast(device.type, dtype, enabled=dtype != torch.float32)
 
     def step():
+        begin()
         with autocast:
             logits, aux = forward(x, mask)
         (F.cross_entropy(logits.float(), labels) + aux).backward()
@@ -246,14 +288,29 @@ def measure_step(
         opt.zero_grad(set_to_none=True)
 
     def fwd_only():
+        begin()
         with autocast:
             forward(x, mask)
 
-    out = {"compile_s": first_call_s(step, device)} if compiled else {}
+    out = {"compile_s": first_call_s(step, device)} if mode != "eager" else {}
+    if mode == "eager":
+        out["ops"] = dispatched_ops(step)
     ms = out["step_ms"] = timed(step, device, repeats, warmup)
     out["tokens_per_s"] = B * N / (ms / 1e3)
-    out["mem_mib"] = peak_mib(step, fwd_only, device)
+    if not (mode == "graphs" and device.type == "cuda"):  # the pool is allocated when recorded
+        out["mem_mib"] = peak_mib(step, fwd_only, device)
     return out
+
+
+def compile_fn(fn, mode: str):
+    """torch.compile for one graph of fixed shapes; mode "graphs" also records CUDA graphs."""
+    options = dict(mode="reduce-overhead") if mode == "graphs" else {}
+    return torch.compile(fn, fullgraph=True, dynamic=False, **options)
+
+
+def cudagraph_skips() -> int:
+    """How many graphs inductor has run without CUDA graphs since the counters were cleared."""
+    return torch._dynamo.utils.counters["inductor"].get("cudagraph_skips", 0)
 
 
 def graph_break(e: Exception) -> str:
@@ -298,17 +355,22 @@ class Rows:
 
 def measure_row(row: dict, layer, args, device, bandwidth) -> None:
     """Measure one (what, kind, N, dtype, mode) into row; layer: the attention (None for step)."""
-    dtype, compiled = getattr(torch, row["dtype"]), row["mode"] == "compiled"
+    dtype, mode = getattr(torch, row["dtype"]), row["mode"]
     if row["what"] == "floor":
         return floor(layer, row, dtype, bandwidth)
     torch._dynamo.reset()  # a fresh compile per point: no recompile limit, nothing reused
+    torch._dynamo.utils.counters.clear()
     size = dict(B=row["B"], N=row["N"], device=device, dtype=dtype)
     timing = dict(repeats=args.repeats, warmup=args.warmup)
     if row["what"] == "step":
-        return row.update(measure_step(row["kind"], compiled=compiled, **size, **timing))
-    forward = torch.compile(layer, fullgraph=True, dynamic=False) if compiled else layer
-    row.update(measure(layer, D=args.d_model, forward=forward, **size, **timing))
-    if not compiled:
+        row.update(measure_step(row["kind"], mode=mode, **size, **timing))
+    else:
+        forward = compile_fn(layer, mode) if mode != "eager" else layer
+        graphs = mode == "graphs"
+        row.update(measure(layer, D=args.d_model, forward=forward, graphs=graphs, **size, **timing))
+    if mode == "graphs" and cudagraph_skips():
+        row["note"] = f"{cudagraph_skips()} graphs run without CUDA graphs (TORCH_LOGS=cudagraphs)"
+    if mode == "eager" and row["what"] == "layer":
         floor(layer, row, dtype, bandwidth)
 
 
@@ -321,6 +383,8 @@ def describe(row: dict) -> str:
         text += f"  fwd {row['fwd_ms']:9.1f} ms  fwd+bwd {row['fwdbwd_ms']:9.1f} ms"
     if "mem_mib" in row:
         text += f"  mem {row['mem_mib']:9.1f} MiB"
+    if "ops" in row:
+        text += f"  {row['ops']:5d} ops"
     if "floor_ms" in row:
         text += f"  floor {row['floor_ms']:.3f} ms"
     if "compile_s" in row:
@@ -332,8 +396,8 @@ def run(args, rows: Rows) -> None:
     """Measure every (what, dtype, N, kind, mode) asked for, in that order (so a run cut off by
     a time limit has eager and compiled side by side at the smaller N); each row goes to rows.
     A (kind, dtype, mode) stops growing N once memory runs out, one run takes over
-    --max-seconds, or (compiled) the graph breaks."""
-    device, modes = resolve_device(args.device), ["eager"] + ["compiled"] * args.compile
+    --max-seconds, or (compiled, graphs) the graph breaks."""
+    device = resolve_device(args.device)
     bandwidth = args.bandwidth_gbs
     if bandwidth is None and device.type == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -342,9 +406,9 @@ def run(args, rows: Rows) -> None:
     for what in args.what:
         kinds = [k for k in args.kinds if k in (STEP_KINDS if what == "step" else KINDS)]
         ns = args.step_ns if what == "step" else lengths(args)
-        for dtype, N, kind, mode in itertools.product(args.dtypes, ns, kinds, modes):
+        for dtype, N, kind, mode in itertools.product(args.dtypes, ns, kinds, modes(args)):
             key = (what, kind, dtype, mode)
-            if key in stopped or (what == "floor" and mode == "compiled"):
+            if key in stopped or (what == "floor" and mode != "eager"):
                 continue
             if kind == "gfsa-official" and N > args.official_max_n:
                 continue
@@ -367,15 +431,14 @@ def run(args, rows: Rows) -> None:
                 stopped.add(key)
                 continue
             except Exception as e:  # noqa: BLE001 (torch.compile's errors have many types)
-                if mode != "compiled":
+                if mode == "eager":
                     raise
                 broke = isinstance(e, torch._dynamo.exc.Unsupported)  # fullgraph: a break
                 row["note"] = ("graph break: " if broke else "compile failed: ") + graph_break(e)
-                print(f"{describe(row)}  {row['note']}", flush=True)
                 stopped.add(key)
             rows.add(row)
-            if what != "floor" and not row.get("note"):  # floor printed its own lines
-                print(describe(row), flush=True)
+            if what != "floor":  # floor printed its own lines
+                print(describe(row) + (f"  {row['note']}" if row.get("note") else ""), flush=True)
             if row.get("step_ms", row.get("fwdbwd_ms", 0)) > args.max_seconds * 1e3:
                 print(f"{' '.join(key)}: one run took over {args.max_seconds} s: larger N skipped")
                 stopped.add(key)
@@ -414,7 +477,8 @@ def slope(ns: list, values: list) -> float:
 
 
 def side_by_side(rows: list) -> list:
-    """One line per point measured in both modes: eager and compiled time (step or fwd+bwd)."""
+    """One line per point measured eager and compiled: the time of each mode (step or fwd+bwd)
+    and how many times as fast as eager the fastest compiled one is."""
     ms = {}
     for r in rows:
         ms[r["what"], r["kind"], r["dtype"], r["N"], r["mode"]] = r.get(
@@ -422,12 +486,14 @@ def side_by_side(rows: list) -> list:
         )
     lines = []
     for (what, kind, dtype, N, mode), eager in ms.items():
-        compiled = ms.get((what, kind, dtype, N, "compiled"))
-        if mode == "eager" and eager and compiled:
+        others = {m: ms.get((what, kind, dtype, N, m)) for m in ("compiled", "graphs")}
+        others = {m: t for m, t in others.items() if t}
+        if mode == "eager" and eager and others:
+            times = "  ".join(f"{m} {t:8.2f} ms" for m, t in others.items())
             head = f"  {what:5s} {kind:13s} {dtype:8s} N={N:6d}"
             lines.append(
-                f"{head}  eager {eager:8.2f} ms  compiled {compiled:8.2f} ms  "
-                f"(compiled is {eager / compiled:.2f}x as fast)"
+                f"{head}  eager {eager:8.2f} ms  {times}  "
+                f"(compiled is {eager / min(others.values()):.2f}x as fast)"
             )
     return ["eager against torch.compile (step, or layer fwd+bwd):", *lines] if lines else []
 
@@ -446,7 +512,7 @@ def report(rows: list, args) -> list:
         ns = [r["N"] for r in fit if r["N"] >= args.fit_min]
         name = " ".join(
             k
-            for k, many in zip(key, (True, len(args.dtypes) > 1, args.compile), strict=True)
+            for k, many in zip(key, (True, len(args.dtypes) > 1, len(modes(args)) > 1), strict=True)
             if many
         )
         if len(ns) < 2:
@@ -456,9 +522,11 @@ def report(rows: list, args) -> list:
             )
             continue
         fit = [r for r in fit if r["N"] >= args.fit_min]
+        mem = [r.get("mem_mib") for r in fit]  # none for CUDA graphs
+        mem = f"{slope(ns, mem):5.2f}" if None not in mem else "    -"
         lines.append(
             f"  {name:26s} time {slope(ns, [r['fwdbwd_ms'] for r in fit]):5.2f}   "
-            f"memory {slope(ns, [r['mem_mib'] for r in fit]):5.2f}   (N = {min(ns)}..{max(ns)})"
+            f"memory {mem}   (N = {min(ns)}..{max(ns)})"
         )
     at = {
         (r["kind"], r["N"]): r["fwdbwd_ms"]
@@ -529,6 +597,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         action=argparse.BooleanOptionalAction,
         default=None,
         help="also measure torch.compile(fullgraph=True) beside eager (default: on CUDA only)",
+    )
+    add(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also measure torch.compile(mode='reduce-overhead'), CUDA graphs (default: on "
+        "CUDA with --compile; CUDA only)",
     )
     add("--device", default="cpu", help="cpu, cuda, cuda:1 or auto (default: cpu)")
     add("--n-min", type=int, default=256, help="layer: smallest N (default: 256)")
@@ -617,17 +692,26 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(f"--device {args.device}: only cpu and cuda are measured")
     if args.compile is None:
         args.compile = device.type == "cuda"
+    if args.cuda_graphs and device.type != "cuda":
+        p.error(f"--cuda-graphs needs a CUDA device, not --device {args.device}")
+    if args.cuda_graphs is None:
+        args.cuda_graphs = args.compile and device.type == "cuda"
     return args
+
+
+def modes(args) -> list:
+    """The modes measured at each point: eager, then compiled and graphs as asked."""
+    return ["eager"] + ["compiled"] * args.compile + ["graphs"] * args.cuda_graphs
 
 
 def main(argv=None) -> list:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    modes = "eager and compiled" if args.compile else "eager"
+    measured = " and ".join(modes(args))
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, layer B={args.batch} "
-        f"D={args.d_model} H={args.n_heads}, step batch {args.step_batch}, {modes}",
+        f"D={args.d_model} H={args.n_heads}, step batch {args.step_batch}, {measured}",
         flush=True,
     )
     path = pathlib.Path(args.csv or f"runs/bench/bench_{args.device.replace(':', '')}.csv")

@@ -16,6 +16,7 @@ message; the README's code blocks run. Tests that read the real UEA files skip w
 at UEA_DIR, beside the project; the CUDA tests skip without a GPU.
 """
 
+import argparse
 import contextlib
 import copy
 import csv
@@ -4317,6 +4318,7 @@ def test_bench_runs_at_tiny_n_and_fits_the_slopes():
             rows = list(csv.DictReader(f))
     assert {r["kind"] for r in rows} == set(bench.KINDS) and {r["N"] for r in rows} == {"32", "64"}
     assert all(float(r["fwdbwd_ms"]) > 0 and float(r["mem_mib"]) > 0 for r in rows)
+    assert all(int(r["ops"]) > 0 for r in rows)  # eager rows count their operators
     assert sum("time" in line and "memory" in line for line in lines) == len(bench.KINDS)
     assert bench.slope([1, 2, 4], [3, 12, 48]) == pytest.approx(2.0)  # quadratic
 
@@ -4385,6 +4387,7 @@ def _bench_error(argv: list) -> str:
         (["--max-seconds", "inf"], "--max-seconds"),
         (["--bandwidth-gbs", "-1"], "--bandwidth-gbs"),
         (["--device", "tpu:0"], "--device"),
+        (["--cuda-graphs"], "--cuda-graphs needs a CUDA device, not --device cpu"),
     ],
 )
 def test_bench_refuses_bad_flags_with_one_sentence(argv, flag):
@@ -4403,6 +4406,54 @@ def test_bench_compile_defaults_to_on_with_cuda_only(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert bench.parse_args(["--device", "cuda"]).compile is True
     assert bench.parse_args(["--device", "cuda", "--no-compile"]).compile is False
+    # CUDA graphs (compiled with mode="reduce-overhead") come with --compile on CUDA
+    assert bench.parse_args(["--device", "cuda"]).cuda_graphs is True
+    assert bench.parse_args(["--device", "cuda", "--no-compile"]).cuda_graphs is False
+    assert bench.parse_args(["--device", "cuda", "--no-cuda-graphs"]).cuda_graphs is False
+    assert bench.parse_args([]).cuda_graphs is False
+
+
+def test_bench_counts_the_operators_a_call_dispatches_leaving_out_views():
+    """add, mul, sum dispatched; t() is a view (it launches nothing): 3. Backward counts too."""
+    a = torch.randn(3, 4, requires_grad=True)
+    assert bench.dispatched_ops(lambda: (a + 1).t().mul(2).sum()) == 3
+    forward = bench.dispatched_ops(lambda: (a * a).sum())
+    assert bench.dispatched_ops(lambda: (a * a).sum().backward()) > forward + 1
+
+
+def test_bench_graphs_mode_runs_and_says_when_there_are_no_cuda_graphs(tmp_path, monkeypatch):
+    """mode graphs (torch.compile mode="reduce-overhead") on the CPU, where inductor records no
+    CUDA graphs: the row is measured, and its note says the graphs ran without them."""
+    monkeypatch.setitem(bench.KINDS, "square", ("square", {}))
+    monkeypatch.setattr(bench, "build_attention", lambda *a, **k: _BenchLayer())
+    args = bench.parse_args([*TINY_BENCH, "--compile"])
+    args.kinds, args.cuda_graphs = ["square"], True  # not CLI choices on a CPU: set after parsing
+    rows = bench.Rows(tmp_path / "b.csv")
+    with contextlib.redirect_stdout(io.StringIO()):
+        bench.run(args, rows)
+        rows.file.close()
+    assert [(r["N"], r["mode"]) for r in rows.rows] == [
+        (n, m) for n in (32, 64) for m in ("eager", "compiled", "graphs")
+    ]
+    for r in rows.rows:
+        assert r["fwdbwd_ms"] > 0
+        assert ("without CUDA graphs" in r.get("note", "")) == (r["mode"] == "graphs")
+
+
+def test_bench_side_by_side_names_every_mode_and_the_fastest_speed_up():
+    rows = [dict(what="layer", kind="agf", dtype="float32", N=1024, mode=m, fwdbwd_ms=t)
+            for m, t in (("eager", 10.0), ("compiled", 5.0), ("graphs", 2.0))]  # fmt: skip
+    line = bench.side_by_side(rows)[1]
+    assert "eager    10.00 ms" in line and "compiled     5.00 ms" in line
+    assert "graphs     2.00 ms" in line and "(compiled is 5.00x as fast)" in line
+    # the slopes: CUDA graphs rows have no memory figure (their pool is allocated when recorded)
+    rows = [dict(r, N=n, fwdbwd_ms=r["fwdbwd_ms"] * n, **({"mem_mib": n} if r["mode"] != "graphs"
+                 else {})) for n in (1024, 2048) for r in rows]  # fmt: skip
+    args = argparse.Namespace(fit_min=1024, dtypes=["float32"], compile=True, cuda_graphs=True)
+    with contextlib.redirect_stdout(io.StringIO()):
+        lines = bench.report(rows, args)
+    assert any(re.search(r"agf eager\s+time  1.00   memory  1.00", x) for x in lines), lines
+    assert any(re.search(r"agf graphs\s+time  1.00   memory     -", x) for x in lines), lines
 
 
 def test_bench_threads_flag_is_honoured(tmp_path):
@@ -4421,7 +4472,8 @@ def test_bench_forward_backward_time_includes_a_slow_backward():
     layer = _BenchLayer(sleep=0.03)
     got = bench.measure(layer, B=1, N=8, D=4, device=torch.device("cpu"), repeats=3, warmup=1)
     assert got["fwdbwd_ms"] >= got["fwd_ms"] + 30 and got["fwd_ms"] < 20
-    assert layer.calls == 2 * (3 + 1) + 1  # fwd and fwd+bwd timed, then one pass for memory
+    # one fwd+bwd counting its operators, fwd and fwd+bwd timed, then one pass for memory
+    assert layer.calls == 1 + 2 * (3 + 1) + 1
 
 
 def test_bench_memory_of_a_layer_saving_one_mib_reads_one_mib():
@@ -4657,6 +4709,24 @@ def test_cuda_lra_resume_continues_the_same_run():
             assert torch.allclose(a["model"][k], b["model"][k], rtol=1e-4, atol=1e-5), k
         for ra, rb in zip(*logs, strict=True):
             assert ra["train_loss"] == pytest.approx(rb["train_loss"], abs=1e-4)
+
+
+@cuda
+def test_cuda_bench_measures_eager_compiled_and_cuda_graphs_side_by_side(tmp_path):
+    """bench.py on the GPU: a layer and a training step in the three modes, each measured (no
+    compile failure); the graphs rows say if inductor ran them without CUDA graphs."""
+    argv = ["--device", "cuda", "--kinds", "agf", "primal", "--what", "layer", "step", "--ns",
+            "512", "--fit-min", "512", "--step-ns", "256", "--step-batch", "4", "--repeats", "2",
+            "--warmup", "1", "--csv", str(tmp_path / "b.csv")]  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        bench.main(argv)
+    rows = list(csv.DictReader(open(tmp_path / "b.csv")))
+    got = {(r["what"], r["kind"], r["mode"]) for r in rows}
+    want = {(w, k, m) for w in ("layer", "step") for k in ("agf", "primal")
+            for m in ("eager", "compiled", "graphs")}  # fmt: skip
+    assert got == want, out.getvalue()
+    assert not any("failed" in r["note"] or "break" in r["note"] for r in rows), out.getvalue()
+    assert all(float(r["fwdbwd_ms"] or r["step_ms"]) > 0 for r in rows)
 
 
 @cuda
