@@ -4578,6 +4578,14 @@ def _documented_commands(text: str) -> list:
     return found
 
 
+def test_readme_file_table_gives_each_file_its_line_count():
+    """The README's table of files says how long each file is: the count must be the file's."""
+    rows = re.findall(r"^\| `(\w+\.py)` \|.*?\| (\d+) \|", (HERE / "README.md").read_text(), re.M)
+    assert {name for name, _ in rows} == {p.name for p in HERE.glob("*.py")}
+    for name, count in rows:
+        assert int(count) == len((HERE / name).read_text().splitlines()), name
+
+
 def test_readme_and_results_commands_parse(monkeypatch, tmp_path):
     """Every training, bench and diagnose command in README.md and RESULTS.md parses as written.
 
