@@ -393,22 +393,24 @@ def describe(row: dict) -> str:
 
 
 def run(args, rows: Rows) -> None:
-    """Measure every (what, dtype, N, kind, mode) asked for, in that order (so a run cut off by
-    a time limit has eager and compiled side by side at the smaller N); each row goes to rows.
-    A (kind, dtype, mode) stops growing N once memory runs out, one run takes over
-    --max-seconds, or (compiled, graphs) the graph breaks."""
+    """Measure every (what, dtype, N, kind, mode) asked for, in that order, N and kinds in the
+    order given (so a run cut off by a time limit has every mode side by side at the first N);
+    each row goes to rows. A (kind, dtype, mode) skips every N from the one where memory ran
+    out or one run took over --max-seconds upwards, and every N once (compiled, graphs) the
+    graph breaks."""
     device = resolve_device(args.device)
     bandwidth = args.bandwidth_gbs
     if bandwidth is None and device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         bandwidth = next((v for k, v in BANDWIDTH_GBS.items() if k in name), None)
-    layers, stopped = {}, set()  # one layer per kind, the same in both modes; (kind, ...) done
+    layers = {}  # one layer per kind, the same in every mode
+    stop_at = {}  # (what, kind, dtype, mode) -> the smallest N it no longer runs at
     for what in args.what:
         kinds = [k for k in args.kinds if k in (STEP_KINDS if what == "step" else KINDS)]
         ns = args.step_ns if what == "step" else lengths(args)
         for dtype, N, kind, mode in itertools.product(args.dtypes, ns, kinds, modes(args)):
             key = (what, kind, dtype, mode)
-            if key in stopped or (what == "floor" and mode != "eager"):
+            if N >= stop_at.get(key, math.inf) or (what == "floor" and mode != "eager"):
                 continue
             if kind == "gfsa-official" and N > args.official_max_n:
                 continue
@@ -428,20 +430,20 @@ def run(args, rows: Rows) -> None:
             except torch.cuda.OutOfMemoryError:
                 torch.cuda.empty_cache()
                 print(f"{describe(row)}  out of memory: larger N skipped", flush=True)
-                stopped.add(key)
+                stop_at[key] = min(N, stop_at.get(key, math.inf))
                 continue
             except Exception as e:  # noqa: BLE001 (torch.compile's errors have many types)
                 if mode == "eager":
                     raise
                 broke = isinstance(e, torch._dynamo.exc.Unsupported)  # fullgraph: a break
                 row["note"] = ("graph break: " if broke else "compile failed: ") + graph_break(e)
-                stopped.add(key)
+                stop_at[key] = 0
             rows.add(row)
             if what != "floor":  # floor printed its own lines
                 print(describe(row) + (f"  {row['note']}" if row.get("note") else ""), flush=True)
             if row.get("step_ms", row.get("fwdbwd_ms", 0)) > args.max_seconds * 1e3:
                 print(f"{' '.join(key)}: one run took over {args.max_seconds} s: larger N skipped")
-                stopped.add(key)
+                stop_at[key] = min(N, stop_at.get(key, math.inf))
 
 
 def floor(layer, row: dict, dtype, bandwidth) -> None:

@@ -4421,6 +4421,27 @@ def test_bench_counts_the_operators_a_call_dispatches_leaving_out_views():
     assert bench.dispatched_ops(lambda: (a * a).sum().backward()) > forward + 1
 
 
+def test_bench_out_of_memory_skips_that_n_and_larger_but_not_smaller_ones(tmp_path, monkeypatch):
+    """--ns in any order (the .ci/gpu stages put the sizes that matter first): out of memory at
+    N = 64 skips N = 128 after it, not N = 32."""
+
+    class Big(_BenchLayer):
+        def forward(self, x, mask):
+            if x.shape[1] >= 64:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory (a test)")
+            return super().forward(x, mask)
+
+    monkeypatch.setitem(bench.KINDS, "big", ("big", {}))
+    monkeypatch.setattr(bench, "build_attention", lambda *a, **k: Big())
+    args = bench.parse_args(["--ns", "64", "128", "32", "--fit-min", "32", "--repeats", "1"])
+    args.kinds = ["big"]
+    rows = bench.Rows(tmp_path / "b.csv")
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        bench.run(args, rows)
+        rows.file.close()
+    assert [r["N"] for r in rows.rows] == [32] and "out of memory" in out.getvalue()
+
+
 def test_bench_graphs_mode_runs_and_says_when_there_are_no_cuda_graphs(tmp_path, monkeypatch):
     """mode graphs (torch.compile mode="reduce-overhead") on the CPU, where inductor records no
     CUDA graphs: the row is measured, and its note says the graphs ran without them."""
