@@ -37,7 +37,7 @@ backward) and ops (eager: the operators one whole step dispatches, optimizer inc
 --compile (default on CUDA, off on the CPU) adds rows with mode = compiled beside the eager
 ones: torch.compile(fullgraph=True, dynamic=False), compiled afresh for every point (compile_s:
 the first call, which compiles); a graph break is reported with its place in the code (a row
-with a note), and that kind's compiled rows at larger N are skipped.
+with a note), and that kind's other compiled rows are skipped.
 --cuda-graphs (default on CUDA with --compile) adds rows with mode = graphs:
 torch.compile(mode="reduce-overhead"), which also records the compiled kernels into CUDA graphs
 and replays them with one launch (shapes are fixed here, as in training); a row whose graphs
