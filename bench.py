@@ -25,8 +25,10 @@ at N = --n-min, doubling, up to --n-max (or at the N of --ns):
                for backward were written once and read once, plus x and y, dy and dx (weights
                left out); floor_ms = that / --bandwidth-gbs, the time below which no
                implementation that keeps these tensors can go
-Then the log-log slope of time and memory against N over [--fit-min, --n-max]: 1 means linear
-in N, 2 quadratic.
+Then, at each N, how many times as fast as softmax attention each kind is, both at their fastest
+mode and dtype (softmax in bf16, flash attention, where measured), and a layer's fastest time
+over its floor; and the log-log slope of time and memory against N over [--fit-min, --n-max]:
+1 means linear in N, 2 quadratic.
 --what step: one training step of model.py's Classifier at the LRA Text size (D = 64, H = 2,
 2 layers, d_ff = 128), batch --step-batch, for each N of --step-ns: forward, loss, backward and
 an AdamW step (fused on CUDA, as the training scripts); step_ms, tokens_per_s (batch x N / step
@@ -500,10 +502,46 @@ def side_by_side(rows: list) -> list:
     return ["eager against torch.compile (step, or layer fwd+bwd):", *lines] if lines else []
 
 
+def fastest(rows: list, what: str, kind: str, N: int, dtype=None):
+    """The fastest row of a kind at N, over modes and (unless dtype is given) dtypes, or None."""
+    col = "step_ms" if what == "step" else "fwdbwd_ms"
+    rows = [r for r in rows if (r["what"], r["kind"], r["N"]) == (what, kind, N) and col in r]
+    return min((r for r in rows if dtype in (None, r["dtype"])), key=lambda r: r[col], default=None)
+
+
+def against_softmax(rows: list) -> list:
+    """At each N, how many times as fast as softmax attention each kind is, both at their
+    fastest (mode and dtype; softmax in bf16, flash attention, where measured): a step's time
+    ratio is its tokens/s ratio. Layers: also that fastest time over the memory-traffic floor."""
+    lines = []
+    for what in ("step", "layer"):
+        col = "step_ms" if what == "step" else "fwdbwd_ms"
+        mine = [r for r in rows if r["what"] == what and col in r]
+        for N in dict.fromkeys(r["N"] for r in mine):
+            base = fastest(mine, what, "softmax", N, "bfloat16")
+            base = base or fastest(mine, what, "softmax", N)
+            parts = []
+            for kind in dict.fromkeys(r["kind"] for r in mine if r["kind"] != "softmax"):
+                best = fastest(mine, what, kind, N)
+                if base is None or best is None:
+                    continue
+                same = (kind, N, best["dtype"])  # the floor: from the eager row of that dtype
+                floor_ms = [r["floor_ms"] for r in mine if (r["kind"], r["N"], r["dtype"]) == same
+                            and "floor_ms" in r]  # fmt: skip
+                floor = f", {best[col] / floor_ms[0]:.0f}x its floor" if floor_ms else ""
+                parts.append(
+                    f"{kind} {base[col] / best[col]:.2f}x ({best['mode']} {best['dtype']}{floor})"
+                )
+            if parts:
+                head = f"  {what:5s} N={N:6d} (softmax {base['mode']} {base['dtype']})"
+                lines.append(f"{head}: " + ", ".join(parts))
+    return ["as fast as softmax attention, each at its fastest:", *lines] if lines else []
+
+
 def report(rows: list, args) -> list:
-    """Print eager against compiled, the slopes of the layer rows and the two GFSA ratios;
-    return the summary lines."""
-    lines = side_by_side(rows)
+    """Print eager against compiled, each kind against softmax, the slopes of the layer rows
+    and the two GFSA ratios; return the summary lines."""
+    lines = side_by_side(rows) + against_softmax(rows)
     layer_rows = [r for r in rows if r["what"] == "layer" and "fwdbwd_ms" in r]
     if not layer_rows:
         print("\n".join(lines))

@@ -4461,6 +4461,31 @@ def test_bench_graphs_mode_runs_and_says_when_there_are_no_cuda_graphs(tmp_path,
         assert ("without CUDA graphs" in r.get("note", "")) == (r["mode"] == "graphs")
 
 
+def test_bench_against_softmax_takes_each_kind_at_its_fastest_and_softmax_in_bf16():
+    def row(what, kind, dtype, mode, ms, **more):
+        return dict(what=what, kind=kind, N=4096, dtype=dtype, mode=mode,
+                    **{"step_ms" if what == "step" else "fwdbwd_ms": ms}, **more)  # fmt: skip
+
+    rows = [
+        row("layer", "softmax", "float32", "eager", 1.0),  # faster, but not flash attention
+        row("layer", "softmax", "bfloat16", "graphs", 2.0),
+        row("layer", "softmax", "bfloat16", "eager", 3.0),
+        row("layer", "agf", "float32", "eager", 4.0, floor_ms=0.1),
+        row("layer", "agf", "float32", "compiled", 1.0),
+        row("layer", "agf", "bfloat16", "compiled", 1.5),
+        row("step", "softmax", "bfloat16", "compiled", 10.0),
+        row("step", "primal", "bfloat16", "graphs", 5.0),
+    ]
+    lines = bench.against_softmax(rows)
+    assert lines[1] == (
+        "  step  N=  4096 (softmax compiled bfloat16): primal 2.00x (graphs bfloat16)"
+    )
+    assert lines[2] == (
+        "  layer N=  4096 (softmax graphs bfloat16): agf 2.00x (compiled float32, 10x its floor)"
+    )
+    assert bench.against_softmax([r for r in rows if r["kind"] != "softmax"]) == []
+
+
 def test_bench_side_by_side_names_every_mode_and_the_fastest_speed_up():
     rows = [dict(what="layer", kind="agf", dtype="float32", N=1024, mode=m, fwdbwd_ms=t)
             for m, t in (("eager", 10.0), ("compiled", 5.0), ("graphs", 2.0))]  # fmt: skip
