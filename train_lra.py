@@ -254,7 +254,10 @@ def build(cfg: TrainConfig, device: torch.device) -> tuple:
 
 def to_batch(split: Split, idx: np.ndarray, device) -> dict:
     """Examples idx as tensors on `device`: ids x, bool mask (B, N), labels y [, x2, mask2]."""
-    return {k: torch.from_numpy(v).to(device) for k, v in split.batch(idx).items()}
+    batch = {k: torch.from_numpy(v) for k, v in split.batch(idx).items()}
+    if torch.device(device).type == "cuda":  # from pinned memory, without waiting for the GPU
+        batch = {k: v.pin_memory().to(device, non_blocking=True) for k, v in batch.items()}
+    return batch
 
 
 def train_step(model, opt, sched, scaler, batch: dict, autocast) -> tuple:
@@ -275,15 +278,16 @@ def train_step(model, opt, sched, scaler, batch: dict, autocast) -> tuple:
 def evaluate(model, split: Split, batch_size: int, device, autocast) -> tuple:
     """(accuracy, mean cross-entropy) on a whole split, in eval mode (a bar on a terminal)."""
     model.eval()
-    correct = loss = 0.0
     n = len(split.y)
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, correct: read at the end
     for start in tqdm(range(0, n, batch_size), desc="evaluating", leave=False, disable=None):
         batch = to_batch(split, np.arange(start, min(start + batch_size, n)), device)
         with autocast:
             logits, _ = model(batch["x"], batch["mask"], batch.get("x2"), batch.get("mask2"))
-        loss += F.cross_entropy(logits.float(), batch["y"], reduction="sum").item()
-        correct += (logits.argmax(-1) == batch["y"]).sum().item()
+        loss = F.cross_entropy(logits.float(), batch["y"], reduction="sum")
+        sums += torch.stack([loss.double(), (logits.argmax(-1) == batch["y"]).sum().double()])
     model.train()
+    loss, correct = sums.tolist()
     return correct / n, loss / n
 
 

@@ -271,7 +271,10 @@ def build(cfg: TrainConfig, data: uea_data.UEAData, device: torch.device) -> tup
 def to_batch(data: uea_data.UEAData, split: str, idx: np.ndarray, device) -> tuple:
     """Features x (B, N, F), bool mask (B, N) and labels y (B,) of `split`, on `device`."""
     arrays = (getattr(data, f"{name}_{split}") for name in ("x", "mask", "y"))
-    return tuple(torch.from_numpy(a[idx]).to(device) for a in arrays)
+    batch = tuple(torch.from_numpy(a[idx]) for a in arrays)
+    if torch.device(device).type == "cuda":  # from pinned memory, without waiting for the GPU
+        batch = tuple(t.pin_memory().to(device, non_blocking=True) for t in batch)
+    return batch
 
 
 def train_step(model, opt, scaler, x, mask, y, cfg: TrainConfig, autocast) -> tuple:
@@ -295,15 +298,16 @@ def train_step(model, opt, scaler, x, mask, y, cfg: TrainConfig, autocast) -> tu
 def evaluate(model, data: uea_data.UEAData, batch_size: int, device, autocast) -> tuple:
     """(accuracy, mean cross-entropy) on TEST, in eval mode (a bar on a terminal)."""
     model.eval()
-    correct = loss = 0.0
     n = len(data.y_test)
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, correct: read at the end
     for start in tqdm(range(0, n, batch_size), desc="evaluating", leave=False, disable=None):
         x, mask, y = to_batch(data, "test", np.arange(start, min(start + batch_size, n)), device)
         with autocast:
             logits, _ = model(x, mask)
-        loss += F.cross_entropy(logits.float(), y, reduction="sum").item()
-        correct += (logits.argmax(-1) == y).sum().item()
+        loss = F.cross_entropy(logits.float(), y, reduction="sum")
+        sums += torch.stack([loss.double(), (logits.argmax(-1) == y).sum().double()])
     model.train()
+    loss, correct = sums.tolist()
     return correct / n, loss / n
 
 
