@@ -2542,6 +2542,24 @@ def test_train_lra_evaluate_runs_in_eval_mode_and_leaves_train_mode():
     assert modes == [False, False, False] and model.training
 
 
+def test_train_lra_evaluate_gives_accuracy_and_mean_loss_over_the_whole_split():
+    """evaluate() in batches of 2 (the last one short) equals one forward pass over all 5."""
+    torch.manual_seed(0)
+    model = train_lra.build(train_lra.parse_config(["--preset", "quick"]), torch.device("cpu"))[0]
+    x = np.random.default_rng(0).integers(1, 16, size=(5, 7)).astype(np.int16)
+    split = lra_data.Split(x, np.array([7, 3, 5, 1, 6]), np.zeros(5, np.int64))
+    model.eval()
+    with torch.no_grad():
+        whole = train_lra.to_batch(split, np.arange(5), "cpu")
+        logits, _ = model(whole["x"], whole["mask"])
+    # labels: the model's answer for 3 of the 5, a wrong one for 2: accuracy 0.6
+    split.y[:] = (logits.argmax(-1) + torch.tensor([0, 1, 0, 1, 0])).remainder(10).numpy()
+    want_loss = F.cross_entropy(logits, torch.from_numpy(split.y)).item()
+    model.train()
+    acc, loss = train_lra.evaluate(model, split, 2, "cpu", contextlib.nullcontext())
+    assert acc == pytest.approx(0.6, abs=1e-12) and loss == pytest.approx(want_loss, rel=1e-5)
+
+
 def test_train_lra_batches_follow_the_documented_order_and_ranks_split_them(tmp_path):
     """Batch k of epoch e is slice k of numpy.random.default_rng([seed, e]).permutation(n), a
     new order each epoch; under torchrun (faked here: 2 ranks) rank r takes [r::2] of it, so
@@ -3548,6 +3566,24 @@ def test_train_uea_evaluate_runs_in_eval_mode_and_leaves_train_mode():
     with mock.patch.object(model, "forward", recording):
         train_uea.evaluate(model, data, 1, "cpu", contextlib.nullcontext())
     assert modes == [False, False] and model.training
+
+
+def test_train_uea_evaluate_gives_accuracy_and_mean_loss_over_all_of_test():
+    """evaluate() in batches of 2 (the last one short) equals one forward pass over TEST."""
+    torch.manual_seed(0)
+    x = np.random.default_rng(0).normal(size=(5, 4, 3)).astype(np.float32)
+    mask, y = np.arange(4) < np.array([[4], [2], [3], [1], [4]]), np.zeros(5, np.int64)
+    data = uea_data.UEAData(x, mask, y, x, mask, y, ["a", "b"], np.zeros(3), np.ones(3), 0, 0)
+    model = train_uea.build(train_uea.parse_config(TINY), data, torch.device("cpu"))[0].eval()
+    with torch.no_grad():
+        x, mask, _ = train_uea.to_batch(data, "test", np.arange(5), "cpu")
+        logits, _ = model(x, mask)
+    # labels: the model's answer for 3 of the 5, the other class for 2: accuracy 0.6
+    data.y_test[:] = (logits.argmax(-1) + torch.tensor([0, 1, 0, 1, 0])).remainder(2).numpy()
+    want_loss = F.cross_entropy(logits, torch.from_numpy(data.y_test)).item()
+    model.train()
+    acc, loss = train_uea.evaluate(model, data, 2, "cpu", contextlib.nullcontext())
+    assert acc == pytest.approx(0.6, abs=1e-12) and loss == pytest.approx(want_loss, rel=1e-5)
 
 
 def test_train_uea_batches_follow_the_documented_order(tmp_path):
