@@ -597,7 +597,8 @@ def plot(rows: list, path: pathlib.Path) -> None:
     for key in dict.fromkeys((r["kind"], r["dtype"], r["mode"]) for r in rows):
         sub = [r for r in rows if (r["kind"], r["dtype"], r["mode"]) == key]
         for ax, col in zip(axes, ("fwdbwd_ms", "mem_mib"), strict=True):
-            ax.loglog([r["N"] for r in sub], [r[col] for r in sub], "o-", label=" ".join(key))
+            pts = [r for r in sub if col in r]  # graphs rows have no mem_mib
+            ax.loglog([r["N"] for r in pts], [r[col] for r in pts], "o-", label=" ".join(key))
             ax.set_xlabel("N")
             ax.set_ylabel(col)
     axes[0].legend(fontsize=6)
