@@ -4478,6 +4478,23 @@ def test_bench_out_of_memory_skips_that_n_and_larger_but_not_smaller_ones(tmp_pa
     assert [r["N"] for r in rows.rows] == [32] and "out of memory" in out.getvalue()
 
 
+def test_bench_plot_leaves_out_the_memory_of_graphs_rows(tmp_path):
+    """Rows of mode graphs have no mem_mib (their pool is allocated when recorded): the plot
+    draws their time and leaves them out of the memory panel, instead of a KeyError."""
+    axes, plt = [mock.MagicMock(), mock.MagicMock()], mock.MagicMock()
+    plt.subplots.return_value = (mock.MagicMock(), axes)
+    row = dict(what="layer", kind="agf", dtype="bfloat16", fwdbwd_ms=1.0)
+    rows = [{**row, "mode": "eager", "N": n, "mem_mib": 2.0} for n in (8, 16)]
+    rows += [{**row, "mode": "graphs", "N": n} for n in (8, 16)]
+    stub = {"matplotlib": mock.MagicMock(pyplot=plt), "matplotlib.pyplot": plt}
+    with mock.patch.dict(sys.modules, stub):
+        with contextlib.redirect_stdout(io.StringIO()):
+            bench.plot(rows, tmp_path / "b.csv")
+    time_calls, mem_calls = ([c.args[:2] for c in ax.loglog.call_args_list] for ax in axes)
+    assert time_calls == [([8, 16], [1.0, 1.0])] * 2
+    assert mem_calls == [([8, 16], [2.0, 2.0]), ([], [])]
+
+
 def test_bench_graphs_mode_runs_and_says_when_there_are_no_cuda_graphs(tmp_path, monkeypatch):
     """mode graphs (torch.compile mode="reduce-overhead") on the CPU, where inductor records no
     CUDA graphs: the row is measured, and its note says the graphs ran without them."""
