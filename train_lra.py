@@ -11,19 +11,16 @@ beside it, or PyTorch-LRA pickles (lra_data.py); ListOps is generated (seeded) w
 Protocol: every eval_every steps the model is evaluated on the validation split; the weights
 that score best there are kept (best.pt) and the test split is evaluated once, with them.
 Output: runs/<task>/<attention>-<preset>-seed<seed>/ {config.json, metrics.jsonl, checkpoint.pt,
-best.pt, result.json}, and a lock file while the run writes; the last line is  RESULT {json}.
+best.pt, result.json, lock} (runs.py: the folder and its lock); the last line: RESULT {json}.
 """
 
-import argparse
 import dataclasses
 import json
 import math
 import os
 import pathlib
-import socket
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -31,34 +28,21 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
+import runs
 from lra_data import LISTOPS_PAPER, N_CLASSES, VOCAB, DataError, Split, load_task
 from model import ATTENTION, Classifier, ModelConfig, count_parameters
+from runs import flag
 
 ATTENTIONS = (*ATTENTION, "primal+trans")  # primal+trans: softmax layers, Primal in the last
-DEVICES = ("auto", "cpu", "cuda")  # one GPU per process; pick it with CUDA_VISIBLE_DEVICES
-SEEDS = 2**32  # numpy's and torch's seeds lie in [0, 2**32)
-RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "best.pt", "result.json")
-
-
-def flag(default, help: str, low=None, high=None):  # noqa: A002 (argparse's word)
-    """A field that is also a flag; a value must lie in [low, high) (checked when parsed)."""
-    return field(default=default, metadata=dict(help=help, low=low, high=high))
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(runs.Settings):  # and --out --resume --overwrite --device --amp --compile
     task: str = flag("listops", "listops | text | retrieval | image | pathfinder")
     attention: str = flag("agf", " | ".join(ATTENTIONS))
     preset: str = flag("paper", "paper (the official scripts' settings) | quick (small, CPU)")
     data_dir: str = flag("data", "the LRA release layout, aclImdb/ and cifar-10-batches-py/")
-    out: str = flag("", "run folder (default runs/<task>/<attention>-<preset>-seed<seed>)")
-    resume: bool = flag(False, "continue the run in --out from its checkpoint.pt")
-    overwrite: bool = flag(False, "start afresh in a folder that holds a run (deleting its files)")
-    seed: int = flag(0, "seed of the initial weights, dropout and the batch order", 0, SEEDS)
-    device: str = flag("auto", "auto (CUDA when there is one) | cpu | cuda")
-    amp: bool = flag(True, "mixed precision on CUDA (bf16, else fp16 with loss scaling)")
-    compile: bool = flag(None, "torch.compile the model (default: on CUDA yes, on a CPU no); the "
-                         "first steps and evaluations of each batch shape pay the compile time")
+    seed: int = flag(0, "seed of the weights, dropout and the batch order", 0, runs.SEEDS)
     # optimisation: AdamW, betas (0.9, 0.999), eps 1e-6, no weight decay, OneCycleLR
     steps: int = flag(5000, "optimizer steps (a new value rescales the preset's warm-up)", 1)
     warmup: int = flag(1000, "linear warm-up steps: 0, or 2 .. steps - 1", 0)
@@ -82,7 +66,7 @@ class TrainConfig:
     gfsa_order: int = flag(2, "GFSA: order K of the high-order term", 2)
     gfsa_high_order: str = flag("taylor", "GFSA: Ā^K as taylor (Eq. 4, the paper) | exact")
     # data
-    data_seed: int = flag(0, "seed of the ListOps generator and the Pathfinder split", 0, SEEDS)
+    data_seed: int = flag(0, "seed of ListOps generation, Pathfinder split", 0, runs.SEEDS)
     listops_size: int = flag(96000, "generated ListOps: training examples", 1)
     listops_eval_size: int = flag(2000, "generated ListOps: validation, test examples each", 1)
 
@@ -126,104 +110,111 @@ LISTOPS = {
 }
 
 
-def parse_config(argv=None) -> TrainConfig:
-    """The flags (or `argv`) -> TrainConfig: defaults < preset < flags, all checked here."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    choices = dict(task=list(TASKS), attention=ATTENTIONS, preset=list(LISTOPS), device=DEVICES,
-                   agf_variant=("agf", "uv", "svd"), gfsa_high_order=("taylor", "exact"))
-    for f in dataclasses.fields(TrainConfig):  # a bool is --amp / --no-amp
-        kind = dict(action=argparse.BooleanOptionalAction) if f.type is bool else dict(type=f.type)
-        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, choices=choices.get(f.name),
-                       help=f"{f.metadata['help']} (default: {f.default})", **kind)
-    given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
-    task = given.get("task", TrainConfig.task)
-    attention = given.get("attention", TrainConfig.attention)
-    preset = given.get("preset", TrainConfig.preset)
-    if preset == "quick" and task != "listops":
-        p.error("--preset quick is a small generated ListOps: use it with --task listops")
-    values = {**TASKS[task], **MECHANISMS.get((attention, task), {})}
-    values.update(QUICK if preset == "quick" else {})
-    if "steps" in given and "warmup" not in given:  # keep the preset's warm-up fraction
-        warmup = round(values["warmup"] * given["steps"] / values["steps"])
-        values["warmup"] = 2 if warmup == 1 else warmup  # OneCycleLR cannot warm up in 1 step
-    cfg = TrainConfig(**{**values, **given})
-    for f in dataclasses.fields(cfg):
-        low, high, value = f.metadata["low"], f.metadata["high"], getattr(cfg, f.name)
-        name = "--" + f.name.replace("_", "-")
-        if isinstance(value, float) and not math.isfinite(value):
-            p.error(f"{name} must be a finite number, got {value}")
-        if (low is not None and value < low) or (high is not None and value >= high):
-            p.error(f"{name} must be " + (f"at least {low}" if high is None
-                    else f"in [{low}, {high})") + f", got {value}")
-    if cfg.warmup == 1 or cfg.warmup >= cfg.steps:
-        p.error(f"--warmup must be 0 or 2 .. --steps - 1 = {cfg.steps - 1}, got {cfg.warmup}")
-    if cfg.lr <= 0:
-        p.error(f"--lr must be positive, got {cfg.lr}")
-    if cfg.d_model % cfg.n_heads:
-        p.error(f"--d-model {cfg.d_model} is not divisible by --n-heads {cfg.n_heads}")
-    cuda = torch.cuda.is_available() and cfg.device != "cpu"
-    if cfg.device == "cuda" and not cuda:
-        p.error("--device cuda: this machine has no CUDA device (use auto or cpu)")
-    world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's number of processes
-    if cfg.batch_size % world:
-        p.error(f"--batch-size {cfg.batch_size} is not divisible by {world} processes")
-    cfg.compile = cuda if cfg.compile is None else cfg.compile
-    return cfg
+MAY_CHANGE = ("resume", "overwrite", "device", "out", "compile")
 
 
-def open_run(cfg: TrainConfig, out: pathlib.Path, master: bool) -> dict | None:
-    """Check the run folder before anything is written -> the checkpoint to resume, or None."""
-    if out.exists() and not out.is_dir():
-        raise SystemExit(f"--out {out} is a file, not a folder: choose another --out")
-    if not cfg.resume and not cfg.overwrite and (out / "config.json").exists():
-        raise SystemExit(f"{out} holds a run already: add --resume to continue it, --overwrite "
-                         "to start it again (deleting its files), or choose another --out")
-    file = out / "checkpoint.pt"
-    lock = out / "lock"
-    if cfg.resume and not file.exists():
-        raise SystemExit(f"--resume: there is no checkpoint at {file}; start with --overwrite")
-    try:
-        ckpt = torch.load(file, map_location="cpu", weights_only=False) if cfg.resume else None
-        then, done = (ckpt["config"], ckpt["state"]["step"]) if ckpt else ({}, 0)
-    except Exception as e:  # truncated, empty, or not a checkpoint of this script
-        raise SystemExit(f"{file} is damaged ({type(e).__name__}): use --overwrite") from None
-    may_change = ("resume", "overwrite", "device", "out", "compile")
-    changed = {k: (v, getattr(cfg, k, None)) for k, v in then.items()
-               if k not in may_change and v != getattr(cfg, k, None)}
-    if changed:
-        raise SystemExit(f"--resume: {out} ran with other settings (then, now): {changed}")
-    if ckpt and done >= cfg.steps:
-        raise SystemExit(f"{out} finished its {done} steps: nothing to resume; --overwrite "
-                         "starts it again")
-    if master and lock.exists():  # one run writes to a folder at a time
-        pid, _, host = lock.read_text().partition("@")
-        gone = False
-        if host == socket.gethostname():  # on another machine we cannot tell: it may run
-            try:
-                os.kill(int(pid), 0)  # signal 0 only asks whether the process exists
-            except (ProcessLookupError, ValueError):
-                gone = True
-        if not gone:
-            raise SystemExit(f"{out} is in use by process {pid} on {host}: wait for it, "
-                             f"choose another --out, or delete {lock} if that run is gone")
-        print(f"{lock} was left by process {pid}, which is no longer running: removing it")
-        lock.unlink()
-    return ckpt
+def main(cfg: TrainConfig) -> dict:
+    """Train, keep the weights that score best on validation, test them -> the result dict."""
+    # 1) processes: torchrun starts one per GPU (or per share of a CPU); rank 0 writes, prints
+    rank, world, device, autocast = runs.processes(cfg.device, cfg.amp)
+    ddp, master, cuda = "RANK" in os.environ, rank == 0, device.type == "cuda"
+    out = pathlib.Path(cfg.out)  # locked and checked before anything is read or written
+    ckpt = runs.open_run(cfg, out, "train_lra.py", "step", cfg.steps, MAY_CHANGE)
+    if master:
+        print(json.dumps(dataclasses.asdict(cfg)), flush=True)  # the resolved settings first
 
+    # 2) data; rank 0 first, as it may generate ListOps, then the others read what it wrote
+    listops = dict(LISTOPS[cfg.preset], train=cfg.listops_size, val=cfg.listops_eval_size,
+                   test=cfg.listops_eval_size)
+    if ddp and not master:
+        dist.barrier()
+    data_args = dict(task=cfg.task, data_dir=cfg.data_dir, max_len=cfg.max_len, seed=cfg.data_seed,
+                     listops=listops)  # kept in the checkpoints, so diagnose.py reads the same
+    data, notes = load_task(**data_args)
+    if ddp and master:
+        dist.barrier()
+    for note in notes if master else ():
+        print(note, flush=True)
+    n_train = len(data["train"].y)
+    if n_train < cfg.batch_size:
+        raise SystemExit(f"the training split has {n_train} examples, fewer than one batch")
 
-def lock_run(out: pathlib.Path) -> None:
-    """Create the run folder and its lock (pid@host); check that its files are writable."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        for name in RUN_FILES:  # a read-only file, folder or disk: one sentence, before step 1
-            if (out / name).exists() and not os.access(out / name, os.W_OK):
-                raise PermissionError(13, "Permission denied", str(out / name))
-        with open(out / "lock", "x") as lock:  # "x" fails if another run made it meanwhile
-            lock.write(f"{os.getpid()}@{socket.gethostname()}")
-    except FileExistsError:
-        raise SystemExit(f"{out} is in use by another run: wait, or choose another --out") from None
-    except OSError as e:
-        raise SystemExit(f"cannot write the run to {e.filename or out}: {e.strerror}") from None
+    # 3) model, optimizer, schedule: fresh, or as the interrupted run left them
+    model, opt, sched, scaler = build(cfg, device)
+    parts = dict(model=model, optimizer=opt, scheduler=sched, scaler=scaler)
+    state = dict(step=0, best_val_acc=-1.0, best_step=0, val_acc=None, elapsed=0.0)
+    runs.restore(ckpt, parts, state, seed=cfg.seed + rank)
+    if master:
+        runs.save(out / "config.json", dataclasses.asdict(cfg))  # the settings of this start
+    about = dict(config=dataclasses.asdict(cfg), script="train_lra.py", data=data_args,
+                 model_config=dataclasses.asdict(model.cfg))  # in the checkpoints: diagnose.py
+    # fast: compiled (fixed shapes: one graph per batch shape); net: what trains (DDP under
+    # torchrun). model holds the weights: it is saved and loaded, fast and net share them.
+    fast = torch.compile(model, dynamic=False) if cfg.compile else model
+    net = torch.nn.parallel.DistributedDataParallel(fast) if ddp else fast
+
+    # 4) train. Batch k is a function of (seed, k) alone, so a resumed run sees the batches it
+    # would have seen; each process takes its share of every batch.
+    bar = tqdm(total=cfg.steps, initial=state["step"], desc=cfg.attention,
+               disable=not master or None)  # None: shown on a terminal only
+    sums = torch.zeros(3, device=device)
+    t0 = time.time()
+    per_epoch = n_train // cfg.batch_size
+    while state["step"] < cfg.steps:
+        epoch, k = divmod(state["step"], per_epoch)
+        order = np.random.default_rng([cfg.seed, epoch]).permutation(n_train)
+        idx = order[k * cfg.batch_size : (k + 1) * cfg.batch_size][rank::world]
+        lr = opt.param_groups[0]["lr"]  # the rate this step uses (the schedule moves on after it)
+        batch = to_batch(data["train"], idx, device)
+        loss, correct = train_step(net, opt, sched, scaler, batch, autocast)
+        sums += torch.stack([loss * len(idx), correct, torch.tensor(len(idx), device=device)])
+        state["step"] = step = state["step"] + 1
+        bar.update()
+        if step % cfg.eval_every and step != cfg.steps:
+            continue
+        if ddp:
+            dist.all_reduce(sums)  # the training loss and accuracy of all processes
+        loss_sum, n_correct, n = sums.tolist()
+        sums.zero_()
+        if not math.isfinite(loss_sum):
+            raise SystemExit(f"the training loss is {loss_sum / n} at step {step}: the run "
+                             "diverged (a smaller --lr may help); its last good checkpoint stays")
+        val_acc, val_loss = evaluate(fast, data["val"], cfg.batch_size, device, autocast)
+        state["val_acc"] = round(val_acc, 5)
+        if val_acc > state["best_val_acc"]:  # the first of equal scores is kept
+            state.update(best_val_acc=val_acc, best_step=step)
+            if master:
+                runs.save(out / "best.pt", dict(model=model.state_dict(), step=step,
+                                                val_acc=val_acc, **about))
+        state["elapsed"] += time.time() - t0
+        t0 = time.time()
+        record = dict(step=step, lr=lr, train_loss=round(loss_sum / n, 5),
+                      train_acc=round(n_correct / n, 5), val_acc=round(val_acc, 5),
+                      val_loss=round(val_loss, 5), time_s=round(state["elapsed"], 1))
+        bar.set_postfix(loss=record["train_loss"], val=record["val_acc"])
+        if master:  # the checkpoint first: a crash in between loses a log line, not a step
+            runs.save(out / "checkpoint.pt", runs.checkpoint(parts, state, **about))
+            runs.save(out / "metrics.jsonl", record)
+    bar.close()
+
+    # 5) test once (rank 0), with the weights that scored best on validation. A run stopped
+    # after its last checkpoint but before this ends here on --resume.
+    result = None
+    if master:
+        model.load_state_dict(torch.load(out / "best.pt", map_location=device)["model"])
+        # NOTE: differs from the official test loader (drop_last=True): every example counts.
+        test_acc, _ = evaluate(fast, data["test"], cfg.batch_size, device, autocast)
+        result = dict(
+            task=cfg.task, attention=cfg.attention, seed=cfg.seed, preset=cfg.preset,
+            protocol="test_acc of the weights with the best val_acc"
+            + (" (Text: val = test, as the LRA pipeline)" if cfg.task == "text" else ""),
+            val_acc=round(state["best_val_acc"], 5), test_acc=round(test_acc, 5),
+            final_val_acc=state["val_acc"],
+            best_step=state["best_step"], steps=cfg.steps, n_params=count_parameters(model),
+            wall_s=round(state["elapsed"] + time.time() - t0, 1),
+            device=f"{torch.cuda.get_device_name(device) if cuda else 'cpu'} x {world}",
+            config=dataclasses.asdict(cfg))
+    return runs.finish(out, result)  # result.json, and RESULT {json} as the last line
 
 
 def build(cfg: TrainConfig, device: torch.device) -> tuple:
@@ -279,171 +270,40 @@ def evaluate(model, split: Split, batch_size: int, device, autocast) -> tuple:
     """(accuracy, mean cross-entropy) on a whole split, in eval mode (a bar on a terminal)."""
     model.eval()
     n = len(split.y)
-    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, correct: read at the end
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # correct, loss: read at the end
     for start in tqdm(range(0, n, batch_size), desc="evaluating", leave=False, disable=None):
         batch = to_batch(split, np.arange(start, min(start + batch_size, n)), device)
         with autocast:
             logits, _ = model(batch["x"], batch["mask"], batch.get("x2"), batch.get("mask2"))
         loss = F.cross_entropy(logits.float(), batch["y"], reduction="sum")
-        sums += torch.stack([loss.double(), (logits.argmax(-1) == batch["y"]).sum().double()])
+        sums += torch.stack([(logits.argmax(-1) == batch["y"]).sum().double(), loss.double()])
     model.train()
-    loss, correct = sums.tolist()
-    return correct / n, loss / n
+    return tuple((sums / n).tolist())  # (accuracy, mean loss)
 
 
-def main(cfg: TrainConfig) -> dict:
-    """Train, keep the weights that score best on validation, test them -> the result dict."""
-    # 1) processes and device: torchrun sets RANK and starts one process per GPU (or CPU share)
-    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    ddp = "RANK" in os.environ
-    if ddp:
-        dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = (dist.get_rank(), dist.get_world_size()) if ddp else (0, 1)
-    master = rank == 0  # only this process writes files and prints
-    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if cuda else "cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    half = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float16
-    autocast = torch.autocast(device.type, half, enabled=cuda and cfg.amp)
-    out = pathlib.Path(cfg.out or f"runs/{cfg.task}/{cfg.attention}-{cfg.preset}-seed{cfg.seed}")
-    ckpt = open_run(cfg, out, master)
-    state = dict(step=0, best_val_acc=-1.0, best_step=0, elapsed=0.0)  # what a checkpoint keeps
-    try:
-        return train(cfg, out, ckpt, state, device, rank, world, autocast)
-    except KeyboardInterrupt:
-        if master:
-            saved = (out / "checkpoint.pt").exists()
-            then = "continue with --resume" if saved else "no checkpoint yet: --overwrite"
-            sys.stderr.write(f"\ninterrupted at step {state['step']}; {then}\n")
-        raise SystemExit(130) from None
-    finally:  # the lock goes, if this process took it
-        lock = out / "lock"
-        if master and lock.exists() and lock.read_text() == f"{os.getpid()}@{socket.gethostname()}":
-            lock.unlink()
-        if ddp:
-            dist.destroy_process_group()
+def presets(given: dict, error) -> dict:
+    """The preset values for the flags given: task, then attention, then --preset quick."""
+    task, preset = given.get("task", TrainConfig.task), given.get("preset", TrainConfig.preset)
+    if preset == "quick" and task != "listops":
+        error("--preset quick is a small generated ListOps: use it with --task listops")
+    values = {**TASKS[task], **MECHANISMS.get((given.get("attention", "agf"), task), {})}
+    values.update(QUICK if preset == "quick" else {})
+    if "steps" in given and "warmup" not in given:  # keep the preset's warm-up fraction
+        warmup = round(values["warmup"] * given["steps"] / values["steps"])
+        values["warmup"] = 2 if warmup == 1 else warmup  # OneCycleLR cannot warm up in 1 step
+    warmup, steps = given.get("warmup", values["warmup"]), given.get("steps", values["steps"])
+    if steps > 0 and (warmup == 1 or warmup >= steps):  # (--steps 0 is refused as it is)
+        error(f"--warmup must be 0 or 2 .. --steps - 1 = {steps - 1}, got {warmup}")
+    return values
 
 
-def train(cfg: TrainConfig, out: pathlib.Path, ckpt, state: dict, device, rank, world, autocast):
-    """The run, in the folder that `main` checked and locked -> the result dict (rank 0)."""
-    ddp = "RANK" in os.environ
-    master = rank == 0
-    cuda = device.type == "cuda"
-    if master:
-        print(json.dumps(dataclasses.asdict(cfg)), flush=True)  # the resolved settings first
-    # 2) data; rank 0 first, as it may generate ListOps, then the others read what it wrote
-    listops = dict(LISTOPS[cfg.preset], train=cfg.listops_size, val=cfg.listops_eval_size,
-                   test=cfg.listops_eval_size)
-    if ddp and not master:
-        dist.barrier()
-    data_args = dict(task=cfg.task, data_dir=cfg.data_dir, max_len=cfg.max_len, seed=cfg.data_seed,
-                     listops=listops)  # kept in the checkpoints, so diagnose.py reads the same
-    data, notes = load_task(**data_args)
-    if ddp and master:
-        dist.barrier()
-    for note in notes if master else ():
-        print(note, flush=True)
-    n_train = len(data["train"].y)
-    if n_train < cfg.batch_size:
-        raise SystemExit(f"the training split has {n_train} examples, fewer than one batch")
-
-    # 3) model, optimizer, schedule: fresh, or as the interrupted run left them
-    if master:
-        lock_run(out)  # from here on, this run alone writes to out
-    model, opt, sched, scaler = build(cfg, device)
-    parts = dict(model=model, optimizer=opt, scheduler=sched, scaler=scaler)
-    if ckpt is not None:
-        for key, part in parts.items():
-            part.load_state_dict(ckpt[key])
-        torch.set_rng_state(ckpt["rng"])  # dropout goes on with the masks it would have drawn
-        if cuda and ckpt.get("cuda_rng") is not None:  # on a GPU, dropout draws from its own
-            torch.cuda.set_rng_state(ckpt["cuda_rng"])
-        state.update(ckpt["state"])
-    else:
-        torch.manual_seed(cfg.seed + rank)  # each process draws its own dropout masks
-        if master:
-            for name in RUN_FILES:  # --overwrite: nothing of the old run stays
-                (out / name).unlink(missing_ok=True)
-            (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-    # The checkpoints say what they hold: the model's settings beside its weights (diagnose.py)
-    model_config = dataclasses.asdict(model.cfg)
-    # fast: compiled (fixed shapes: one graph per batch shape); net: what trains (DDP under
-    # torchrun). model holds the weights: it is saved and loaded, fast and net share them.
-    fast = torch.compile(model, dynamic=False) if cfg.compile else model
-    net = torch.nn.parallel.DistributedDataParallel(fast) if ddp else fast
-
-    # 4) train. Batch k is a function of (seed, k) alone, so a resumed run sees the batches it
-    # would have seen; each process takes its share of every batch.
-    bar = tqdm(total=cfg.steps, initial=state["step"], desc=cfg.attention,
-               disable=not master or None)  # None: shown on a terminal only
-    sums = torch.zeros(3, device=device)
-    t0 = time.time()
-    per_epoch = n_train // cfg.batch_size
-    while state["step"] < cfg.steps:
-        epoch, k = divmod(state["step"], per_epoch)
-        order = np.random.default_rng([cfg.seed, epoch]).permutation(n_train)
-        idx = order[k * cfg.batch_size : (k + 1) * cfg.batch_size][rank::world]
-        lr = opt.param_groups[0]["lr"]  # the rate this step uses (the schedule moves on after it)
-        batch = to_batch(data["train"], idx, device)
-        loss, correct = train_step(net, opt, sched, scaler, batch, autocast)
-        sums += torch.stack([loss * len(idx), correct, torch.tensor(len(idx), device=device)])
-        state["step"] = step = state["step"] + 1
-        bar.update()
-        if step % cfg.eval_every and step != cfg.steps:
-            continue
-        if ddp:
-            dist.all_reduce(sums)  # the training loss and accuracy of all processes
-        loss_sum, n_correct, n = sums.tolist()
-        sums.zero_()
-        if not math.isfinite(loss_sum):
-            raise SystemExit(f"the training loss is {loss_sum / n} at step {step}: the run "
-                             "diverged (a smaller --lr may help); its last good checkpoint stays")
-        val_acc, val_loss = evaluate(fast, data["val"], cfg.batch_size, device, autocast)
-        if val_acc > state["best_val_acc"]:  # the first of equal scores is kept
-            state.update(best_val_acc=val_acc, best_step=step)
-            if master:
-                best = dict(model=model.state_dict(), model_config=model_config, data=data_args)
-                torch.save(best, out / "best.pt")
-        state["elapsed"] += time.time() - t0
-        t0 = time.time()
-        record = dict(step=step, lr=lr, train_loss=round(loss_sum / n, 5),
-                      train_acc=round(n_correct / n, 5), val_acc=round(val_acc, 5),
-                      val_loss=round(val_loss, 5), time_s=round(state["elapsed"], 1))
-        bar.set_postfix(loss=record["train_loss"], val=record["val_acc"])
-        if master:  # the checkpoint first: a crash in between loses a log line, not a step
-            ckpt = {k: part.state_dict() for k, part in parts.items()}
-            ckpt.update(rng=torch.get_rng_state(), state=state, config=dataclasses.asdict(cfg))
-            ckpt.update(cuda_rng=torch.cuda.get_rng_state() if cuda else None)
-            ckpt.update(model_config=model_config, data=data_args)
-            torch.save(ckpt, out / "checkpoint.tmp")
-            os.replace(out / "checkpoint.tmp", out / "checkpoint.pt")  # never half a file
-            with open(out / "metrics.jsonl", "a") as log:
-                log.write(json.dumps(record) + "\n")
-    bar.close()
-
-    # 5) test once (rank 0), with the weights that scored best on validation
-    result = None
-    if master:
-        model.load_state_dict(torch.load(out / "best.pt", map_location=device)["model"])
-        # NOTE: differs from the official test loader (drop_last=True): every example counts.
-        test_acc, _ = evaluate(fast, data["test"], cfg.batch_size, device, autocast)
-        result = dict(
-            task=cfg.task, attention=cfg.attention, seed=cfg.seed, preset=cfg.preset,
-            protocol="test_acc of the weights with the best val_acc"
-            + (" (Text: val = test, as the LRA pipeline)" if cfg.task == "text" else ""),
-            val_acc=round(state["best_val_acc"], 5), test_acc=round(test_acc, 5),
-            final_val_acc=round(val_acc, 5),
-            best_step=state["best_step"], steps=cfg.steps, n_params=count_parameters(model),
-            wall_s=round(state["elapsed"] + time.time() - t0, 1),
-            device=f"{torch.cuda.get_device_name(device) if cuda else 'cpu'} x {world}",
-            config=dataclasses.asdict(cfg))
-        (out / "result.json").write_text(json.dumps(result, indent=2))
-        print("RESULT " + json.dumps(result), flush=True)
-    return result
+def parse_config(argv=None) -> TrainConfig:
+    """The flags (or `argv`) -> TrainConfig: defaults < preset < flags, all checked here."""
+    choices = dict(task=list(TASKS), attention=ATTENTIONS, preset=list(LISTOPS),
+                   agf_variant=("agf", "uv", "svd"), gfsa_high_order=("taylor", "exact"))
+    out = "runs/{task}/{attention}-{preset}-seed{seed}"  # where --out is not given
+    return runs.parse(TrainConfig, __doc__, choices, presets, out, argv)
 
 
 if __name__ == "__main__":
-    try:
-        main(parse_config())
-    except DataError as e:
-        raise SystemExit(f"data error: {e}") from None
+    runs.run(main, parse_config(), "step", DataError)

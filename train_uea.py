@@ -11,19 +11,16 @@ Protocol: the papers (Flowformer, Primal-Attention, AGF) report the best TEST ac
 epochs, evaluated after the first epoch, every 2 epochs and after the last: best_test_acc (the
 test split serves for selection). Beside it, final_test_acc: after the last epoch, no selection.
 Output: runs/<dataset>/<attention>-<preset>-seed<seed>/ {config.json, metrics.jsonl,
-checkpoint.pt, result.json}, and a lock file while the run writes; the last line is  RESULT {json}.
+checkpoint.pt, result.json, lock} (runs.py: the folder and its lock); the last line: RESULT {json}.
 """
 
-import argparse
 import dataclasses
 import json
 import math
 import os
 import pathlib
-import socket
-import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -31,38 +28,25 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from tqdm import tqdm
 
+import runs
 import uea_data
 from model import ATTENTION, Classifier, ModelConfig, count_parameters
+from runs import flag
 
 ATTENTIONS = (*ATTENTION, "primal+trans")  # primal+trans: softmax layers, Primal in the last
-DEVICES = ("auto", "cpu", "cuda")  # one GPU per process; pick it with CUDA_VISIBLE_DEVICES
-SEEDS = 2**32  # numpy's and torch's seeds lie in [0, 2**32)
-RUN_FILES = ("config.json", "metrics.jsonl", "checkpoint.pt", "result.json")
 BASES = ("jacobi", "legendre", "chebyshev", "chebyshev_t", "monomial")  # polynomials.py
 VARIANTS, HIGH_ORDER = ("agf", "uv", "svd"), ("taylor", "exact")  # agf.py, gfsa.py
 
 
-def flag(default, help: str, low=None, high=None):  # noqa: A002 (argparse's word)
-    """A field that is also a flag; a value must lie in [low, high) (checked when parsed)."""
-    return field(default=default, metadata=dict(help=help, low=low, high=high))
-
-
 @dataclass
-class TrainConfig:
+class TrainConfig(runs.Settings):  # and --out --resume --overwrite --device --amp --compile
     dataset: str = flag("JapaneseVowels", "UEA dataset name, e.g. JapaneseVowels, PEMS-SF")
     attention: str = flag("softmax", " | ".join(ATTENTIONS))
     preset: str = flag("paper", "paper (the official scripts' settings) | quick (small, CPU)")
     data_dir: str = flag("data/uea", "holds <Name>/<Name>_TRAIN.ts and <Name>_TEST.ts")
     download: bool = flag(False, "fetch <download-url>/<Name>.zip when the dataset is missing")
     download_url: str = flag(uea_data.ARCHIVE_ZIPS, "where the per-dataset zips are")
-    out: str = flag("", "run folder (default runs/<dataset>/<attention>-<preset>-seed<seed>)")
-    resume: bool = flag(False, "continue the run in --out from its checkpoint.pt")
-    overwrite: bool = flag(False, "start afresh in a folder that holds a run (deleting its files)")
-    seed: int = flag(666, "seed of the initial weights, dropout and the batch order", 0, SEEDS)
-    device: str = flag("auto", "auto (CUDA when there is one) | cpu | cuda")
-    amp: bool = flag(True, "mixed precision on CUDA (bf16, else fp16 with loss scaling)")
-    compile: bool = flag(None, "torch.compile the model (default: on CUDA yes, on a CPU no); the "
-                         "first steps and evaluations of each batch shape pay the compile time")
+    seed: int = flag(666, "seed of the weights, dropout and the batch order", 0, runs.SEEDS)
     # optimisation: the official scripts (constant lr: their lr_step 1e6 never decays)
     epochs: int = flag(100, "training epochs (may grow on --resume)", 1)
     batch_size: int = flag(16, "cases per step, all processes together", 1)
@@ -144,215 +128,21 @@ PRIMAL = {
 QUICK = dict(d_model=64, n_heads=2, d_ff=128, epochs=10)
 
 
-def parse_config(argv=None) -> TrainConfig:
-    """The flags (or `argv`) -> TrainConfig: defaults < preset < flags, all checked here."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    choices = dict(attention=ATTENTIONS, preset=("paper", "quick"), device=DEVICES,
-                   agf_basis=BASES, optimizer=("radam", "adam"), agf_variant=VARIANTS,
-                   gfsa_high_order=HIGH_ORDER)
-    for f in dataclasses.fields(TrainConfig):  # a bool is --amp / --no-amp
-        kind = dict(action=argparse.BooleanOptionalAction) if f.type is bool else dict(type=f.type)
-        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, choices=choices.get(f.name),
-                       help=f"{f.metadata['help']} (default: {f.default})", **kind)
-    given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
-    name = given.get("dataset", TrainConfig.dataset)
-    attention = given.get("attention", TrainConfig.attention)
-    preset = given.get("preset", TrainConfig.preset)
-    values = {**DATASETS.get(name, {}), **AGF.get(name, {})}
-    values.update(PRIMAL.get(attention, PRIMAL["primal"]).get(name, {}))
-    values.update(QUICK if preset == "quick" else {})
-    if preset == "paper" and name not in AGF:  # the ten datasets of the papers' scripts
-        values["preset"] = "default"  # recorded as what it is: the options.py defaults
-    cfg = TrainConfig(**{**values, **given})
-    for f in dataclasses.fields(cfg):
-        low, high, value = f.metadata["low"], f.metadata["high"], getattr(cfg, f.name)
-        name = "--" + f.name.replace("_", "-")
-        if isinstance(value, float) and not math.isfinite(value):
-            p.error(f"{name} must be a finite number, got {value}")
-        if (low is not None and value < low) or (high is not None and value >= high):
-            p.error(f"{name} must be " + (f"at least {low}" if high is None
-                    else f"in [{low}, {high})") + f", got {value}")
-    if cfg.lr <= 0:
-        p.error(f"--lr must be positive, got {cfg.lr}")
-    if cfg.d_model % cfg.n_heads:
-        p.error(f"--d-model {cfg.d_model} is not divisible by --n-heads {cfg.n_heads}")
-    cuda = torch.cuda.is_available() and cfg.device != "cpu"
-    if cfg.device == "cuda" and not cuda:
-        p.error("--device cuda: this machine has no CUDA device (use auto or cpu)")
-    world = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's number of processes
-    if cfg.batch_size % world:
-        p.error(f"--batch-size {cfg.batch_size} is not divisible by {world} processes")
-    cfg.compile = cuda if cfg.compile is None else cfg.compile
-    return cfg
-
-
-def open_run(cfg: TrainConfig, out: pathlib.Path, master: bool) -> dict | None:
-    """Check the run folder before anything is written -> the checkpoint to resume, or None."""
-    if out.exists() and not out.is_dir():
-        raise SystemExit(f"--out {out} is a file, not a folder: choose another --out")
-    if not cfg.resume and not cfg.overwrite and (out / "config.json").exists():
-        raise SystemExit(f"{out} holds a run already: add --resume to continue it, --overwrite "
-                         "to start it again (deleting its files), or choose another --out")
-    file = out / "checkpoint.pt"
-    lock = out / "lock"
-    if cfg.resume and not file.exists():
-        raise SystemExit(f"--resume: there is no checkpoint at {file}; start with --overwrite")
-    try:
-        ckpt = torch.load(file, map_location="cpu", weights_only=False) if cfg.resume else None
-        then, done = (ckpt["config"], ckpt["state"]["epoch"]) if ckpt else ({}, 0)
-    except Exception as e:  # truncated, empty, or not a checkpoint of this script
-        raise SystemExit(f"{file} is damaged ({type(e).__name__}): use --overwrite") from None
-    may_change = ("resume", "overwrite", "device", "out", "compile", "epochs", "download")
-    changed = {k: (v, getattr(cfg, k, None)) for k, v in then.items()
-               if k not in may_change and v != getattr(cfg, k, None)}
-    if changed:
-        raise SystemExit(f"--resume: {out} ran with other settings (then, now): {changed}")
-    if ckpt and done >= cfg.epochs:
-        raise SystemExit(f"{out} finished its {done} epochs: nothing to resume (--epochs "
-                         f"above {done} continues it, --overwrite starts it again)")
-    if master and lock.exists():  # one run writes to a folder at a time
-        pid, _, host = lock.read_text().partition("@")
-        gone = False
-        if host == socket.gethostname():  # on another machine we cannot tell: it may run
-            try:
-                os.kill(int(pid), 0)  # signal 0 only asks whether the process exists
-            except (ProcessLookupError, ValueError):
-                gone = True
-        if not gone:
-            raise SystemExit(f"{out} is in use by process {pid} on {host}: wait for it, "
-                             f"choose another --out, or delete {lock} if that run is gone")
-        print(f"{lock} was left by process {pid}, which is no longer running: removing it")
-        lock.unlink()
-    return ckpt
-
-
-def lock_run(out: pathlib.Path) -> None:
-    """Create the run folder and its lock (pid@host); check that its files are writable."""
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        for name in RUN_FILES:  # a read-only file, folder or disk: one sentence, before step 1
-            if (out / name).exists() and not os.access(out / name, os.W_OK):
-                raise PermissionError(13, "Permission denied", str(out / name))
-        with open(out / "lock", "x") as lock:  # "x" fails if another run made it meanwhile
-            lock.write(f"{os.getpid()}@{socket.gethostname()}")
-    except FileExistsError:
-        raise SystemExit(f"{out} is in use by another run: wait, or choose another --out") from None
-    except OSError as e:
-        raise SystemExit(f"cannot write the run to {e.filename or out}: {e.strerror}") from None
-
-
-def build(cfg: TrainConfig, data: uea_data.UEAData, device: torch.device) -> tuple:
-    """-> (model, optimizer, GradScaler), with the same initial weights in every process."""
-    torch.manual_seed(cfg.seed)
-    kwargs = {  # each attention's constructor arguments (model.py passes them on)
-        "agf": dict(order=cfg.agf_order, basis=cfg.agf_basis, alpha=cfg.agf_alpha,
-                    beta=cfg.agf_beta, ortho_weight=cfg.agf_gamma, fix_theta0=cfg.agf_fix_theta0,
-                    variant=cfg.agf_variant),
-        # the UEA code squares each case's KSVD objective J, then averages over the batch
-        "primal": dict(rank=cfg.primal_rank, rank_multi=cfg.primal_rank_multi,
-                       ksvd_weight=cfg.primal_eta, ksvd_reduction="sample"),
-        "gfsa": dict(order=cfg.gfsa_order, w0=cfg.gfsa_w0, learn_w0=cfg.gfsa_learn_w0,
-                     learn_w1=cfg.gfsa_learn_w1, dropout=cfg.attn_dropout,
-                     high_order=cfg.gfsa_high_order),
-    }
-    model = Classifier(ModelConfig(
-        n_classes=len(data.class_names), max_len=data.x_train.shape[1], style="uea",
-        n_features=data.x_train.shape[2], d_model=cfg.d_model, n_heads=cfg.n_heads,
-        n_layers=cfg.n_layers, d_ff=cfg.d_ff, dropout=cfg.dropout, attn_dropout=cfg.attn_dropout,
-        attention=cfg.attention, attention_kwargs=kwargs, attention_mask=cfg.attention_mask,
-    )).to(device)
-    # No weight decay. torch's RAdam takes the steps of the official code's own RAdam class.
-    optimizer = {"radam": torch.optim.RAdam, "adam": torch.optim.Adam}[cfg.optimizer]
-    fp16 = device.type == "cuda" and cfg.amp and not torch.cuda.is_bf16_supported()
-    scaler = torch.amp.GradScaler("cuda", enabled=fp16)  # bf16 needs no loss scaling
-    return model, optimizer(model.parameters(), lr=cfg.lr), scaler
-
-
-def to_batch(data: uea_data.UEAData, split: str, idx: np.ndarray, device) -> tuple:
-    """Features x (B, N, F), bool mask (B, N) and labels y (B,) of `split`, on `device`."""
-    arrays = (getattr(data, f"{name}_{split}") for name in ("x", "mask", "y"))
-    batch = tuple(torch.from_numpy(a[idx]) for a in arrays)
-    if torch.device(device).type == "cuda":  # from pinned memory, without waiting for the GPU
-        batch = tuple(t.pin_memory().to(device, non_blocking=True) for t in batch)
-    return batch
-
-
-def train_step(model, opt, scaler, x, mask, y, cfg: TrainConfig, autocast) -> tuple:
-    """One optimizer step -> (loss, aux loss, number of correct predictions), as tensors."""
-    opt.zero_grad(set_to_none=True)
-    # NOTE: differs from the official UEA code, whose attention gets no mask (padded steps are
-    # zeroed before the head only), because padding must not leak. --no-attention-mask: official.
-    with autocast:  # the forward pass only; backward runs outside autocast
-        logits, aux = model(x, mask)
-        # aux: weighted in each attention (γ, η), averaged over layers by model.py: added as it is
-        loss = F.cross_entropy(logits.float(), y) + aux.float()
-    scaler.scale(loss).backward()
-    scaler.unscale_(opt)  # clip the true gradients, not the fp16-scaled ones
-    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    scaler.step(opt)
-    scaler.update()
-    return loss.detach(), aux.detach().float(), (logits.argmax(-1) == y).sum()
-
-
-@torch.no_grad()
-def evaluate(model, data: uea_data.UEAData, batch_size: int, device, autocast) -> tuple:
-    """(accuracy, mean cross-entropy) on TEST, in eval mode (a bar on a terminal)."""
-    model.eval()
-    n = len(data.y_test)
-    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, correct: read at the end
-    for start in tqdm(range(0, n, batch_size), desc="evaluating", leave=False, disable=None):
-        x, mask, y = to_batch(data, "test", np.arange(start, min(start + batch_size, n)), device)
-        with autocast:
-            logits, _ = model(x, mask)
-        loss = F.cross_entropy(logits.float(), y, reduction="sum")
-        sums += torch.stack([loss.double(), (logits.argmax(-1) == y).sum().double()])
-    model.train()
-    loss, correct = sums.tolist()
-    return correct / n, loss / n
+MAY_CHANGE = ("resume", "overwrite", "device", "out", "compile", "epochs", "download")
 
 
 def main(cfg: TrainConfig) -> dict:
     """Train, evaluate on TEST under both protocols, write the run folder -> the result dict."""
-    # 1) processes and device: torchrun sets RANK and starts one process per GPU (or CPU share)
-    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
-    ddp = "RANK" in os.environ
-    if ddp:
-        dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = (dist.get_rank(), dist.get_world_size()) if ddp else (0, 1)
-    master = rank == 0  # only this process writes files and prints
-    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if cuda else "cpu")
-    if cuda:
-        torch.cuda.set_device(device)
-    half = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float16
-    autocast = torch.autocast(device.type, half, enabled=cuda and cfg.amp)
-    out = pathlib.Path(cfg.out or f"runs/{cfg.dataset}/{cfg.attention}-{cfg.preset}-seed{cfg.seed}")
-    ckpt = open_run(cfg, out, master)
-    state = dict(epoch=0, best_test_acc=-1.0, best_epoch=0, final_test_acc=None, elapsed=0.0)
-    try:
-        return train(cfg, out, ckpt, state, device, rank, world, autocast)
-    except KeyboardInterrupt:
-        if master:
-            saved = (out / "checkpoint.pt").exists()
-            then = "continue with --resume" if saved else "no checkpoint yet: --overwrite"
-            sys.stderr.write(f"\ninterrupted in epoch {state['epoch'] + 1}; {then}\n")
-        raise SystemExit(130) from None
-    finally:  # the lock goes, if this process took it
-        lock = out / "lock"
-        if master and lock.exists() and lock.read_text() == f"{os.getpid()}@{socket.gethostname()}":
-            lock.unlink()
-        if ddp:
-            dist.destroy_process_group()
-
-
-def train(cfg: TrainConfig, out: pathlib.Path, ckpt, state: dict, device, rank, world, autocast):
-    """The run, in the folder that `main` checked and locked -> the result dict."""
-    ddp = "RANK" in os.environ
-    master = rank == 0
-    cuda = device.type == "cuda"
-    say = tqdm.write if master else (lambda *_: None)
+    # 1) processes and device: under torchrun one process per GPU or CPU share
+    rank, world, device, autocast = runs.processes(cfg.device, cfg.amp)
+    ddp, master, cuda = "RANK" in os.environ, rank == 0, device.type == "cuda"
+    say = tqdm.write if master else (lambda *_: None)  # rank 0 alone prints and writes
+    out = pathlib.Path(cfg.out)  # locked and checked before anything is read or written
+    ckpt = runs.open_run(cfg, out, "train_uea.py", "epoch", cfg.epochs, MAY_CHANGE)
     say(json.dumps(dataclasses.asdict(cfg)))  # the resolved settings first
     if cfg.preset == "default":
         say(f"{cfg.dataset} has no preset from the papers' scripts: the defaults above are used")
+
     # 2) data: TRAIN statistics, zero padding, padding masks; rank 0 downloads, if asked to
     if cfg.download and master:  # fetches the dataset only when its files are missing
         uea_data.download_dataset(cfg.dataset, cfg.data_dir, cfg.download_url)
@@ -365,26 +155,13 @@ def train(cfg: TrainConfig, out: pathlib.Path, ckpt, state: dict, device, rank, 
     for note in data.notes:
         say(note)
 
-    # 3) model, optimizer: fresh, or as the interrupted run left them
-    if master:
-        lock_run(out)  # from here on, this run alone writes to out
+    # 3) model and optimizer: fresh, or as the interrupted run left them
     model, opt, scaler = build(cfg, data, device)
     parts = dict(model=model, optimizer=opt, scaler=scaler)
-    if ckpt is not None:
-        for key, part in parts.items():
-            part.load_state_dict(ckpt[key])
-        torch.set_rng_state(ckpt["rng"])  # dropout goes on with the masks it would have drawn
-        if cuda and ckpt.get("cuda_rng") is not None:  # on a GPU, dropout draws from its own
-            torch.cuda.set_rng_state(ckpt["cuda_rng"])
-        state.update(ckpt["state"])
-    else:
-        torch.manual_seed(cfg.seed + rank)  # each process draws its own dropout masks
-        if master:
-            for name in RUN_FILES:  # --overwrite: nothing of the old run stays
-                (out / name).unlink(missing_ok=True)
-            (out / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
-    # The checkpoint says what it holds: the model's settings beside its weights (diagnose.py)
-    model_config = dataclasses.asdict(model.cfg)
+    state = dict(epoch=0, best_test_acc=-1.0, best_epoch=0, final_test_acc=None, elapsed=0.0)
+    runs.restore(ckpt, parts, state, seed=cfg.seed + rank)
+    if master:
+        runs.save(out / "config.json", dataclasses.asdict(cfg))  # the settings of this start
     # fast: compiled (fixed shapes: one graph per batch shape); net: what trains (DDP under
     # torchrun). model holds the weights: it is saved and loaded, fast and net share them.
     fast = torch.compile(model, dynamic=False) if cfg.compile else model
@@ -424,14 +201,10 @@ def train(cfg: TrainConfig, out: pathlib.Path, ckpt, state: dict, device, rank, 
             say("  ".join(f"{k} {v:.4g}" for k, v in record.items()))
         state.update(epoch=epoch, elapsed=state["elapsed"] + time.time() - t0)
         if master:  # the checkpoint first: a crash in between loses a log line, not an epoch
-            ckpt = {k: part.state_dict() for k, part in parts.items()}
-            ckpt.update(rng=torch.get_rng_state(), state=state, config=dataclasses.asdict(cfg))
-            ckpt.update(cuda_rng=torch.cuda.get_rng_state() if cuda else None)
-            ckpt.update(model_config=model_config, data=data_args)
-            torch.save(ckpt, out / "checkpoint.tmp")
-            os.replace(out / "checkpoint.tmp", out / "checkpoint.pt")  # never half a file
-            with open(out / "metrics.jsonl", "a") as log:
-                log.write(json.dumps(record) + "\n")
+            runs.save(out / "checkpoint.pt", runs.checkpoint(  # + what diagnose.py needs
+                parts, state, config=dataclasses.asdict(cfg), script="train_uea.py",
+                data=data_args, model_config=dataclasses.asdict(model.cfg)))
+            runs.save(out / "metrics.jsonl", record)
     bar.close()
 
     # 5) the result under both protocols
@@ -444,14 +217,101 @@ def train(cfg: TrainConfig, out: pathlib.Path, ckpt, state: dict, device, rank, 
         epochs=cfg.epochs, n_params=count_parameters(model), wall_s=round(state["elapsed"], 1),
         device=f"{torch.cuda.get_device_name(device) if cuda else 'cpu'} x {world}",
         config=dataclasses.asdict(cfg))
-    if master:
-        (out / "result.json").write_text(json.dumps(result, indent=2))
-        print("RESULT " + json.dumps(result), flush=True)
-    return result
+    return runs.finish(out, result)  # result.json, and RESULT {json} as the last line
+
+
+def build(cfg: TrainConfig, data: uea_data.UEAData, device: torch.device) -> tuple:
+    """-> (model, optimizer, GradScaler), with the same initial weights in every process."""
+    torch.manual_seed(cfg.seed)
+    kwargs = {  # each attention's constructor arguments (model.py passes them on)
+        "agf": dict(order=cfg.agf_order, basis=cfg.agf_basis, alpha=cfg.agf_alpha,
+                    beta=cfg.agf_beta, ortho_weight=cfg.agf_gamma, fix_theta0=cfg.agf_fix_theta0,
+                    variant=cfg.agf_variant),
+        # the UEA code squares each case's KSVD objective J, then averages over the batch
+        "primal": dict(rank=cfg.primal_rank, rank_multi=cfg.primal_rank_multi,
+                       ksvd_weight=cfg.primal_eta, ksvd_reduction="sample"),
+        "gfsa": dict(order=cfg.gfsa_order, w0=cfg.gfsa_w0, learn_w0=cfg.gfsa_learn_w0,
+                     learn_w1=cfg.gfsa_learn_w1, dropout=cfg.attn_dropout,
+                     high_order=cfg.gfsa_high_order),
+    }
+    model = Classifier(ModelConfig(
+        n_classes=len(data.class_names), max_len=data.x_train.shape[1], style="uea",
+        n_features=data.x_train.shape[2], d_model=cfg.d_model, n_heads=cfg.n_heads,
+        n_layers=cfg.n_layers, d_ff=cfg.d_ff, dropout=cfg.dropout, attn_dropout=cfg.attn_dropout,
+        attention=cfg.attention, attention_kwargs=kwargs, attention_mask=cfg.attention_mask,
+    )).to(device)
+    # No weight decay. torch's RAdam takes the steps of the official code's own RAdam class.
+    optimizer = {"radam": torch.optim.RAdam, "adam": torch.optim.Adam}[cfg.optimizer]
+    fp16 = device.type == "cuda" and cfg.amp and not torch.cuda.is_bf16_supported()
+    scaler = torch.amp.GradScaler("cuda", enabled=fp16)  # bf16 needs no loss scaling
+    return model, optimizer(model.parameters(), lr=cfg.lr), scaler
+
+
+def train_step(model, opt, scaler, x, mask, y, cfg: TrainConfig, autocast) -> tuple:
+    """One optimizer step -> (loss, aux loss, number of correct predictions), as tensors."""
+    opt.zero_grad(set_to_none=True)
+    # NOTE: differs from the official UEA code, whose attention gets no mask (padded steps are
+    # zeroed before the head only), because padding must not leak. --no-attention-mask: official.
+    with autocast:  # the forward pass only; backward runs outside autocast
+        logits, aux = model(x, mask)
+        # aux: weighted in each attention (γ, η), averaged over layers by model.py: added as it is
+        loss = F.cross_entropy(logits.float(), y) + aux.float()
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)  # clip the true gradients, not the fp16-scaled ones
+    torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    scaler.step(opt)
+    scaler.update()
+    return loss.detach(), aux.detach().float(), (logits.argmax(-1) == y).sum()
+
+
+def to_batch(data: uea_data.UEAData, split: str, idx: np.ndarray, device) -> tuple:
+    """Features x (B, N, F), bool mask (B, N) and labels y (B,) of `split`, on `device`."""
+    arrays = (getattr(data, f"{name}_{split}") for name in ("x", "mask", "y"))
+    batch = tuple(torch.from_numpy(a[idx]) for a in arrays)
+    if torch.device(device).type == "cuda":  # from pinned memory, without waiting for the GPU
+        batch = tuple(t.pin_memory().to(device, non_blocking=True) for t in batch)
+    return batch
+
+
+@torch.no_grad()
+def evaluate(model, data: uea_data.UEAData, batch_size: int, device, autocast) -> tuple:
+    """(accuracy, mean cross-entropy) on TEST, in eval mode (a bar on a terminal)."""
+    model.eval()
+    n = len(data.y_test)
+    sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, correct: read at the end
+    for start in tqdm(range(0, n, batch_size), desc="evaluating", leave=False, disable=None):
+        x, mask, y = to_batch(data, "test", np.arange(start, min(start + batch_size, n)), device)
+        with autocast:
+            logits, _ = model(x, mask)
+        loss = F.cross_entropy(logits.float(), y, reduction="sum")
+        sums += torch.stack([loss.double(), (logits.argmax(-1) == y).sum().double()])
+    model.train()
+    loss, correct = sums.tolist()
+    return correct / n, loss / n
+
+
+def presets(given: dict, error) -> dict:
+    """The preset values for the flags given: dataset, then attention, then --preset quick."""
+    name = given.get("dataset", TrainConfig.dataset)
+    attention = given.get("attention", TrainConfig.attention)
+    preset = given.get("preset", TrainConfig.preset)
+    values = {**DATASETS.get(name, {}), **AGF.get(name, {})}
+    values.update(PRIMAL.get(attention, PRIMAL["primal"]).get(name, {}))
+    values.update(QUICK if preset == "quick" else {})
+    if preset == "paper" and name not in AGF:  # the ten datasets of the papers' scripts
+        values["preset"] = "default"  # recorded as what it is: the options.py defaults
+    return values
+
+
+def parse_config(argv=None) -> TrainConfig:
+    """The flags (or `argv`) -> TrainConfig: defaults < preset < flags, all checked here."""
+    choices = dict(attention=ATTENTIONS, preset=("paper", "quick"),
+                   agf_basis=BASES, optimizer=("radam", "adam"), agf_variant=VARIANTS,
+                   gfsa_high_order=HIGH_ORDER)
+    out = "runs/{dataset}/{attention}-{preset}-seed{seed}"  # where --out is not given
+    return runs.parse(TrainConfig, __doc__, choices, presets, out, argv)
 
 
 if __name__ == "__main__":
-    try:
-        main(parse_config())
-    except (uea_data.TsFormatError, uea_data.DatasetNotFoundError) as e:
-        raise SystemExit(f"error: {e}") from None
+    runs.run(main, parse_config(), "epoch", (uea_data.TsFormatError,
+                                             uea_data.DatasetNotFoundError))

@@ -1,0 +1,281 @@
+"""
+runs.py: what train_lra.py and train_uea.py do alike, kept out of their way (as nanoGPT's
+configurator.py beside its train.py): flags from a settings dataclass, the run folder and its
+lock, writes that never leave half a file, and the sentence said on Ctrl-C.
+
+A run folder holds config.json (the settings of its last start), metrics.jsonl, checkpoint.pt,
+best.pt (LRA), result.json, diagnose/ (diagnose.py's output) and `lock`. A running process holds
+`lock` with fcntl.flock; the operating system releases it when the process ends, however it ends,
+so nothing stale is left to take over. Where fcntl does not exist (Windows), folders are not
+locked: the run says so, and one run per folder is then up to you.
+
+Under torchrun, rank 0 decides and speaks; a refusal every rank would make is said once, and the
+other ranks exit quietly with the same code. Depends on: torch.
+"""
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import shutil
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+try:
+    import fcntl
+except ImportError:  # Windows
+    fcntl = None
+
+RANK, WORLD = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))  # torchrun's
+SEEDS = 2**32  # numpy's and torch's seeds lie in [0, 2**32)
+# What a run or diagnose.py writes into a run folder; --overwrite removes these and nothing else
+WRITTEN = {"config.json", "metrics.jsonl", "checkpoint.pt", "best.pt", "result.json", "diagnose"}
+WRITTEN |= {name + ".tmp" for name in WRITTEN} | {"lock"}
+_held = []  # the open lock files: closing one would release its lock
+
+
+def flag(default, help: str, low=None, high=None):  # noqa: A002 (argparse's word)
+    """A settings field that is also a flag; its value must lie in [low, high)."""
+    return dataclasses.field(default=default, metadata=dict(help=help, low=low, high=high))
+
+
+@dataclasses.dataclass
+class Settings:
+    """The flags of a run that both scripts share; each script's TrainConfig adds its own."""
+    out: str = flag("", "run folder (default runs/<task|dataset>/<attention>-<preset>-seed<seed>)")
+    resume: bool = flag(False, "continue the run in --out from its checkpoint.pt")
+    overwrite: bool = flag(False, "start afresh in a folder that holds a run (deleting its files)")
+    device: str = flag("auto", "auto (CUDA when there is one) | cpu | cuda")
+    amp: bool = flag(True, "mixed precision on CUDA (bf16, else fp16 with loss scaling)")
+    compile: bool = flag(None, "torch.compile the model (default: on CUDA yes, on a CPU no); the "
+                         "first steps and evaluations of each batch shape pay the compile time")
+
+
+def parse(Config, doc: str, choices: dict, presets, out: str, argv=None):
+    """The flags (or `argv`) -> Config: defaults < presets(given, error) < flags, all checked.
+    presets returns the preset values for the flags given; it may refuse with error(message).
+    out: the run folder's pattern, filled with the settings, where --out is not given."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+    if RANK:  # every rank parses the same flags: rank 0 alone says what is wrong
+        p.error = lambda message: _quietly(2)
+    choices = dict(choices, device=("auto", "cpu", "cuda"))  # one GPU per process: pick it with
+    for f in dataclasses.fields(Config):  # CUDA_VISIBLE_DEVICES; a bool is --amp / --no-amp
+        kind = dict(action=argparse.BooleanOptionalAction) if f.type is bool else dict(type=f.type)
+        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, choices=choices.get(f.name),
+                       help=f"{f.metadata['help']} (default: {f.default})", **kind)
+    given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
+    cfg = Config(**{**presets(given, p.error), **given})
+    for f in dataclasses.fields(cfg):
+        low, high, value = f.metadata["low"], f.metadata["high"], getattr(cfg, f.name)
+        name = "--" + f.name.replace("_", "-")
+        if isinstance(value, float) and not math.isfinite(value):
+            p.error(f"{name} must be a finite number, got {value}")
+        if (low is not None and value < low) or (high is not None and value >= high):
+            p.error(f"{name} must be " + (f"at least {low}" if high is None
+                    else f"in [{low}, {high})") + f", got {value}")
+    cuda = torch.cuda.is_available() and cfg.device != "cpu"
+    for wrong, message in (
+        (cfg.lr <= 0, f"--lr must be positive, got {cfg.lr}"),
+        (cfg.d_model % cfg.n_heads, f"--d-model {cfg.d_model} is not divisible by --n-heads "
+                                    f"{cfg.n_heads}"),
+        (cfg.device == "cuda" and not cuda, "--device cuda: this machine has no CUDA device "
+                                            "(use auto or cpu)"),
+        (cfg.batch_size % WORLD, f"--batch-size {cfg.batch_size} is not divisible by {WORLD} "
+                                 "processes"),
+        (cfg.resume and cfg.overwrite, "--resume continues a run and --overwrite deletes it: "
+                                       "give one of them"),
+    ):
+        if wrong:
+            p.error(message)
+    cfg.compile = cuda if cfg.compile is None else cfg.compile  # nanoGPT's default: on a GPU
+    cfg.out = cfg.out or out.format(**dataclasses.asdict(cfg))
+    return cfg
+
+
+def processes(device: str, amp: bool) -> tuple:
+    """torchrun's processes (it sets RANK: one process per GPU, or per share of a CPU) and this
+    one's device -> (rank, world, device, autocast). Without torchrun: one process, rank 0."""
+    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if "RANK" in os.environ:
+        dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = (dist.get_rank(), dist.get_world_size()) if "RANK" in os.environ else (0, 1)
+    device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    half = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float16
+    return rank, world, device, torch.autocast(device.type, half, enabled=cuda and amp)
+
+
+def open_run(cfg, out: pathlib.Path, script: str, unit: str, total: int, may_change) -> dict:
+    """Lock the run folder `out`, then check it under the lock -> the checkpoint to resume, or
+    None for a fresh run (the caller writes config.json once its data is read). unit: "step" or
+    "epoch", counted to `total`; may_change: the settings a --resume may change."""
+    refusal = None
+    if RANK == 0:
+        try:
+            ckpt = _open(cfg, out, script, unit, total, may_change)
+        except SystemExit as e:
+            refusal = e.code
+    if dist.is_initialized():  # the other ranks learn rank 0's answer
+        box = [refusal]
+        dist.broadcast_object_list(box)
+        refusal = box[0]
+    if refusal is not None:
+        raise SystemExit(refusal) if RANK == 0 else _quietly(1)  # said once, by rank 0
+    if RANK:
+        ckpt = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=False) \
+            if cfg.resume else None
+    return ckpt
+
+
+def _open(cfg, out, script, unit, total, may_change):
+    if out.exists() and not out.is_dir():
+        raise SystemExit(f"--out {out} is a file, not a folder: choose another --out")
+    while _held:  # a process runs one run at a time: the one before (in this process) is over
+        _held.pop().close()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        lock = open(out / "lock", "a")  # noqa: SIM115 (held until the process ends)
+    except OSError as e:
+        raise SystemExit(f"cannot write the run to {out}: {e.strerror}") from None
+    if fcntl is None:
+        print(f"no fcntl on this system: {out} is not locked; start one run per folder")
+    else:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            raise SystemExit(f"{out} is in use by another run: wait for it, or choose another "
+                             "--out") from None
+    _held.append(lock)
+    # From here on this process alone writes to out, and checks what is in it now
+    found = {p.name for p in out.iterdir()} - {"lock"}
+    ckpt, file = None, out / "checkpoint.pt"
+    if cfg.overwrite:
+        if found - WRITTEN:
+            raise SystemExit(f"--overwrite: {out} holds files that no run wrote ("
+                             f"{', '.join(sorted(found - WRITTEN))}): choose another --out")
+        for name in found:
+            shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
+    elif cfg.resume:
+        if not file.exists():
+            raise SystemExit(f"--resume: there is no checkpoint at {file}; start with --overwrite")
+        try:
+            ckpt = torch.load(file, map_location="cpu", weights_only=False)
+            then = ckpt["config"]
+        except Exception as e:  # truncated, empty, or not a checkpoint at all
+            raise SystemExit(f"{file} is damaged ({type(e).__name__}): use --overwrite") from None
+        writer = ckpt.get("script") or ("train_lra.py" if "task" in then else "train_uea.py")
+        if writer != script:
+            what = ", ".join(f"{k} {then[k]}" for k in ("task", "dataset") if k in then)
+            raise SystemExit(f"{file} was written by {writer} ({what}): resume it with {writer}, "
+                             "or choose another --out")
+        changed = {k: (v, getattr(cfg, k, None)) for k, v in then.items()
+                   if k not in may_change and v != getattr(cfg, k, None)}
+        if changed:
+            raise SystemExit(f"--resume: {out} ran with other settings (then, now): {changed}")
+        done = ckpt["state"][unit]
+        if done >= total and (out / "result.json").exists():
+            more = f"--{unit}s above {done} continues it, " if f"{unit}s" in may_change else ""
+            raise SystemExit(f"{out} finished its {done} {unit}s: nothing to resume ({more}"
+                             "--overwrite starts it again)")
+    elif found & WRITTEN:
+        raise SystemExit(f"{out} holds a run already: add --resume to continue it, --overwrite "
+                         "to start it again (deleting its files), or choose another --out")
+    elif found:
+        raise SystemExit(f"{out} holds files that no run wrote ({', '.join(sorted(found))}): "
+                         "choose an empty or new --out")
+    return ckpt
+
+
+def _quietly(code: int) -> None:
+    """A rank other than 0 refuses without a word, after a pause in which rank 0 says why (on
+    the first process to end, torchrun ends the others)."""
+    time.sleep(10)
+    raise SystemExit(code)
+
+
+def checkpoint(parts: dict, state: dict, **more) -> dict:
+    """What a resumed run needs: each part's state_dict, the counters, the RNGs (dropout goes on
+    with the masks it would have drawn), and `more` (settings, the model's configuration)."""
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    return dict({k: part.state_dict() for k, part in parts.items()}, state=state, **more,
+                rng=torch.get_rng_state(), cuda_rng=torch.cuda.get_rng_state() if cuda else None)
+
+
+def restore(ckpt, parts: dict, state: dict, seed: int) -> None:
+    """Load what checkpoint() saved into the parts and the counters; or, for a fresh run (ckpt
+    None), seed this process's dropout masks (each process its own seed)."""
+    if ckpt is None:
+        torch.manual_seed(seed)
+        return
+    for key, part in parts.items():
+        part.load_state_dict(ckpt[key])
+    state.update(ckpt["state"])
+    torch.set_rng_state(ckpt["rng"])
+    if ckpt.get("cuda_rng") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(ckpt["cuda_rng"])
+
+
+def save(path: pathlib.Path, obj) -> None:
+    """Write obj to path (.json: as JSON; .jsonl: appended as a line; else torch.save) through
+    a temporary file and a rename, so a crash leaves the old file whole. A failed write (a full
+    disk, a lost permission) is one sentence, with no partial file left behind."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        if path.suffix == ".json":
+            tmp.write_text(json.dumps(obj, indent=2))
+        elif path.suffix == ".jsonl":
+            old = path.read_text() if path.exists() else ""
+            tmp.write_text(old + json.dumps(obj) + "\n")
+        else:
+            torch.save(obj, tmp)
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # torch.save says RuntimeError when the disk is full
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        why = e.strerror if isinstance(e, OSError) and e.strerror else "is the disk full?"
+        raise SystemExit(f"cannot write {path} ({why}): the run stops; what it wrote before "
+                         "stays (--resume continues from its last checkpoint)") from None
+
+
+def finish(out: pathlib.Path, result: dict) -> dict:
+    """Rank 0 writes result.json and prints RESULT {json} last; the processes part."""
+    if RANK == 0:
+        save(out / "result.json", result)
+        print("RESULT " + json.dumps(result), flush=True)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return result
+
+
+def run(main, cfg, unit: str, errors) -> None:
+    """main(cfg), from the command line: Ctrl-C, and an error of the data (`errors`), end in
+    one sentence, not a traceback."""
+    try:
+        main(cfg)
+    except KeyboardInterrupt:
+        interrupted(pathlib.Path(cfg.out), unit)
+    except errors as e:
+        out = pathlib.Path(cfg.out)  # a run that never began leaves no folder behind
+        if RANK == 0 and out.is_dir() and os.listdir(out) == ["lock"]:
+            (out / "lock").unlink()
+            with contextlib.suppress(OSError):
+                os.removedirs(out)  # and the folders above it that are now empty
+        raise SystemExit(f"error: {e}") from None
+
+
+def interrupted(out: pathlib.Path, unit: str) -> None:
+    """Ctrl-C: one sentence on how to go on, exit status 130 (that of a shell's Ctrl-C)."""
+    if RANK == 0:
+        file = out / "checkpoint.pt"
+        done = torch.load(file, weights_only=False)["state"][unit] if file.exists() else None
+        then = (f"continue from its {unit} {done} with --resume" if done is not None
+                else "no checkpoint yet: --overwrite")
+        sys.stderr.write(f"\ninterrupted; {then}\n")
+    raise SystemExit(130)
