@@ -105,24 +105,6 @@ def orthogonality_penalty(u: Tensor, v: Tensor) -> Tensor:
     return (gram_u - eye).abs().mean(dim=(1, 2, 3)) + (gram_v - eye).abs().mean(dim=(1, 2, 3))
 
 
-def _check_inputs(x: Tensor, mask: Optional[Tensor], d_model: int) -> None:
-    """Check forward's inputs: TypeError for a wrong dtype, ValueError for a wrong shape or
-    device, each naming the argument (raised, not asserted: python -O removes asserts). Only
-    shapes, dtypes and devices are read, never values, so torch.compile traces it in full."""
-    if not x.is_floating_point() or x.dim() != 3 or x.shape[-1] != d_model:
-        error = ValueError if x.is_floating_point() else TypeError
-        want = f"a float tensor of shape (B, N, {d_model})"
-        raise error(f"x: expected {want}, got {x.dtype} of shape {tuple(x.shape)}")
-    if x.shape[1] == 0:  # no token: there is nothing to attend to, and no aux loss to define
-        raise ValueError(f"x: N must be >= 1 (at least one token), got shape {tuple(x.shape)}")
-    if mask is not None and (mask.dtype != torch.bool or mask.shape != x.shape[:2]):
-        error = TypeError if mask.dtype != torch.bool else ValueError
-        want = f"a bool tensor of shape {tuple(x.shape[:2])} (True = real token)"
-        raise error(f"mask: expected {want}, got {mask.dtype} of shape {tuple(mask.shape)}")
-    if mask is not None and mask.device != x.device:
-        raise ValueError(f"mask: expected a tensor on x's device {x.device}, got {mask.device}")
-
-
 class AGFAttention(nn.Module):
     """Multi-head AGF attention: Y = U(X) g(Σ(X)) V(X)ᵀ X W_val, then W_o.   (AGF README)
 
@@ -148,19 +130,9 @@ class AGFAttention(nn.Module):
         y is in x's dtype and is 0 at padded positions.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        *,
-        order: int = 5,
-        basis: str = "jacobi",
-        alpha: float = 2.0,
-        beta: float = -1.0,
-        ortho_weight: float = 0.01,
-        fix_theta0: bool = True,
-        variant: str = "agf",
-    ):
+    def __init__(self, d_model: int, n_heads: int, *, order: int = 5, basis: str = "jacobi",
+                 alpha: float = 2.0, beta: float = -1.0, ortho_weight: float = 0.01,
+                 fix_theta0: bool = True, variant: str = "agf"):  # fmt: skip
         super().__init__()
         if d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
@@ -175,8 +147,7 @@ class AGFAttention(nn.Module):
         self.W_val = nn.Linear(d_model, d_model)  # -> values X W_val
         self.W_o = nn.Linear(d_model, d_model)  # output projection
         # One θ per layer, shared by all heads, tokens and diagonal entries (official code);
-        # only the full model filters Σ.
-        filtered = variant == "agf"
+        filtered = variant == "agf"  # only the full model filters Σ
         self.poly_filter = (
             PolynomialFilter(order, basis, alpha, beta, fix_theta0) if filtered else None
         )
@@ -225,7 +196,7 @@ class AGFAttention(nn.Module):
         return u, g, v, values.to(work).contiguous()  # one copy here, not one per matmul with it
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-        _check_inputs(x, mask, self.d_model)
+        _check_inputs(x, mask, self.W_u.weight)  # TypeError / ValueError naming the argument
         B, N, D = x.shape
         # 1)-4) projections, U, V, g(Σ) (see factors)
         u, g, v, values = self.factors(x, mask)
@@ -233,7 +204,8 @@ class AGFAttention(nn.Module):
             # 5) Y = (U ⊙ g) · (Vᵀ · Val), O(N d²)                          (AGF README)
             y = agf_apply(u, g, v, values)  # (B, H, N, d)
             # 6) aux = γ · (mean|UᵀU - I| + mean|VᵀV - I|), per sample, then the batch mean
-            aux = self.ortho_weight * orthogonality_penalty(u, v).mean()
+            #    (sum / max(B, 1): an empty batch gives 0, not 0 / 0 = NaN)
+            aux = self.ortho_weight * orthogonality_penalty(u, v).sum() / max(B, 1)
         # 7) merge heads, project: (B, H, N, d) -> (B, N, H, d) -> (B, N, D)
         y = self.W_o(y.transpose(1, 2).reshape(B, N, D).to(x.dtype))
         if mask is not None:
@@ -244,43 +216,41 @@ class AGFAttention(nn.Module):
         return y.to(x.dtype), aux
 
 
+def _check_inputs(x: Tensor, mask: Optional[Tensor], weight: Tensor) -> None:
+    """TypeError (dtype) or ValueError (shape, device) naming the argument, what it expected and
+    what came (raised, not asserted: python -O drops asserts); reads no values (torch.compile)."""
+    D, dtype, got = weight.shape[1], weight.dtype, f"got {x.dtype} of shape {tuple(x.shape)}"
+    amp = x.dtype != dtype and x.is_floating_point() and torch.is_autocast_enabled(x.device.type)
+    if (x.dtype != dtype and not amp) or x.dim() != 3 or x.shape[1] == 0 or x.shape[2] != D:
+        error = TypeError if x.dtype != dtype and not amp else ValueError  # autocast mixes dtypes
+        raise error(f"x: expected {dtype} (the layer's dtype) of shape (B, N >= 1, {D}), {got}")
+    if mask is None or (mask.dtype, mask.shape, mask.device) == (torch.bool, x.shape[:2], x.device):
+        return
+    error = ValueError if mask.dtype == torch.bool else TypeError
+    got = f"got {mask.dtype} of shape {tuple(mask.shape)} on {mask.device}"
+    raise error(f"mask: expected bool of shape {tuple(x.shape[:2])} on {x.device}, {got}")
+
+
 DENSE_MAX_BYTES = 2**32  # 4 GiB: default cap on one (B, H, N, N) matrix of a dense reference
 
 
-def _check_dense_size(name: str, shape: tuple, dtype: torch.dtype, max_bytes: int) -> None:
-    """Refuse (MemoryError), before allocating, a dense (B, H, N, N) matrix of more than
-    max_bytes: at N = 65536 a float32 one with B = 1, H = 2 takes 32 GiB, which torch would
-    otherwise try to allocate without a word (and may push the machine into swap)."""
-    n_bytes = math.prod(shape) * dtype.itemsize
-    if n_bytes > max_bytes:
-        raise MemoryError(
-            f"{name}: N = {shape[-1]} needs dense {tuple(shape)} {dtype} matrices of "
-            f"{n_bytes / 2**30:.1f} GiB each, above max_bytes = {max_bytes / 2**30:.1f} GiB; "
-            "use the fast path, a smaller N, or pass a larger max_bytes"
-        )
-
-
-def agf_dense_reference(
-    layer: AGFAttention,
-    x: Tensor,
-    mask: Optional[Tensor] = None,
-    *,
-    max_bytes: int = DENSE_MAX_BYTES,
-) -> tuple[Tensor, Tensor]:
+def agf_dense_reference(layer: AGFAttention, x: Tensor, mask: Optional[Tensor] = None, *,
+                        max_bytes: int = DENSE_MAX_BYTES) -> tuple[Tensor, Tensor]:  # fmt: skip
     """Same output as layer(x, mask)[0], with the N x N graph filter H written out. Tests only.
 
     H_ij = Σ_c U_ic g_ic V_jc, i.e. H = U Σ Vᵀ with a token-wise diagonal Σ_i. Its rows do not sum
     to 1, and padded tokens have zero rows and columns.
 
     Args:
-        max_bytes: MemoryError, raised before anything is allocated, when H (B, H, N, N) would
-            take more bytes than this (default 4 GiB).
+        max_bytes: MemoryError, before allocating, if H would take more bytes (default 4 GiB).
     Returns:
         y (B, N, D), graph_filter H (B, H, N, N)
     """
     B, N, D = x.shape
     work = torch.promote_types(x.dtype, torch.float32)  # the dtype of `factors`, hence of H
-    _check_dense_size("x", (B, layer.n_heads, N, N), work, max_bytes)
+    shape, gib = (B, layer.n_heads, N, N), 2**30  # refuse H before torch tries it (and swaps)
+    if (size := math.prod(shape) * work.itemsize) > max_bytes:
+        raise MemoryError(f"x: dense H {shape} {work}: {size / gib:.1f} GiB > {max_bytes=}")
     u, g, v, values = layer.factors(x, mask)
     graph_filter = torch.einsum("bhic,bhjc->bhij", u * g, v)  # U diag(g_i) Vᵀ: (B, H, N, N)
     y = graph_filter @ values  # H Val: (B,H,N,N) @ (B,H,N,d) -> (B,H,N,d)
@@ -302,41 +272,29 @@ if __name__ == "__main__":
     mask[1, 48:] = False  # 2nd sequence: last 16 tokens are padding
     y, aux = layer(x, mask)
     n_params = sum(p.numel() for p in layer.parameters())
-    print(
-        f"x {tuple(x.shape)} -> y {tuple(y.shape)}   aux_loss={aux.item():.4f}   "
-        f"params={n_params:,}"
-    )
+    print(f"x {tuple(x.shape)} -> y {tuple(y.shape)}   aux_loss={aux.item():.4f}   {n_params=:,}")
     print(layer.poly_filter)
 
     # Check: the O(N d²) path equals the explicit N x N filter H = U diag(g) Vᵀ.
     y_dense, graph_filter = agf_dense_reference(layer, x, mask)
-    print(
-        f"fast path == dense H (B, H, N, N) = {tuple(graph_filter.shape)}:",
-        torch.allclose(y, y_dense, atol=1e-12),
-    )
+    same = torch.allclose(y, y_dense, atol=1e-12)
+    print(f"fast path == dense H (B, H, N, N) = {tuple(graph_filter.shape)}: {same}")
 
     # Cost: fwd+bwd time and memory saved for backward as N doubles (expect ~2x each: O(N d²)).
-    layer = AGFAttention(D, H)
+    layer, saved = AGFAttention(D, H), []
 
-    def cost(n: int) -> tuple[float, float]:
-        saved = []  # bytes of every tensor autograd keeps for the backward pass
+    def pack(t: Tensor) -> Tensor:  # notes the bytes of each tensor autograd keeps for backward
+        saved.append(t.nbytes)
+        return t
 
-        def pack(t: Tensor) -> Tensor:
-            saved.append(t.numel() * t.element_size())
-            return t
-
-        xn = torch.randn(1, n, D, requires_grad=True)
-        times = []
+    for n in (512, 1024, 2048, 4096):
+        xn, times = torch.randn(1, n, D, requires_grad=True), []
         for _ in range(3):  # best of 3: the first call pays one-off allocation costs
             saved.clear()
             t0 = time.perf_counter()
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 y, aux = layer(xn, torch.ones(1, n, dtype=torch.bool))
             (y.sum() + aux).backward()
-            times.append(time.perf_counter() - t0)
-        return min(times) * 1e3, sum(saved) / 2**20
-
-    cost(256)  # warm-up
-    for n in (512, 1024, 2048, 4096):
-        ms, mb = cost(n)
-        print(f"N={n:5d}   fwd+bwd {ms:7.1f} ms   saved for backward {mb:6.1f} MiB")
+            times.append((time.perf_counter() - t0) * 1e3)
+        mib = sum(saved) / 2**20
+        print(f"N={n:5d}   fwd+bwd {min(times):7.1f} ms   saved for backward {mib:6.1f} MiB")

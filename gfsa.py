@@ -121,17 +121,9 @@ def efficient_attention_features(
     return rho_q, k.softmax(dim=-2)
 
 
-def gfsa_apply(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    coefficients: tuple[Tensor, Tensor, Tensor],
-    mask: Optional[Tensor],
-    causal: bool,
-    kernel: str,
-    dropout_p: float,
-    passes: int = 2,
-) -> Tensor:
+def gfsa_apply(q: Tensor, k: Tensor, v: Tensor, coefficients: tuple[Tensor, Tensor, Tensor],
+               mask: Optional[Tensor], causal: bool, kernel: str, dropout_p: float,
+               passes: int = 2) -> Tensor:  # fmt: skip
     """The fast path: H·V = a0·V + a1·(ĀV) + a2·Ā(ĀV), with no N×N float tensor. (Eqs. 5, 6)
 
     passes = K with coefficients (w0, w1, wK) gives the exact filter w0·V + w1·ĀV + wK·Ā^K V
@@ -188,28 +180,8 @@ def gfsa_apply(
 DENSE_MAX_BYTES = 2**32  # 4 GiB: default cap on one (B, H, N, N) matrix of the dense paths
 
 
-def _check_dense_size(name: str, shape: tuple, dtype: torch.dtype, max_bytes: int) -> None:
-    """Refuse (MemoryError), before allocating, a dense (B, H, N, N) matrix of more than
-    max_bytes: at N = 65536 a float32 one with B = 1, H = 2 takes 32 GiB, which torch would
-    otherwise try to allocate without a word (and may push the machine into swap)."""
-    n_bytes = math.prod(shape) * dtype.itemsize
-    if n_bytes > max_bytes:
-        raise MemoryError(
-            f"{name}: N = {shape[-1]} needs dense {tuple(shape)} {dtype} matrices of "
-            f"{n_bytes / 2**30:.1f} GiB each, above max_bytes = {max_bytes / 2**30:.1f} GiB; "
-            "use the fast path, a smaller N, or pass a larger max_bytes"
-        )
-
-
-def attention_matrix(
-    q: Tensor,
-    k: Tensor,
-    mask: Optional[Tensor],
-    causal: bool,
-    kernel: str,
-    *,
-    max_bytes: int = DENSE_MAX_BYTES,
-) -> Tensor:
+def attention_matrix(q: Tensor, k: Tensor, mask: Optional[Tensor], causal: bool, kernel: str,
+                     *, max_bytes: int = DENSE_MAX_BYTES) -> Tensor:  # fmt: skip
     """Ā written out as an N×N matrix, with the same conventions as `gfsa_apply`. Dense paths only.
 
     Args:
@@ -217,13 +189,14 @@ def attention_matrix(
         mask: (B, N) bool, True = real token, or None.
         causal: query t sees keys <= t only (kernel="softmax" only).
         kernel: "softmax" or "linear".
-        max_bytes: MemoryError, raised before anything is allocated, when Ā would take more
-            bytes than this (default 4 GiB).
+        max_bytes: MemoryError, before allocating, if Ā would take more bytes (default 4 GiB).
     Returns:
         Ā, rows sum to 1                                          (B, H, N, N)
     """
     B, H, N, _ = q.shape
-    _check_dense_size("q", (B, H, N, N), q.dtype, max_bytes)
+    shape, gib = (B, H, N, N), 2**30  # refuse Ā before torch tries it (and swaps)
+    if (size := math.prod(shape) * q.dtype.itemsize) > max_bytes:
+        raise MemoryError(f"q: dense Ā {shape} {q.dtype}: {size / gib:.1f} GiB > {max_bytes=}")
     if kernel == "linear":
         rho_q, rho_k = efficient_attention_features(q, k, mask)
         return rho_q @ rho_k.transpose(-2, -1)  # (B,H,N,d) @ (B,H,d,N) -> (B,H,N,N)
@@ -235,17 +208,9 @@ def attention_matrix(
     return scores.softmax(dim=-1)
 
 
-def gfsa_dense_reference(
-    attn: Tensor,
-    v: Tensor,
-    w0: Tensor,
-    w1: Tensor,
-    wK: Tensor,
-    order: int,
-    exact: bool = False,
-    *,
-    max_bytes: int = DENSE_MAX_BYTES,
-) -> tuple[Tensor, Tensor]:
+def gfsa_dense_reference(attn: Tensor, v: Tensor, w0: Tensor, w1: Tensor, wK: Tensor, order: int,
+                         exact: bool = False, *,
+                         max_bytes: int = DENSE_MAX_BYTES) -> tuple[Tensor, Tensor]:  # fmt: skip
     """The slow reference, in the official code's order: Ā², the filter H, then H·V.
 
     Written literally from Eq. 5 (not from `filter_coefficients`), so comparing it with
@@ -257,14 +222,15 @@ def gfsa_dense_reference(
         w0, w1, wK: filter coefficients, one per head.            (H,)
         order: K >= 2.
         exact: the real Ā^K (matrix_power, O(N³ log K)) instead of the estimate of Eq. 4.
-        max_bytes: MemoryError, raised before anything is allocated, when each of Ā², H
-            (B, H, N, N) would take more bytes than this (default 4 GiB); `attention_matrix`
-            checks the same cap before it forms Ā.
+        max_bytes: MemoryError, before allocating, if each of Ā², H would take more bytes
+            (default 4 GiB); `attention_matrix` checks the same cap before it forms Ā.
     Returns:
         H·V                                                       (B, H, N, d)
         graph_filter, the filter H                                (B, H, N, N)
     """
-    _check_dense_size("attn", tuple(attn.shape), attn.dtype, max_bytes)
+    shape, gib = tuple(attn.shape), 2**30  # refuse Ā² and H before torch tries them
+    if (size := math.prod(shape) * attn.dtype.itemsize) > max_bytes:
+        raise MemoryError(f"attn: dense Ā², H {shape}: {size / gib:.1f} GiB each > {max_bytes=}")
     w0, w1, wK = w0.view(1, -1, 1, 1), w1.view(1, -1, 1, 1), wK.view(1, -1, 1, 1)
     eye = torch.eye(attn.shape[-1], dtype=attn.dtype, device=attn.device)
     attn_sq = attn @ attn  # (B,H,N,N) @ (B,H,N,N) -> (B,H,N,N): the O(N³) product
@@ -294,24 +260,6 @@ def taylor_error(attn: Tensor, order: int) -> tuple[Tensor, int, int]:
     return error, 2 * order, 2 * (order - 1)
 
 
-def _check_inputs(x: Tensor, mask: Optional[Tensor], d_model: int) -> None:
-    """Check forward's inputs: TypeError for a wrong dtype, ValueError for a wrong shape or
-    device, each naming the argument (raised, not asserted: python -O removes asserts). Only
-    shapes, dtypes and devices are read, never values, so torch.compile traces it in full."""
-    if not x.is_floating_point() or x.dim() != 3 or x.shape[-1] != d_model:
-        error = ValueError if x.is_floating_point() else TypeError
-        want = f"a float tensor of shape (B, N, {d_model})"
-        raise error(f"x: expected {want}, got {x.dtype} of shape {tuple(x.shape)}")
-    if x.shape[1] == 0:  # no token: there is nothing to attend to, and no aux loss to define
-        raise ValueError(f"x: N must be >= 1 (at least one token), got shape {tuple(x.shape)}")
-    if mask is not None and (mask.dtype != torch.bool or mask.shape != x.shape[:2]):
-        error = TypeError if mask.dtype != torch.bool else ValueError
-        want = f"a bool tensor of shape {tuple(x.shape[:2])} (True = real token)"
-        raise error(f"mask: expected {want}, got {mask.dtype} of shape {tuple(mask.shape)}")
-    if mask is not None and mask.device != x.device:
-        raise ValueError(f"mask: expected a tensor on x's device {x.device}, got {mask.device}")
-
-
 class GFSAttention(nn.Module):
     """Multi-head self-attention with Ā·V replaced by the GFSA graph filter H·V.  (Eqs. 5, 6)
 
@@ -339,32 +287,20 @@ class GFSAttention(nn.Module):
         Outputs at padded positions are zero. GFSA has no auxiliary loss: aux_loss is always 0.
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        *,
-        order: int = 2,
-        w0: float = 0.0,
-        learn_w0: bool = False,
-        learn_w1: bool = False,
-        dropout: float = 0.0,
-        causal: bool = False,
-        kernel: str = "softmax",
-        evaluation: str = "fast",
-        high_order: str = "taylor",
-    ):
+    def __init__(self, d_model: int, n_heads: int, *, order: int = 2, w0: float = 0.0,
+                 learn_w0: bool = False, learn_w1: bool = False, dropout: float = 0.0,
+                 causal: bool = False, kernel: str = "softmax", evaluation: str = "fast",
+                 high_order: str = "taylor"):  # fmt: skip
         super().__init__()
         if d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         if order < 2:
             raise ValueError(f"order K={order}: the high-order term needs K >= 2")
-        if kernel not in ("softmax", "linear"):
-            raise ValueError(f"kernel={kernel!r}: expected 'softmax' or 'linear'")
-        if evaluation not in ("fast", "official"):
-            raise ValueError(f"evaluation={evaluation!r}: expected 'fast' or 'official'")
-        if high_order not in ("taylor", "exact"):
-            raise ValueError(f"high_order={high_order!r}: expected 'taylor' or 'exact'")
+        for name, value, choices in (("kernel", kernel, ("softmax", "linear")),
+                                     ("evaluation", evaluation, ("fast", "official")),
+                                     ("high_order", high_order, ("taylor", "exact"))):  # fmt: skip
+            if value not in choices:
+                raise ValueError(f"{name}={value!r}: expected one of {choices}")
         if causal and kernel == "linear":
             # ρ_k(K) normalises each key feature over the whole sequence, future tokens included.
             raise ValueError(
@@ -391,20 +327,21 @@ class GFSAttention(nn.Module):
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         """Args: x (B, N, D); mask (B, N) bool, True = real token. Returns: y (B, N, D), aux ()."""
-        _check_inputs(x, mask, self.d_model)
+        _check_inputs(x, mask, self.W_qkv.weight)  # TypeError / ValueError naming the argument
         B, N, D = x.shape
+        if mask is not None:  # padded tokens are replaced, not multiplied by 0 (0 · NaN = NaN)
+            x = x.masked_fill(~mask[..., None], 0.0)
         # 1) project, then split heads: (B, N, 3D) -> 3 x (B, H, N, d)
         q, k, v = self.W_qkv(x).view(B, N, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
         dropout_p = self.dropout if self.training else 0.0  # eval mode is exact
         # 2) H·V, the graph filter applied to the values                            (Eqs. 5, 6)
+        #    "taylor": a0·V + a1·ĀV + a2·Ā(ĀV); "exact": w0·V + w1·ĀV + wK·Ā^K V, K passes
         exact = self.high_order == "exact"
-        if self.evaluation == "fast" and exact:  # w0·V + w1·ĀV + wK·Ā^K V, K passes
-            coefficients = tuple(w.view(1, -1, 1, 1) for w in (self.w0, self.w1, self.wK))
-            y = gfsa_apply(q, k, v, coefficients, mask, self.causal, self.kernel, dropout_p,
-                           passes=self.order)  # fmt: skip
-        elif self.evaluation == "fast":
-            coefficients = filter_coefficients(self.w0, self.w1, self.wK, self.order)
-            y = gfsa_apply(q, k, v, coefficients, mask, self.causal, self.kernel, dropout_p)
+        if self.evaluation == "fast":
+            w, K = (self.w0, self.w1, self.wK), self.order
+            coefficients = [c[:, None, None] for c in w] if exact else filter_coefficients(*w, K)
+            passes = K if exact else 2  # the power of Ā in the last term
+            y = gfsa_apply(q, k, v, coefficients, mask, self.causal, self.kernel, dropout_p, passes)
         else:  # slow reference: Ā (one dropout mask, NLP convention), Ā², H, then H·V
             attn = F.dropout(attention_matrix(q, k, mask, self.causal, self.kernel), dropout_p)
             y, _ = gfsa_dense_reference(attn, v, self.w0, self.w1, self.wK, self.order, exact)
@@ -417,6 +354,21 @@ class GFSAttention(nn.Module):
         return y, x.new_zeros(())  # GFSA has no auxiliary loss
 
 
+def _check_inputs(x: Tensor, mask: Optional[Tensor], weight: Tensor) -> None:
+    """TypeError (dtype) or ValueError (shape, device) naming the argument, what it expected and
+    what came (raised, not asserted: python -O drops asserts); reads no values (torch.compile)."""
+    D, dtype, got = weight.shape[1], weight.dtype, f"got {x.dtype} of shape {tuple(x.shape)}"
+    amp = x.dtype != dtype and x.is_floating_point() and torch.is_autocast_enabled(x.device.type)
+    if (x.dtype != dtype and not amp) or x.dim() != 3 or x.shape[1] == 0 or x.shape[2] != D:
+        error = TypeError if x.dtype != dtype and not amp else ValueError  # autocast mixes dtypes
+        raise error(f"x: expected {dtype} (the layer's dtype) of shape (B, N >= 1, {D}), {got}")
+    if mask is None or (mask.dtype, mask.shape, mask.device) == (torch.bool, x.shape[:2], x.device):
+        return
+    error = ValueError if mask.dtype == torch.bool else TypeError
+    got = f"got {mask.dtype} of shape {tuple(mask.shape)} on {mask.device}"
+    raise error(f"mask: expected bool of shape {tuple(x.shape[:2])} on {x.device}, {got}")
+
+
 if __name__ == "__main__":
     # `python gfsa.py`: a few-second tour of this file; CPU is fine.
     torch.manual_seed(0)
@@ -427,10 +379,7 @@ if __name__ == "__main__":
     mask[1, 48:] = False  # 2nd sequence: the last 16 tokens are padding
     y, aux = layer(x, mask)
     n_params = sum(p.numel() for p in layer.parameters())
-    print(
-        f"x {tuple(x.shape)} -> y {tuple(y.shape)}   aux_loss={aux.item():.1f}   "
-        f"params={n_params:,}"
-    )
+    print(f"x {tuple(x.shape)} -> y {tuple(y.shape)}   aux_loss={aux.item():.1f}   {n_params=:,}")
 
     # Check: at init (w0, w1, wK) = (0, 1, 0), so GFSA must equal plain softmax attention,
     # written out here independently: softmax(QKᵀ/√d) over the real keys, times V.
@@ -455,12 +404,16 @@ if __name__ == "__main__":
         "linear": GFSAttention(D, H, order=3, kernel="linear"),
     }
     print("    N" + "".join(f"{name:>12s}" for name in kinds))
+
+    def best_of_3_ms(module: nn.Module, xn: Tensor) -> float:
+        times = []
+        for _ in range(3):  # best of 3: the first call pays one-off allocation costs
+            t0 = time.perf_counter()
+            module(xn)
+            times.append((time.perf_counter() - t0) * 1e3)
+        return min(times)
+
     with torch.no_grad():
         for n in (256, 512, 1024):
-            xn, times = torch.randn(1, n, D), []
-            for module in kinds.values():
-                module(xn)  # warm-up, so the first timing is not inflated
-                t0 = time.perf_counter()
-                module(xn)
-                times.append((time.perf_counter() - t0) * 1e3)
-            print(f"{n:5d}" + "".join(f"{t:9.1f} ms" for t in times))
+            xn = torch.randn(1, n, D)
+            print(f"{n:5d}" + "".join(f"{best_of_3_ms(m, xn):9.1f} ms" for m in kinds.values()))

@@ -11,8 +11,9 @@ Two model styles, because the official code of the three papers uses two:
 
 The attention of each layer is chosen by name (ATTENTION below); a list gives one kind per layer,
 and "primal+trans" is the papers' hybrid (softmax layers, Primal last). Every attention has one
-interface and checks its inputs against it (TypeError: wrong dtype, ValueError: wrong shape, a
-mask on another device than x, or N = 0):
+interface and checks its inputs the same way (TypeError: a dtype other than the layer's outside
+autocast; ValueError: a wrong shape, N = 0, a mask on another device). Padding is never read, NaN
+included, and an empty batch (B = 0) gives a zero aux loss:
     forward(x (B, N, D), mask (B, N) bool, True = real token) -> (y (B, N, D), aux_loss ())
 `Classifier.forward` returns (logits (B, C), aux_loss ()), where aux_loss is the mean over the
 layers whose mechanism has an auxiliary loss (AGF, Primal), as in the official code.
@@ -32,37 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from agf import AGFAttention
-from gfsa import GFSAttention
+from gfsa import GFSAttention, attention_keep_mask
 from ksvd_attention import PrimalAttention
-
-
-def _check_mask(mask: Optional[Tensor], x: Tensor, name: str = "mask", x_name: str = "x") -> None:
-    """None or a bool (B, N) mask on x's device passes (B, N = x.shape[:2]), else TypeError
-    (dtype) or ValueError (shape, device). Reads no values: torch.compile traces it in full."""
-    if mask is None:
-        return
-    B, N = x.shape[:2]
-    if mask.dtype != torch.bool or tuple(mask.shape) != (B, N):
-        error = TypeError if mask.dtype != torch.bool else ValueError
-        want = f"a bool tensor of shape {(B, N)} (True = real token)"
-        raise error(f"{name}: expected {want}, got {mask.dtype} of shape {tuple(mask.shape)}")
-    if mask.device != x.device:
-        raise ValueError(
-            f"{name}: expected a tensor on {x_name}'s device {x.device}, got {mask.device}"
-        )
-
-
-def _require(ok: Tensor, message: str) -> None:
-    """ValueError(message) unless the bool tensor `ok` is True: for checks of input *values*.
-
-    torch.compile cannot branch on a tensor's value (the branch would break the graph), so a
-    compiled model checks with an assert inside the graph instead: the same message, raised as a
-    RuntimeError (on CUDA a device-side assert, reported at the next synchronisation).
-    """
-    if torch.compiler.is_compiling():
-        torch._assert_async(ok, message)
-    elif not ok:
-        raise ValueError(message)
 
 
 class SoftmaxAttention(nn.Module):
@@ -87,23 +59,15 @@ class SoftmaxAttention(nn.Module):
         self.W_o = nn.Linear(d_model, d_model)  # output projection
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-        if not x.is_floating_point() or x.dim() != 3 or x.shape[-1] != self.d_model:
-            error = ValueError if x.is_floating_point() else TypeError
-            want = f"a float tensor of shape (B, N, {self.d_model})"
-            raise error(f"x: expected {want}, got {x.dtype} of shape {tuple(x.shape)}")
+        # a float 0/1 mask would act in SDPA as an additive bias: the check refuses it
+        _check_inputs(x, mask, self.d_model, self.W_qkv.weight.dtype)
         B, N, D = x.shape
-        if N == 0:  # as the other attentions: nothing to attend to
-            raise ValueError(f"x: N must be >= 1 (at least one token), got shape {tuple(x.shape)}")
-        _check_mask(mask, x)  # a float 0/1 mask would act in SDPA as an additive bias
+        if mask is not None:  # padded tokens are replaced, not multiplied by 0 (0 · NaN = NaN)
+            x = x.masked_fill(~mask[..., None], 0.0)
         # 1) project, split heads: (B, N, 3D) -> 3 x (B, H, N, d)
         q, k, v = self.W_qkv(x).view(B, N, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
-        # 2) boolean mask, True = may attend: padded keys are excluded (and future keys if causal);
-        #    an all-padding sequence may use every key (else softmax of nothing = NaN), see step 4
-        allowed = None if mask is None else (mask | ~mask.any(1, keepdim=True))[:, None, None, :]
-        if self.causal:  # query t sees keys <= t; the diagonal keeps left-padded rows non-empty
-            tril = torch.ones(N, N, dtype=torch.bool, device=x.device).tril()
-            eye = torch.eye(N, dtype=torch.bool, device=x.device)
-            allowed = tril if allowed is None else (allowed | eye) & tril  # (B, 1, N, N)
+        # 2) boolean mask, True = may attend: not padded keys, nor future ones if causal (gfsa.py)
+        allowed = attention_keep_mask(mask, N, self.causal, x.device)
         # 3) Y = softmax(QKᵀ/√d) V, fused: (B, H, N, d)
         dropout_p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
@@ -115,12 +79,8 @@ class SoftmaxAttention(nn.Module):
 
 
 # A plain dict, not a registry: one place to read which name builds which class.
-ATTENTION = {
-    "softmax": SoftmaxAttention,
-    "agf": AGFAttention,
-    "primal": PrimalAttention,
-    "gfsa": GFSAttention,
-}
+ATTENTION = {"softmax": SoftmaxAttention, "agf": AGFAttention, "primal": PrimalAttention,
+             "gfsa": GFSAttention}  # fmt: skip
 AUX_KINDS = ("agf", "primal")  # mechanisms with an auxiliary loss, averaged over their layers
 
 
@@ -161,8 +121,9 @@ class ModelConfig:
     attention: Union[str, list] = "softmax"  # a kind, "primal+trans", or one kind per layer
     attention_kwargs: dict = field(default_factory=dict)  # per kind, e.g. {"agf": {"order": 5}}
     two_tower: bool = False  # LRA Retrieval: shared encoder, head on [a, b, a*b, a-b]
-    # False = the official UEA code: the attention gets no mask (padded steps are keys and
-    # queries); the padding mask then acts only in pooling. True keeps padding out (default).
+    # False = the official UEA code: the attention gets no mask, so padded steps (read as 0, as
+    # the official loaders pad) are keys and queries; pooling still drops them. True (default):
+    # padding is kept out of the attention too.
     attention_mask: bool = True
     head_hidden: int = 128  # LRA MLP head width
 
@@ -229,42 +190,26 @@ class Classifier(nn.Module):
         return build_attention(kind, cfg.d_model, cfg.n_heads, **kwargs)
 
     def _check(self, x: Tensor, mask: Optional[Tensor], names: tuple) -> Tensor:
-        """Validate one input and its mask; return the mask (all True when None)."""
-        cfg, (x_name, mask_name) = self.cfg, names
-        V, n_in = cfg.vocab_size, cfg.n_features  # token ids (B, N) or features (B, N, n_in)
-        want = (
-            "integer token ids of shape (B, N)" if V else f"float features of shape (B, N, {n_in})"
-        )
-        dtype_ok = x.dtype.is_floating_point != (V > 0)
-        shape_ok = x.dim() == 2 if V else (x.dim() == 3 and x.shape[-1] == n_in)
-        if not (dtype_ok and shape_ok):
-            error = ValueError if dtype_ok else TypeError
-            raise error(f"{x_name}: expected {want}, got {x.dtype} of shape {tuple(x.shape)}")
-        B, N = x.shape[:2]
-        if N == 0:
-            raise ValueError(
-                f"{x_name}: N must be >= 1 (at least one token), got shape {tuple(x.shape)}"
-            )
-        if N > cfg.max_len:
-            raise ValueError(f"{x_name}: length {N} exceeds the position table ({cfg.max_len=})")
-        if V > 0 and x.numel():
-            low, high = x.min(), x.max()
-            in_range = (low >= 0) & (high < V)
-            expected = f"{x_name}: token ids must lie in [0, {V})"
-            if not torch.compiler.is_compiling() and not in_range:  # eager: say what was found
-                raise ValueError(f"{expected}, found [{low.item()}, {high.item()}]")
-            _require(in_range, expected)
+        """`_check_inputs`, N <= max_len and the values; returns the mask (all True for None)."""
+        cfg, (x_name, mask_name), V = self.cfg, names, self.cfg.vocab_size
+        _check_inputs(x, mask, cfg.n_features, None if V else self.embed.weight.dtype, names)
+        if x.shape[1] > cfg.max_len:
+            got = f"got shape {tuple(x.shape)}"
+            raise ValueError(f"{x_name}: expected N <= max_len = {cfg.max_len} (positions), {got}")
+        if V > 0:
+            found = lambda: f", found [{x.min().item()}, {x.max().item()}]"  # noqa: E731
+            _require(((x >= 0) & (x < V)).all(), f"{x_name}: token ids must lie in [0, {V})", found)
         if mask is None:
-            return torch.ones(B, N, dtype=torch.bool, device=x.device)
-        _check_mask(mask, x, mask_name, x_name)
-        no_token = f"{mask_name}: every sequence needs at least one real token"
-        _require(mask.any(dim=1).all(), no_token)
+            return torch.ones(x.shape[:2], dtype=torch.bool, device=x.device)
+        _require(mask.any(dim=1).all(), f"{mask_name}: every sequence needs a real token")
         return mask
 
     def encode(self, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor, list]:
         """Embed and run the blocks -> (h (B, N, D), aux (), [L+1 hidden states (B, N, D)])."""
         # UEA (mvts code): the input projection is scaled by √D; LRA: no scale
         scale = math.sqrt(self.cfg.d_model) if self.cfg.style == "uea" else 1.0
+        if x.is_floating_point():  # features: padded steps read 0, as the official loaders pad;
+            x = x.masked_fill(~mask[..., None], 0.0)  # replaced, not multiplied: 0 · NaN = NaN
         h = self.drop(self.embed(x) * scale + self.pos[: x.shape[1]])  # (B, N, D)
         hidden, aux = [h], []
         attention_mask = mask if self.cfg.attention_mask else None
@@ -279,23 +224,17 @@ class Classifier(nn.Module):
 
     def pool(self, h: Tensor, mask: Tensor) -> Tensor:
         """LRA: mean over real tokens (B, D).  UEA: zero padded steps, flatten (B, max_len·D)."""
-        m = mask[..., None].to(h.dtype)  # (B, N, 1)
+        h = h.masked_fill(~mask[..., None], 0.0)  # padding replaced by 0 (0 · NaN would be NaN)
         if self.cfg.style == "lra":
             # NOTE: the official LRA code divides by the padded length N; we divide by the number
             #       of real tokens, so padding cannot dilute the average (README: differences).
-            return (h * m).sum(1) / m.sum(1)
-        h = self.drop(F.gelu(h)) * m  # (B, N, D), padded steps exactly zero
+            return h.sum(1) / mask.sum(1, keepdim=True)
+        h = self.drop(F.gelu(h))  # (B, N, D), padded steps stay exactly zero: GELU(0) = 0
         h = F.pad(h, (0, 0, 0, self.cfg.max_len - h.shape[1]))  # shorter inputs: pad to max_len
         return h.flatten(1)
 
-    def forward(
-        self,
-        x: Tensor,
-        mask: Optional[Tensor] = None,
-        x2: Optional[Tensor] = None,
-        mask2: Optional[Tensor] = None,
-        return_hidden: bool = False,
-    ):
+    def forward(self, x: Tensor, mask: Optional[Tensor] = None, x2: Optional[Tensor] = None,
+                mask2: Optional[Tensor] = None, return_hidden: bool = False):  # fmt: skip
         """Classify x: token ids (B, N) long or features (B, N, F) float, with mask (B, N) bool
         (True = real token; None = no padding); x2, mask2: the second document of a two-tower
         model (LRA Retrieval). Returns logits (B, C), aux_loss () and, if return_hidden, the hidden
@@ -343,6 +282,33 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
+def _check_inputs(x: Tensor, mask: Optional[Tensor], width: int, dtype, names=("x", "mask")):
+    """TypeError (dtype) or ValueError (shape, device) naming the argument, what it expected and
+    what came, as in the mechanism files; dtype None: x holds token ids. Reads no values."""
+    (x_name, mask_name), ids = names, dtype is None
+    amp = x.dtype != dtype and x.is_floating_point() and torch.is_autocast_enabled(x.device.type)
+    bad_dtype = x.is_floating_point() if ids else x.dtype != dtype and not amp  # AMP mixes dtypes
+    want = f"{dtype} (the layer's dtype) of shape (B, N >= 1, {width})"
+    want = "integer token ids of shape (B, N >= 1)" if ids else want
+    shape_ok = (x.dim() == 2 if ids else x.dim() == 3 and x.shape[2] == width) and x.shape[1] > 0
+    if bad_dtype or not shape_ok:
+        got = f"got {x.dtype} of shape {tuple(x.shape)}"
+        raise (TypeError if bad_dtype else ValueError)(f"{x_name}: expected {want}, {got}")
+    if mask is None or (mask.dtype, mask.shape, mask.device) == (torch.bool, x.shape[:2], x.device):
+        return
+    error = ValueError if mask.dtype == torch.bool else TypeError
+    got = f"got {mask.dtype} of shape {tuple(mask.shape)} on {mask.device}"
+    raise error(f"{mask_name}: expected bool of shape {tuple(x.shape[:2])} on {x.device}, {got}")
+
+
+def _require(ok: Tensor, message: str, found=lambda: "") -> None:
+    """ValueError(message + found()) unless ok; compiled, an in-graph assert (RuntimeError)."""
+    if torch.compiler.is_compiling():
+        torch._assert_async(ok, message)
+    elif not ok:
+        raise ValueError(message + found())
+
+
 if __name__ == "__main__":
     # `python model.py`: each attention in both styles; junk in the padding must not change logits.
     torch.manual_seed(0)
@@ -356,6 +322,4 @@ if __name__ == "__main__":
             with torch.no_grad():
                 (logits, aux), (logits2, _) = model(x, mask), model(junk, mask)
             same, n = torch.allclose(logits, logits2, atol=1e-5), count_parameters(model)
-            print(
-                f"{kind:12s} {style}  aux {aux.item():.4f}  params {n:,}  padding ignored: {same}"
-            )
+            print(f"{kind:12s} {style}  aux {aux.item():.4f}  params {n:,}  padding unread: {same}")
