@@ -17,10 +17,15 @@ diagnose.py: look inside trained runs: over-smoothing, filter responses and spec
   rank. Per head, on the real tokens (all steps if trained with --no-attention-mask): softmax Ā;
   AGF H = U diag(g) Vᵀ; GFSA H = w0·I + w1·Ā + wK·Ā^K (estimated or exact); Primal Φq Fᵀ F Φkᵀ.
 
-RUN: a run folder (its checkpoint.pt), a checkpoint.pt or an LRA best.pt. Writes summary.txt and
-each figure as CSV (and PNG, with matplotlib) to <run>/diagnose/ or OUT/<run name>/; several runs
-add a table (cosine per layer, the result.json accuracies) as comparison.csv and a
-cosine_per_layer plot (in OUT, or the folder that holds the runs).
+RUN: a run folder, its checkpoint.pt or an LRA best.pt. In an LRA folder the weights analysed are
+best.pt's (the best val_acc; the run's test_acc is theirs), or with --weights last checkpoint.pt's
+(the last step); a UEA run keeps only checkpoint.pt (the last epoch). The summary names the file
+and step or epoch, and prints only the result.json accuracies of those weights. What a glob
+matches that is no run (comparison.csv, PNGs, a folder without checkpoint.pt) is skipped, noted.
+Writes summary.txt and each figure as CSV (and PNG, with matplotlib) to <run>/diagnose/ or
+OUT/<run name>/ (the last weights of an LRA run: to last/ in there); several runs add a table
+(weights, cosine per layer, accuracies) as comparison.csv and a cosine_per_layer plot (in OUT,
+or the folder that holds the runs).
 Dims: B batch, N tokens, D width, H heads, d = D/H.
 Depends on: torch, numpy, model.py, the mechanism and data files; matplotlib optional.
 """
@@ -47,8 +52,15 @@ from polynomials import frequency_response
 
 # 1. Rebuild a trained model and a few batches of its data from a run ---------------------------
 # LoadedRun: model (Classifier, eval mode); batches (dicts x, mask (B, N) bool [, x2, mask2], on
-# the model's device); label (str); folder (the run's); accuracy (*_acc of the run's result.json).
-LoadedRun = namedtuple("LoadedRun", "model batches label folder accuracy", defaults=[{}])
+# the model's device); label (str); folder (the run's); accuracy (the result.json accuracies of
+# the weights analysed, by protocol name); weights (str: which file, step or epoch).
+LoadedRun = namedtuple(
+    "LoadedRun", "model batches label folder accuracy weights", defaults=[{}, ""]
+)
+
+
+class NotARun(Exception):
+    """A RUN that is no run (a folder without checkpoint.pt or best.pt): skipped with a note."""
 
 
 def _fail(message: str):
@@ -56,12 +68,19 @@ def _fail(message: str):
     raise SystemExit("error: " + " ".join(message.split()))
 
 
-def read_checkpoint(path) -> tuple[dict, dict, dict, pathlib.Path]:
-    """(state_dict, model settings, data settings, run folder) of a run folder, its
-    checkpoint.pt or best.pt: the settings that train_*.py saves beside the weights."""
+def read_checkpoint(path, weights: str | None = None) -> tuple[dict, pathlib.Path]:
+    """(the checkpoint dict, its file) of a run folder, its checkpoint.pt or best.pt. In a
+    folder: best.pt where there is one, else checkpoint.pt; weights "best" or "last" insists."""
     path = pathlib.Path(path)
-    file = path / "checkpoint.pt" if path.is_dir() else path
-    if not file.is_file():
+    if path.is_dir():
+        best, last = path / "best.pt", path / "checkpoint.pt"
+        if weights == "best" and not best.is_file() and last.is_file():
+            _fail(f"{path} has no best.pt (a UEA run keeps only its last epoch's checkpoint.pt): "
+                  "use --weights last")  # fmt: skip
+        file = best if weights != "last" and best.is_file() else last
+        if not file.is_file():
+            raise NotARun(f"{path} is a folder without checkpoint.pt or best.pt")
+    elif not (file := path).is_file():
         _fail(f"{path} is no run folder of train_uea.py / train_lra.py, checkpoint.pt or best.pt")
     try:  # weights_only=False: a checkpoint also holds RNG states. Load only trusted files.
         ckpt = torch.load(file, map_location="cpu", weights_only=False)
@@ -72,7 +91,31 @@ def read_checkpoint(path) -> tuple[dict, dict, dict, pathlib.Path]:
             f"{file} holds no model settings beside its weights: it was written by an older "
             "train_*.py, before checkpoints said what they hold; train that run again"
         )
-    return ckpt["model"], ckpt["model_config"], ckpt["data"], file.parent
+    kept = "last" if "optimizer" in ckpt else "best"  # checkpoint.pt: to resume; best.pt: not
+    if weights and weights != kept:
+        _fail(f"{file} holds the {kept} weights, not --weights {weights}: name the run folder")
+    return ckpt, file
+
+
+def which_weights(ckpt: dict, file: pathlib.Path) -> tuple[str, dict]:
+    """(which weights: file, step or epoch; the result.json accuracies of exactly them).
+
+    An LRA run tests best.pt: its val_acc and test_acc; the last step has only final_val_acc.
+    A UEA run keeps only its last epoch: final_test_acc (best_test_acc is another epoch's).
+    A result.json of another step or epoch (an unfinished run) gives no accuracy.
+    """
+    result = file.parent / "result.json"
+    result = json.loads(result.read_text()) if result.is_file() else {}
+    if "optimizer" not in ckpt:  # best.pt; the training script may write its step beside it
+        step = ckpt.get("step", result.get("best_step"))
+        accuracy = dict(val_acc=ckpt.get("val_acc", result.get("val_acc")))
+        accuracy.update(test_acc=result.get("test_acc"))
+        accuracy = {k: v for k, v in accuracy.items() if v is not None}
+        return f"{file.name} ({'' if step is None else f'step {step}, '}best val_acc)", accuracy
+    state, uea = ckpt.get("state", {}), "name" in ckpt["data"]
+    at, key = ("epoch", "final_test_acc") if uea else ("step", "final_val_acc")
+    done = at in state and result.get(f"{at}s") == state[at]  # result.json's epochs or steps
+    return f"{file.name} ({at} {state.get(at, '?')}, last)", {key: result[key]} if done else {}
 
 
 def _spread(n_real: np.ndarray, n_cases: int | None) -> np.ndarray:
@@ -84,10 +127,14 @@ def _spread(n_real: np.ndarray, n_cases: int | None) -> np.ndarray:
     return candidates[np.linspace(0, len(candidates) - 1, n).round().astype(int)]
 
 
-def load_run(path, data_dir=None, split="test", n_cases=64, batch_size=16, device="cpu"):
-    """A run's model, rebuilt from its saved settings with model.py, with its weights, and
-    n_cases sequences of `split` (None = all, see _spread) from data_dir (None: the run's)."""
-    state_dict, model_config, data_args, folder = read_checkpoint(path)
+def load_run(path, data_dir=None, split="test", n_cases=64, batch_size=16, device="cpu",
+             weights=None):  # fmt: skip
+    """A run's model, rebuilt from its saved settings with model.py, with its weights (see
+    read_checkpoint), and n_cases sequences of `split` (None = all, see _spread) from data_dir
+    (None: the run's)."""
+    ckpt, file = read_checkpoint(path, weights)
+    state_dict, model_config, data_args = ckpt["model"], ckpt["model_config"], ckpt["data"]
+    folder = file.parent
     data_args = dict(data_args, **({"data_dir": data_dir} if data_dir else {}))
     uea = "name" in data_args  # uea_data.load_uea(data_dir, name, max_len), else a LRA task
     try:  # (a generated ListOps that is missing is generated again, seeded, as in training)
@@ -117,12 +164,10 @@ def load_run(path, data_dir=None, split="test", n_cases=64, batch_size=16, devic
         _fail(f"the weights of {folder} do not fit the model of its settings ({e!r:.150})")
     chunks = torch.arange(len(index)).split(batch_size)
     batches = [{k: v[c].to(device) for k, v in tensors.items()} for c in chunks]
-    result = folder / "result.json"
-    result = json.loads(result.read_text()) if result.is_file() else {}
     name = data_args["name"] if uea else data_args["task"]
     label = f"{name}, attention {model_config['attention']}, {model_config['n_layers']} layers"
-    accuracy = {k: v for k, v in result.items() if k.endswith("_acc")}  # by protocol name
-    return LoadedRun(model.to(device).eval(), batches, label, folder, accuracy)
+    kept, accuracy = which_weights(ckpt, file)
+    return LoadedRun(model.to(device).eval(), batches, label, folder, accuracy, kept)
 
 
 # 2. What each attention layer sees, and the measures -------------------------------------------
@@ -232,8 +277,9 @@ def summary(run: LoadedRun, results: dict) -> list:
     n_cases, n_dense = sum(len(b["x"]) for b in run.batches), len(results["layers"][0]["n"])
     lines = [f"{run.label}: {n_cases} sequences, {n_dense} of them for the N x N analyses"]
     add = lines.append
-    if run.accuracy:  # from the run's result.json
-        add(", ".join(f"{k} {v:.4f}" for k, v in run.accuracy.items()))
+    if run.weights:  # which file and step or epoch, and the result.json accuracies of just them
+        accuracy = ", ".join(f"{k} {v:.4f}" for k, v in run.accuracy.items())
+        add(f"weights: {run.weights}: {accuracy or 'result.json has no accuracy of them'}")
     add("cosine of the real tokens (1 = all alike); spectrum of the N x N matrix, mean over")
     add("heads and sequences: σ_1's share, k where Σ_{i<=k} σ_i / Σ σ_i reaches 90 %")
     add("layer  kind        cosine   σ_1 share   90 % at k of n")
@@ -332,12 +378,13 @@ def save_figures(data: list, out: pathlib.Path, title: str = "") -> list:
 # 4. Several runs side by side, and the command line --------------------------------------------
 def comparison_table(rows: list) -> tuple[list, list]:
     """(header, lines of a fixed-width table): one row per run; text left, numbers right."""
-    header = ["run", "attention", "layers", "cos_per_layer", "cos_last"]
+    header = ["run", "weights", "attention", "layers", "cos_per_layer", "cos_last"]
     header += list(dict.fromkeys(k for row in rows for k in row if k.endswith("_acc")))
     cells = [header] + [[f"{r[k]:.4f}" if isinstance(r.get(k), float) else str(r.get(k, "-"))
                          for k in header] for r in rows]  # fmt: skip
     widths = [max(len(row[j]) for row in cells) for j in range(len(header))]
-    align = [str.ljust if k in ("run", "attention", "cos_per_layer") else str.rjust for k in header]
+    left = ("run", "weights", "attention", "cos_per_layer")
+    align = [str.ljust if k in left else str.rjust for k in header]
     lines = ["  ".join(f(c, w) for f, c, w in zip(align, r, widths, strict=True)) for r in cells]
     return header, [line.rstrip() for line in lines]
 
@@ -354,6 +401,8 @@ def main(argv: list | None = None) -> list:
     add("--dense", type=int, default=8, help="sequences for the N x N analyses (default 8)")
     add("--points", type=int, default=199, help="grid of the filter responses (default 199)")
     add("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
+    weights = "best.pt (the default where there is one: LRA), or checkpoint.pt\n(the last step"
+    add("--weights", choices=("best", "last"), help=f"{weights} or epoch; UEA runs keep only it)")
     add(
         "--out",
         help="OUT/<run name>/ and OUT/comparison.csv (default: <run>/diagnose/, and the\n"
@@ -364,27 +413,44 @@ def main(argv: list | None = None) -> list:
         p.error("--batches, --batch-size, --dense and --points must be at least 1")
     if args.device == "cuda" and not torch.cuda.is_available():  # checked before any data is read
         p.error("--device cuda: this machine has no CUDA device")
-    names = [(q if q.is_dir() else q.parent).resolve().name for q in map(pathlib.Path, args.runs)]
+    # A glob such as runs/sweep/* also matches what an earlier call wrote there (comparison.csv,
+    # PNGs, an --out folder): files other than *.pt are skipped here, such folders by load_run.
+    runs = [q for q in map(pathlib.Path, args.runs) if not q.is_file() or q.suffix == ".pt"]
+    skipped = [f"{q} is a file, not a run folder or *.pt" for q in map(pathlib.Path, args.runs)
+               if q not in runs]  # fmt: skip
+    names = [(q if q.is_dir() else q.parent).resolve().name for q in runs]
     if args.out and len(set(names)) < len(names):
         p.error(f"--out: runs of the same folder name would share an output folder: {names}")
+    for reason in skipped:
+        print(f"skipped: {reason}")
     everything = []
-    for path, name in zip(args.runs, names, strict=True):
+    for path, name in zip(runs, names, strict=True):
         n_cases = args.batches * args.batch_size
-        run = load_run(path, args.data_dir, args.split, n_cases, args.batch_size, args.device)
+        try:
+            run = load_run(path, args.data_dir, args.split, n_cases, args.batch_size, args.device,
+                           args.weights)  # fmt: skip
+        except NotARun as e:
+            print(f"skipped: {e}")
+            skipped.append(str(e))
+            continue
         results = diagnose(run, args.dense, args.points)
         lines, data = summary(run, results), figures(results)
         print(("\n" if everything else "") + "\n".join(lines))
         out = pathlib.Path(args.out, name) if args.out else run.folder / "diagnose"
+        if run.weights.startswith("checkpoint.pt") and (run.folder / "best.pt").is_file():
+            out = out / "last"  # beside the analysis of best.pt, the LRA default, not over it
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
         paths = [f.name for f in save_figures(data, out, run.label)]
         print(f"wrote summary.txt and {len(paths)} files to {out}: {' '.join(paths)}")
         cos = results["cosine"].tolist()
-        row = dict(run=str(run.folder.resolve()), attention=run.model.cfg.attention)
-        row.update(layers=len(cos) - 1)
+        row = dict(run=str(run.folder.resolve()), weights=run.weights)
+        row.update(attention=run.model.cfg.attention, layers=len(cos) - 1)
         row.update(cos_per_layer=" ".join(f"{c:.3f}" for c in cos), cos_last=cos[-1])
         results["row"], results["name"] = dict(row, **run.accuracy), name
         everything.append(results)
+    if not everything:
+        _fail(f"no run to diagnose: {'; '.join(skipped)}")
     if len(everything) > 1:
         rows = [r["row"] for r in everything]
         header, lines = comparison_table(rows)

@@ -43,7 +43,8 @@ class TsFormatError(ValueError):
 
 
 class DatasetNotFoundError(FileNotFoundError):
-    """The dataset's .ts files are not where --data-dir says, or could not be downloaded."""
+    """No such dataset: its .ts files are not where --data-dir says, could not be downloaded,
+    or the name is no plain name (such as '../etc')."""
 
 
 @dataclass
@@ -249,8 +250,10 @@ def dataset_paths(data_dir: str, name: str) -> tuple[pathlib.Path, pathlib.Path]
     NOTE: differs from the official SpokenArabicDigits commands, which omit --pattern TRAIN so
     that the first .ts file glob returns (possibly TEST) becomes the training set.
     """
+    # A name with a path in it would read (or, with --download, write) outside data_dir
     if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\"):
-        raise ValueError(f"dataset name must be a plain name such as 'Heartbeat', got {name!r}")
+        what = "a plain folder name such as 'Heartbeat', without '/', '\\' or '..'"
+        raise DatasetNotFoundError(f"{name!r} is no UEA dataset name: a name is {what}")
     folder = pathlib.Path(data_dir) / name
     return folder / f"{name}_TRAIN.ts", folder / f"{name}_TEST.ts"
 
@@ -343,9 +346,10 @@ def load_uea(data_dir: str, name: str, max_len: int = 0) -> UEAData:
         channels, classes TRAIN lacks, padding far beyond the longest series).
 
     Raises:
-        DatasetNotFoundError: a .ts file is missing (the message says where to get it).
+        DatasetNotFoundError: a .ts file is missing (the message says where to get it), or
+            the name is no plain name ('../etc').
         TsFormatError: a file that is malformed or does not fit the other, naming it.
-        ValueError: a dataset name that is not a plain name, or a max_len below 0.
+        ValueError: a max_len below 0.
     """
     if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 0:
         raise ValueError(f"max_len must be a positive integer (or 0 in load_uea), got {max_len!r}")
@@ -411,8 +415,9 @@ def _notes(data: UEAData, train: TsFile, test: TsFile) -> list:
         names = [data.class_names[k] for k in test_only]
         n = int(np.isin(data.y_test, test_only).sum())
         notes.append(
-            f"classes {names} occur only in TEST ({n} of {len(data.y_test)} TEST cases): no "
-            "TRAIN case teaches them, so the model gets those cases wrong"
+            f"classes {names} occur only in TEST ({n} of {len(data.y_test)} TEST cases): TRAIN's "
+            "@classLabel lists them, so the model has an output for them, but no TRAIN case to "
+            "learn them from: whatever it gets right of those cases, it gets right by chance"
         )
     longest = [max(len(s) for s in split.series) for split in (train, test)]
     if data.n_clipped_train or data.n_clipped_test:
