@@ -1,16 +1,13 @@
 """
 runs.py: what train_lra.py and train_uea.py do alike, kept out of their way (as nanoGPT's
-configurator.py beside its train.py): flags from a settings dataclass, the run folder and its
-lock, writes that never leave half a file, and the sentence said on Ctrl-C.
+configurator.py beside its train.py): flags from a settings dataclass, the run folder, writes
+that never leave half a file, the sentence said on Ctrl-C. Depends on: torch.
 
 A run folder holds config.json (the settings of its last start), metrics.jsonl, checkpoint.pt,
-best.pt (LRA), result.json, diagnose/ (diagnose.py's output) and `lock`. A running process holds
-`lock` with fcntl.flock; the operating system releases it when the process ends, however it ends,
-so nothing stale is left to take over. Where fcntl does not exist (Windows), folders are not
-locked: the run says so, and one run per folder is then up to you.
-
-Under torchrun, rank 0 decides and speaks; a refusal every rank would make is said once, and the
-other ranks exit quietly with the same code. Depends on: torch.
+best.pt (LRA), result.json, diagnose/ (diagnose.py's) and `lock`, which a running process holds
+with fcntl.flock: the operating system releases it when the process ends, however it ends. (No
+fcntl, as on Windows: folders are not locked, and the run says so.) Under torchrun rank 0 checks
+and speaks; a refusal is said once, and the other ranks exit quietly with the same code.
 """
 
 import argparse
@@ -116,7 +113,7 @@ def open_run(cfg, out: pathlib.Path, script: str, unit: str, total: int, may_cha
     """Lock the run folder `out`, then check it under the lock -> the checkpoint to resume, or
     None for a fresh run (the caller writes config.json once its data is read). unit: "step" or
     "epoch", counted to `total`; may_change: the settings a --resume may change."""
-    refusal = None
+    refusal = ckpt = None
     if RANK == 0:
         try:
             ckpt = _open(cfg, out, script, unit, total, may_change)
@@ -128,9 +125,8 @@ def open_run(cfg, out: pathlib.Path, script: str, unit: str, total: int, may_cha
         refusal = box[0]
     if refusal is not None:
         raise SystemExit(refusal) if RANK == 0 else _quietly(1)  # said once, by rank 0
-    if RANK:
-        ckpt = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=False) \
-            if cfg.resume else None
+    if RANK and cfg.resume:
+        ckpt = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=False)
     return ckpt
 
 
@@ -194,8 +190,8 @@ def _open(cfg, out, script, unit, total, may_change):
 
 
 def _quietly(code: int) -> None:
-    """A rank other than 0 refuses without a word, after a pause in which rank 0 says why (on
-    the first process to end, torchrun ends the others)."""
+    """A rank other than 0 refuses without a word, after a pause in which rank 0 says why
+    (torchrun ends every process when the first one ends)."""
     time.sleep(10)
     raise SystemExit(code)
 
@@ -209,8 +205,8 @@ def checkpoint(parts: dict, state: dict, **more) -> dict:
 
 
 def restore(ckpt, parts: dict, state: dict, seed: int) -> None:
-    """Load what checkpoint() saved into the parts and the counters; or, for a fresh run (ckpt
-    None), seed this process's dropout masks (each process its own seed)."""
+    """Load what checkpoint() saved into the parts and the counters; a fresh run (ckpt None)
+    seeds this process's dropout masks instead (each process its own seed)."""
     if ckpt is None:
         torch.manual_seed(seed)
         return
@@ -245,7 +241,7 @@ def save(path: pathlib.Path, obj) -> None:
 
 
 def finish(out: pathlib.Path, result: dict) -> dict:
-    """Rank 0 writes result.json and prints RESULT {json} last; the processes part."""
+    """Rank 0 writes result.json and prints RESULT {json} as the last line; processes part."""
     if RANK == 0:
         save(out / "result.json", result)
         print("RESULT " + json.dumps(result), flush=True)
@@ -255,27 +251,21 @@ def finish(out: pathlib.Path, result: dict) -> dict:
 
 
 def run(main, cfg, unit: str, errors) -> None:
-    """main(cfg), from the command line: Ctrl-C, and an error of the data (`errors`), end in
-    one sentence, not a traceback."""
+    """main(cfg), from the command line: Ctrl-C (exit status 130, as a shell's) and an error of
+    the data (`errors`) end in one sentence, not a traceback."""
+    out = pathlib.Path(cfg.out)
     try:
         main(cfg)
     except KeyboardInterrupt:
-        interrupted(pathlib.Path(cfg.out), unit)
-    except errors as e:
-        out = pathlib.Path(cfg.out)  # a run that never began leaves no folder behind
-        if RANK == 0 and out.is_dir() and os.listdir(out) == ["lock"]:
-            (out / "lock").unlink()
-            with contextlib.suppress(OSError):
-                os.removedirs(out)  # and the folders above it that are now empty
-        raise SystemExit(f"error: {e}") from None
-
-
-def interrupted(out: pathlib.Path, unit: str) -> None:
-    """Ctrl-C: one sentence on how to go on, exit status 130 (that of a shell's Ctrl-C)."""
-    if RANK == 0:
         file = out / "checkpoint.pt"
         done = torch.load(file, weights_only=False)["state"][unit] if file.exists() else None
-        then = (f"continue from its {unit} {done} with --resume" if done is not None
-                else "no checkpoint yet: --overwrite")
-        sys.stderr.write(f"\ninterrupted; {then}\n")
-    raise SystemExit(130)
+        if RANK == 0:
+            sys.stderr.write("\ninterrupted; " + (f"continue from its {unit} {done} with "
+                             "--resume" if done is not None else "no checkpoint yet: --overwrite"))
+        raise SystemExit(130) from None
+    except errors as e:
+        if RANK == 0 and out.is_dir() and os.listdir(out) == ["lock"]:  # a run that never began
+            (out / "lock").unlink()  # leaves no folder behind (nor empty folders above it)
+            with contextlib.suppress(OSError):
+                os.removedirs(out)
+        raise SystemExit(f"error: {e}") from None
