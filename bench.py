@@ -6,18 +6,15 @@ bench.py: what each attention costs as the sequence grows, one layer and one tra
     python bench.py --what step               # CPU: training steps of the LRA model, N = 1K, 4K
     python bench.py --device cuda --what layer step --dtypes float32 bfloat16   # eager + compiled
 
---what layer (default): one attention layer (B = --batch; D = 64, H = 2: the LRA width) at each
-N of --ns (default 256, doubling, to 8192; CUDA: 32768). fwd_ms, fwdbwd_ms: the median time of
-forward, and of forward + backward, over --repeats runs after --warmup. mem_mib: on CUDA the
-peak memory of forward + backward above what was allocated before; on the CPU the tensors
-autograd saves for backward (what grows with N). Then the log-log slopes of time and memory
-against N over N >= --fit-min: 1 = linear, 2 = quadratic.
+--what layer (default): one attention layer (B = --batch, D = 64, H = 2: the LRA width) at each
+N of --ns (default 256 doubling to 8192; CUDA: 32768): fwd_ms, fwdbwd_ms (medians of --repeats
+runs after --warmup), mem_mib (CUDA: the peak of forward + backward; CPU: what autograd saves for
+backward); then the log-log slopes against N >= --fit-min (1 = linear, 2 = quadratic).
 --what step: a training step (forward, loss, backward, AdamW) of model.py's Classifier at the
 LRA Text size, batch --step-batch, at each N of --step-ns: step_ms, tokens_per_s, mem_mib.
---compile (default on CUDA) adds rows of mode compiled: torch.compile(fullgraph=True), afresh
-for every point (compile_s: the first calls). --dtypes bfloat16 / float16: torch.autocast, as in
-training. Output: a CSV, one row per (what, kind, N, dtype, mode), written as each is measured,
-and a PNG of time and memory against N when matplotlib is installed.
+--compile (default on CUDA) adds compiled rows (torch.compile(fullgraph=True) afresh per point;
+compile_s: the first calls); --dtypes bfloat16 / float16 run under torch.autocast. Output: a CSV
+row per (what, kind, N, dtype, mode) as it is measured, and a PNG (with matplotlib).
 
 Kinds: softmax (the baseline), agf, primal, gfsa (Ā(ĀV): two attention passes), gfsa-official
 (the official order, Ā@Ā formed: O(N³) per head, run up to N = 2048), gfsa-linear (GFSA on a

@@ -17,15 +17,12 @@ diagnose.py: look inside trained runs: over-smoothing, filter responses and spec
   rank. Per head, on the real tokens (all steps if trained with --no-attention-mask): softmax Ā;
   AGF H = U diag(g) Vᵀ; GFSA H = w0·I + w1·Ā + wK·Ā^K (estimated or exact); Primal Φq Fᵀ F Φkᵀ.
 
-RUN: a run folder, its checkpoint.pt or an LRA best.pt. In an LRA folder the weights analysed are
-best.pt's (the best val_acc; the run's test_acc is theirs), or with --weights last checkpoint.pt's
-(the last step); a UEA run keeps only checkpoint.pt (the last epoch). The summary names the file
-and step or epoch, and prints only the result.json accuracies of those weights. What a glob
-matches that is no run (comparison.csv, PNGs, a folder without checkpoint.pt) is skipped, noted.
-Writes summary.txt and each figure as CSV (and PNG, with matplotlib) to <run>/diagnose/ or
-OUT/<run name>/ (the last weights of an LRA run: to last/ in there); several runs add a table
-(weights, cosine per layer, accuracies) as comparison.csv and a cosine_per_layer plot (in OUT,
-or the folder that holds the runs).
+RUN: a run folder, its checkpoint.pt or an LRA best.pt. LRA: best.pt's weights (those the run
+tested), or checkpoint.pt's with --weights last; UEA: checkpoint.pt (the last epoch). The summary
+names the file and step or epoch, with the result.json accuracies of just those weights. What a
+glob matches that is no run (comparison.csv, PNGs) is skipped, with a note. Writes summary.txt
+and each figure as CSV (and PNG) to <run>/diagnose/ (LRA --weights last: diagnose/last/) or
+OUT/<run name>/; several runs add comparison.csv and a cosine_per_layer plot beside them.
 Dims: B batch, N tokens, D width, H heads, d = D/H.
 Depends on: torch, numpy, model.py, the mechanism and data files; matplotlib optional.
 """
@@ -54,9 +51,8 @@ from polynomials import frequency_response
 # LoadedRun: model (Classifier, eval mode); batches (dicts x, mask (B, N) bool [, x2, mask2], on
 # the model's device); label (str); folder (the run's); accuracy (the result.json accuracies of
 # the weights analysed, by protocol name); weights (str: which file, step or epoch).
-LoadedRun = namedtuple(
-    "LoadedRun", "model batches label folder accuracy weights", defaults=[{}, ""]
-)
+LoadedRun = namedtuple("LoadedRun", "model batches label folder accuracy weights",
+                       defaults=[{}, ""])
 
 
 class NotARun(Exception):
@@ -98,12 +94,9 @@ def read_checkpoint(path, weights: str | None = None) -> tuple[dict, pathlib.Pat
 
 
 def which_weights(ckpt: dict, file: pathlib.Path) -> tuple[str, dict]:
-    """(which weights: file, step or epoch; the result.json accuracies of exactly them).
-
-    An LRA run tests best.pt: its val_acc and test_acc; the last step has only final_val_acc.
-    A UEA run keeps only its last epoch: final_test_acc (best_test_acc is another epoch's).
-    A result.json of another step or epoch (an unfinished run) gives no accuracy.
-    """
+    """(which weights: file, step or epoch; the result.json accuracies of exactly them): LRA
+    best.pt val_acc, test_acc, its last step final_val_acc; UEA's last epoch final_test_acc (not
+    best_test_acc, another epoch's); none from a result.json of another step or epoch."""
     result = file.parent / "result.json"
     result = json.loads(result.read_text()) if result.is_file() else {}
     if "optimizer" not in ckpt:  # best.pt; the training script may write its step beside it
@@ -403,11 +396,8 @@ def main(argv: list | None = None) -> list:
     add("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
     weights = "best.pt (the default where there is one: LRA), or checkpoint.pt\n(the last step"
     add("--weights", choices=("best", "last"), help=f"{weights} or epoch; UEA runs keep only it)")
-    add(
-        "--out",
-        help="OUT/<run name>/ and OUT/comparison.csv (default: <run>/diagnose/, and the\n"
-        "table of several runs in the folder that holds them, e.g. runs/depth/)",
-    )
+    add("--out", help="OUT/<run name>/ and OUT/comparison.csv (default: <run>/diagnose/, and\n"
+        "the table of several runs in the folder that holds them, e.g. runs/depth/)")
     args = p.parse_args(argv)
     if min(args.batches, args.batch_size, args.dense, args.points) < 1:
         p.error("--batches, --batch-size, --dense and --points must be at least 1")
@@ -421,8 +411,7 @@ def main(argv: list | None = None) -> list:
     names = [(q if q.is_dir() else q.parent).resolve().name for q in runs]
     if args.out and len(set(names)) < len(names):
         p.error(f"--out: runs of the same folder name would share an output folder: {names}")
-    for reason in skipped:
-        print(f"skipped: {reason}")
+    print("".join(f"skipped: {reason}\n" for reason in skipped), end="")
     everything = []
     for path, name in zip(runs, names, strict=True):
         n_cases = args.batches * args.batch_size
@@ -444,9 +433,9 @@ def main(argv: list | None = None) -> list:
         paths = [f.name for f in save_figures(data, out, run.label)]
         print(f"wrote summary.txt and {len(paths)} files to {out}: {' '.join(paths)}")
         cos = results["cosine"].tolist()
-        row = dict(run=str(run.folder.resolve()), weights=run.weights)
-        row.update(attention=run.model.cfg.attention, layers=len(cos) - 1)
-        row.update(cos_per_layer=" ".join(f"{c:.3f}" for c in cos), cos_last=cos[-1])
+        row = dict(run=str(run.folder.resolve()), weights=run.weights, layers=len(cos) - 1,
+                   attention=run.model.cfg.attention, cos_last=cos[-1],
+                   cos_per_layer=" ".join(f"{c:.3f}" for c in cos))  # fmt: skip
         results["row"], results["name"] = dict(row, **run.accuracy), name
         everything.append(results)
     if not everything:

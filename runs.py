@@ -1,13 +1,10 @@
 """
 runs.py: what train_lra.py and train_uea.py do alike, kept out of their way (as nanoGPT's
-configurator.py beside its train.py): flags from a settings dataclass, the run folder, writes
-that never leave half a file, the sentence said on Ctrl-C. Depends on: torch.
-
-A run folder holds config.json (the settings of its last start), metrics.jsonl, checkpoint.pt,
-best.pt (LRA), result.json, diagnose/ (diagnose.py's) and `lock`, which a running process holds
-with fcntl.flock: the operating system releases it when the process ends, however it ends. (No
-fcntl, as on Windows: folders are not locked, and the run says so.) Under torchrun rank 0 checks
-and speaks; a refusal is said once, and the other ranks exit quietly with the same code.
+configurator.py beside its train.py): flags, the run folder, writes that never leave half a
+file, the Ctrl-C sentence. A run folder holds config.json, metrics.jsonl, checkpoint.pt, best.pt
+(LRA), result.json, diagnose/ and `lock`, which a running process holds with fcntl.flock: the
+operating system releases it when the process ends, however it ends (no fcntl, as on Windows: no
+lock, said). Under torchrun rank 0 checks and speaks; the others exit quietly with its code.
 """
 
 import argparse
@@ -38,7 +35,7 @@ _held = []  # the open lock files: closing one would release its lock
 
 
 def flag(default, help: str, low=None, high=None):  # noqa: A002 (argparse's word)
-    """A settings field that is also a flag; its value must lie in [low, high)."""
+    """A settings field that is also a flag, its value in [low, high)."""
     return dataclasses.field(default=default, metadata=dict(help=help, low=low, high=high))
 
 
@@ -79,14 +76,13 @@ def parse(Config, doc: str, choices: dict, presets, out: str, argv=None):
     cuda = torch.cuda.is_available() and cfg.device != "cpu"
     for wrong, message in (
         (cfg.lr <= 0, f"--lr must be positive, got {cfg.lr}"),
-        (cfg.d_model % cfg.n_heads, f"--d-model {cfg.d_model} is not divisible by --n-heads "
-                                    f"{cfg.n_heads}"),
-        (cfg.device == "cuda" and not cuda, "--device cuda: this machine has no CUDA device "
-                                            "(use auto or cpu)"),
-        (cfg.batch_size % WORLD, f"--batch-size {cfg.batch_size} is not divisible by {WORLD} "
-                                 "processes"),
+        (cfg.d_model % cfg.n_heads, f"--d-model {cfg.d_model} is not divisible by --n-heads"
+         f" {cfg.n_heads}"),
+        (cfg.device == "cuda" and not cuda, "--device cuda: this machine has no CUDA device"),
+        (cfg.batch_size % WORLD, f"--batch-size {cfg.batch_size} is not divisible by {WORLD}"
+         " processes"),
         (cfg.resume and cfg.overwrite, "--resume continues a run and --overwrite deletes it: "
-                                       "give one of them"),
+         "give one of them"),
     ):
         if wrong:
             p.error(message)
@@ -110,21 +106,19 @@ def processes(device: str, amp: bool) -> tuple:
 
 
 def open_run(cfg, out: pathlib.Path, script: str, unit: str, total: int, may_change) -> dict:
-    """Lock the run folder `out`, then check it under the lock -> the checkpoint to resume, or
-    None for a fresh run (the caller writes config.json once its data is read). unit: "step" or
-    "epoch", counted to `total`; may_change: the settings a --resume may change."""
+    """Lock the run folder `out`, then check it under the lock -> the checkpoint to resume or
+    None. unit: "step" or "epoch", counted to `total`; may_change: what --resume may change."""
     refusal = ckpt = None
     if RANK == 0:
         try:
             ckpt = _open(cfg, out, script, unit, total, may_change)
         except SystemExit as e:
             refusal = e.code
+    box = [refusal]
     if dist.is_initialized():  # the other ranks learn rank 0's answer
-        box = [refusal]
         dist.broadcast_object_list(box)
-        refusal = box[0]
-    if refusal is not None:
-        raise SystemExit(refusal) if RANK == 0 else _quietly(1)  # said once, by rank 0
+    if box[0] is not None:
+        raise SystemExit(box[0]) if RANK == 0 else _quietly(1)  # said once, by rank 0
     if RANK and cfg.resume:
         ckpt = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=False)
     return ckpt
@@ -133,7 +127,7 @@ def open_run(cfg, out: pathlib.Path, script: str, unit: str, total: int, may_cha
 def _open(cfg, out, script, unit, total, may_change):
     if out.exists() and not out.is_dir():
         raise SystemExit(f"--out {out} is a file, not a folder: choose another --out")
-    while _held:  # a process runs one run at a time: the one before (in this process) is over
+    while _held:  # one run at a time in a process: the one before in this process is over
         _held.pop().close()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -151,11 +145,11 @@ def _open(cfg, out, script, unit, total, may_change):
     _held.append(lock)
     # From here on this process alone writes to out, and checks what is in it now
     found = {p.name for p in out.iterdir()} - {"lock"}
+    if found - WRITTEN and not cfg.resume:  # nothing a run did not write is ever deleted
+        unknown = ", ".join(sorted(found - WRITTEN))
+        raise SystemExit(f"{out} holds files that no run wrote ({unknown}): choose another --out")
     ckpt, file = None, out / "checkpoint.pt"
     if cfg.overwrite:
-        if found - WRITTEN:
-            raise SystemExit(f"--overwrite: {out} holds files that no run wrote ("
-                             f"{', '.join(sorted(found - WRITTEN))}): choose another --out")
         for name in found:
             shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
     elif cfg.resume:
@@ -180,18 +174,15 @@ def _open(cfg, out, script, unit, total, may_change):
             more = f"--{unit}s above {done} continues it, " if f"{unit}s" in may_change else ""
             raise SystemExit(f"{out} finished its {done} {unit}s: nothing to resume ({more}"
                              "--overwrite starts it again)")
-    elif found & WRITTEN:
+    elif found:
         raise SystemExit(f"{out} holds a run already: add --resume to continue it, --overwrite "
                          "to start it again (deleting its files), or choose another --out")
-    elif found:
-        raise SystemExit(f"{out} holds files that no run wrote ({', '.join(sorted(found))}): "
-                         "choose an empty or new --out")
     return ckpt
 
 
 def _quietly(code: int) -> None:
-    """A rank other than 0 refuses without a word, after a pause in which rank 0 says why
-    (torchrun ends every process when the first one ends)."""
+    """A rank > 0 refuses without a word, after a pause for rank 0 to say why (torchrun ends
+    every process when the first one ends)."""
     time.sleep(10)
     raise SystemExit(code)
 
@@ -199,9 +190,9 @@ def _quietly(code: int) -> None:
 def checkpoint(parts: dict, state: dict, **more) -> dict:
     """What a resumed run needs: each part's state_dict, the counters, the RNGs (dropout goes on
     with the masks it would have drawn), and `more` (settings, the model's configuration)."""
-    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    cuda_rng = torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None
     return dict({k: part.state_dict() for k, part in parts.items()}, state=state, **more,
-                rng=torch.get_rng_state(), cuda_rng=torch.cuda.get_rng_state() if cuda else None)
+                rng=torch.get_rng_state(), cuda_rng=cuda_rng)
 
 
 def restore(ckpt, parts: dict, state: dict, seed: int) -> None:
@@ -219,9 +210,8 @@ def restore(ckpt, parts: dict, state: dict, seed: int) -> None:
 
 
 def save(path: pathlib.Path, obj) -> None:
-    """Write obj to path (.json: as JSON; .jsonl: appended as a line; else torch.save) through
-    a temporary file and a rename, so a crash leaves the old file whole. A failed write (a full
-    disk, a lost permission) is one sentence, with no partial file left behind."""
+    """Write obj to path (.json: JSON; .jsonl: a line appended; else torch.save) through a
+    temporary file and a rename: a crash leaves the old file whole, a failed write one sentence."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         if path.suffix == ".json":
@@ -259,9 +249,9 @@ def run(main, cfg, unit: str, errors) -> None:
     except KeyboardInterrupt:
         file = out / "checkpoint.pt"
         done = torch.load(file, weights_only=False)["state"][unit] if file.exists() else None
+        then = f"continue from its {unit} {done} with --resume" if file.exists() else None
         if RANK == 0:
-            sys.stderr.write("\ninterrupted; " + (f"continue from its {unit} {done} with "
-                             "--resume" if done is not None else "no checkpoint yet: --overwrite"))
+            sys.stderr.write(f"\ninterrupted; {then or 'no checkpoint yet: --overwrite'}\n")
         raise SystemExit(130) from None
     except errors as e:
         if RANK == 0 and out.is_dir() and os.listdir(out) == ["lock"]:  # a run that never began

@@ -10,8 +10,7 @@ Data (--data-dir): the LRA release layout (gs://long-range-arena/lra_release), I
 beside it, or PyTorch-LRA pickles (lra_data.py); ListOps is generated (seeded) when missing.
 Protocol: every eval_every steps the model is evaluated on the validation split; the weights
 that score best there are kept (best.pt) and the test split is evaluated once, with them.
-Output: runs/<task>/<attention>-<preset>-seed<seed>/ {config.json, metrics.jsonl, checkpoint.pt,
-best.pt, result.json, lock} (runs.py: the folder and its lock); the last line: RESULT {json}.
+Output: runs/<task>/<attention>-<preset>-seed<seed>/ (see runs.py); last line: RESULT {json}
 """
 
 import dataclasses

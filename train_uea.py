@@ -10,8 +10,7 @@ Data (--data-dir): <Name>/<Name>_TRAIN.ts and _TEST.ts as in timeseriesclassific
 Protocol: the papers (Flowformer, Primal-Attention, AGF) report the best TEST accuracy over the
 epochs, evaluated after the first epoch, every 2 epochs and after the last: best_test_acc (the
 test split serves for selection). Beside it, final_test_acc: after the last epoch, no selection.
-Output: runs/<dataset>/<attention>-<preset>-seed<seed>/ {config.json, metrics.jsonl,
-checkpoint.pt, result.json, lock} (runs.py: the folder and its lock); the last line: RESULT {json}.
+Output: runs/<dataset>/<attention>-<preset>-seed<seed>/ (see runs.py); last line: RESULT {json}
 """
 
 import dataclasses

@@ -1,11 +1,10 @@
 """
 uea_data.py: the UEA multivariate time-series archive, from `.ts` files to padded arrays.
 
-    read_ts    a `.ts` reader (standard library + numpy): every header tag, unequal lengths, '?'
-               missing values interpolated as the official loader; errors name file, line, fault
-    load_uea   <data-dir>/<Name>/<Name>_{TRAIN,TEST}.ts -> standardised (TRAIN statistics only),
-               zero-padded numpy arrays with a padding mask, and notes: plain sentences on
-               what is surprising (clipped cases, constant channels, classes TRAIN lacks)
+    read_ts    a `.ts` reader: every header tag, unequal lengths, '?' interpolated as the
+               official loader; errors name file, line, fault
+    load_uea   <data-dir>/<Name>/<Name>_{TRAIN,TEST}.ts -> standardised (TRAIN statistics),
+               zero-padded arrays, a padding mask, notes on what is surprising in the data
     download_dataset   one dataset's zip from the UEA archive, with a progress bar
 
 Format: aeon-toolkit/aeon aeon/datasets/_data_loaders.py. Official loader (thuml/Flowformer and
