@@ -2483,49 +2483,41 @@ def _files(out: pathlib.Path) -> dict:
     return {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "lock"}
 
 
-def test_train_lra_presets_and_precedence():
-    parse = train_lra.parse_config
-    cfg = parse(["--task", "image", "--attention", "agf"])
-    assert (cfg.batch_size, cfg.steps, cfg.warmup, cfg.max_len) == (256, 35000, 175, 1024)
-    assert (cfg.agf_order, cfg.agf_alpha, cfg.agf_beta, cfg.agf_gamma) == (6, 1.5, 2.0, 0.1)
-    cfg = parse(["--task", "retrieval", "--attention", "primal+trans", "--primal-eta", "0.3"])
-    assert (cfg.primal_rank, cfg.primal_eta, cfg.max_len) == (20, 0.3, 4000)  # the flag wins
-    assert parse(["--task", "retrieval", "--attention", "primal"]).primal_rank == 30
-    assert parse(["--steps", "500"]).warmup == 100  # the preset's warm-up fraction kept
-    assert parse(["--steps", "500", "--warmup", "7"]).warmup == 7
-    quick = parse(["--preset", "quick"])
-    assert (quick.listops_size, quick.max_len, quick.steps, quick.d_model) == (6000, 100, 1000, 64)
-    assert quick.out == "runs/listops/agf-quick-seed0"
+_PRESETS = [  # (script, flags, settings they lead to): the official scripts' values; flags win
+    ("train_lra.py", "--task image --attention agf", dict(batch_size=256, steps=35000, warmup=175,
+     max_len=1024, agf_order=6, agf_alpha=1.5, agf_beta=2.0, agf_gamma=0.1)),
+    ("train_lra.py", "--task retrieval --attention primal+trans --primal-eta 0.3",
+     dict(primal_rank=20, primal_eta=0.3, max_len=4000)),
+    ("train_lra.py", "--task retrieval --attention primal", dict(primal_rank=30)),
+    ("train_lra.py", "--steps 500", dict(warmup=100)),  # the preset's warm-up fraction kept
+    ("train_lra.py", "--steps 500 --warmup 7", dict(warmup=7)),
+    ("train_lra.py", "--preset quick", dict(listops_size=6000, max_len=100, steps=1000,
+     d_model=64, out="runs/listops/agf-quick-seed0")),
+    ("train_uea.py", "--dataset Heartbeat --attention agf", dict(agf_basis="chebyshev",
+     agf_order=6, agf_gamma=0.01, agf_fix_theta0=False)),
+    ("train_uea.py", "--dataset EthanolConcentration", dict(agf_basis="jacobi", agf_order=6,
+     agf_alpha=1.5, agf_beta=-1.5, agf_fix_theta0=True)),
+    ("train_uea.py", "--dataset SpokenArabicDigits", dict(agf_gamma=0.5, optimizer="adam")),
+    ("train_uea.py", "--attention primal", dict(primal_rank=40, primal_eta=0.5,
+     primal_rank_multi=5)),
+    ("train_uea.py", "--attention primal+trans", dict(primal_rank=30, primal_eta=0.2)),
+    ("train_uea.py", "--dataset PEMS-SF --attention primal+trans", dict(epochs=400,
+     primal_eta=0.0, optimizer="radam")),
+    ("train_uea.py", "", dict(d_model=512, n_heads=8, d_ff=2048, batch_size=16, seed=666,
+     out="runs/JapaneseVowels/softmax-paper-seed666")),
+    ("train_uea.py", "--preset quick --dataset PEMS-SF --epochs 3", dict(d_model=64, epochs=3,
+     agf_order=5)),
+    ("train_uea.py", "--dataset Toy", dict(preset="default")),  # no preset: said as it is
+    ("train_uea.py", "--dataset Toy --preset quick", dict(preset="quick")),
+]  # fmt: skip
 
 
-def test_train_uea_presets_follow_the_official_scripts_and_flags_win():
-    parse = train_uea.parse_config
-    cfg = parse(["--dataset", "Heartbeat", "--attention", "agf"])
-    assert (cfg.agf_basis, cfg.agf_order, cfg.agf_gamma, cfg.agf_fix_theta0) == (
-        "chebyshev", 6, 0.01, False,
-    )  # fmt: skip
-    cfg = parse(["--dataset", "EthanolConcentration"])
-    assert (cfg.agf_basis, cfg.agf_order, cfg.agf_alpha, cfg.agf_beta, cfg.agf_fix_theta0) == (
-        "jacobi", 6, 1.5, -1.5, True,
-    )  # fmt: skip
-    assert parse(["--dataset", "SpokenArabicDigits"]).agf_gamma == 0.5
-    jv = [parse(["--attention", a]) for a in ("primal", "primal+trans")]
-    assert [(c.primal_rank, c.primal_eta, c.primal_rank_multi) for c in jv] == [
-        (40, 0.5, 5), (30, 0.2, 5),
-    ]  # fmt: skip
-    pems = parse(["--dataset", "PEMS-SF", "--attention", "primal+trans"])
-    assert (pems.epochs, pems.primal_eta, pems.optimizer) == (400, 0.0, "radam")
-    assert parse(["--dataset", "SpokenArabicDigits"]).optimizer == "adam"
-    paper = parse([])
-    assert (paper.d_model, paper.n_heads, paper.d_ff, paper.batch_size, paper.seed) == (
-        512, 8, 2048, 16, 666,
-    )  # fmt: skip
-    quick = parse(["--preset", "quick", "--dataset", "PEMS-SF", "--epochs", "3"])
-    assert (quick.d_model, quick.epochs, quick.agf_order) == (64, 3, 5)  # the flag wins
-    assert set(train_uea.AGF) == set(train_uea.PRIMAL["primal"])
-    assert set(train_uea.AGF) == set(train_uea.PRIMAL["primal+trans"])
-    assert parse(["--dataset", "Toy"]).preset == "default"  # no preset: recorded as what it is
-    assert parse(["--dataset", "Toy", "--preset", "quick"]).preset == "quick"
+@pytest.mark.parametrize("script, flags, want", _PRESETS)
+def test_train_lra_and_train_uea_presets_follow_the_official_scripts(script, flags, want):
+    cfg = SCRIPTS[script][0].parse_config(flags.split())
+    assert {k: getattr(cfg, k) for k in want} == want
+    presets = [train_uea.AGF, train_uea.PRIMAL["primal"], train_uea.PRIMAL["primal+trans"]]
+    assert set(presets[0]) == set(presets[1]) == set(presets[2])  # the same ten datasets
 
 
 _VALUES = dict(task="image", attention="gfsa", preset="quick", device="cpu", agf_basis="monomial",
@@ -2662,32 +2654,43 @@ def test_train_uea_every_preset_builds_a_model_and_the_flags_reach_it():
                 assert {getattr(b.attn, check) for b in m.blocks} == {want}, (attention, want)
 
 
-def test_train_lra_few_step_run_each_attention():
-    """A 4-step run with each attention: RESULT, its log every 2 steps, the best-val weights."""
-    with tempfile.TemporaryDirectory() as tmp:
-        for kind in KINDS:
-            out = pathlib.Path(tmp) / kind
-            result = _lra_run(_lra_args(pathlib.Path(tmp) / "data", out, "--attention", kind))
-            assert result["steps"] == 4 and result["n_params"] > 0 and result["attention"] == kind
-            log = _log(out)
-            assert [r["step"] for r in log] == [2, 4], kind
-            # the logged lr is the one that step used: OneCycleLR after step - 1 scheduler steps,
-            # recomputed here on a dummy parameter (the warm-up fraction 0.1 of 4 rounds to 0)
-            opt = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], 1e-3)
-            sched = torch.optim.lr_scheduler.OneCycleLR(
-                opt, 1e-3, 4, pct_start=0.0, anneal_strategy="linear"
-            )
-            expected = []
-            for _ in range(4):
-                expected.append(opt.param_groups[0]["lr"])
-                opt.step()
-                sched.step()
-            assert [r["lr"] for r in log] == pytest.approx([expected[1], expected[3]]), kind
-            assert result["val_acc"] == max(r["val_acc"] for r in log)
-            assert result["final_val_acc"] == log[-1]["val_acc"] and _result_of(out) == result
-            best = torch.load(out / "best.pt", weights_only=False)
-            assert best["step"] == result["best_step"]
-            assert best["val_acc"] == pytest.approx(result["val_acc"], abs=1e-5)
+@pytest.mark.parametrize("kind", KINDS)
+def test_train_lra_and_train_uea_short_runs_of_each_attention(tmp_path, kind):
+    """LRA: 4 steps, a log line every 2 with the lr that step used, best.pt of the best
+    validation. UEA (real JapaneseVowels): 2 epochs that learn; the files, RESULT last."""
+    result = _lra_run(_lra_args(tmp_path / "data", tmp_path / "lra", "--attention", kind))
+    assert result["steps"] == 4 and result["n_params"] > 0 and result["attention"] == kind
+    log = _log(tmp_path / "lra")
+    assert [r["step"] for r in log] == [2, 4]
+    # the logged lr: OneCycleLR after step - 1 scheduler steps, on a dummy parameter here
+    opt = torch.optim.AdamW([torch.zeros(1, requires_grad=True)], 1e-3)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, 1e-3, 4, pct_start=0.0,
+                                                anneal_strategy="linear")  # fmt: skip
+    expected = []
+    for _ in range(4):
+        expected.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    assert [r["lr"] for r in log] == pytest.approx([expected[1], expected[3]])
+    assert result["val_acc"] == max(r["val_acc"] for r in log)
+    assert result["final_val_acc"] == log[-1]["val_acc"] and _result_of(tmp_path / "lra") == result
+    best = torch.load(tmp_path / "lra" / "best.pt", weights_only=False)
+    assert best["step"] == result["best_step"]
+    assert best["val_acc"] == pytest.approx(result["val_acc"], abs=1e-5)
+    out, data_dir = tmp_path / "uea", str(_real_uea().parent)
+    argv = [*TINY, "--attention", kind, "--epochs", "2", "--data-dir", data_dir]
+    result, printed = _uea_run([*argv, "--out", str(out)])
+    assert set(os.listdir(out)) == {"config.json", "metrics.jsonl", "checkpoint.pt",
+                                    "result.json", "lock"}  # fmt: skip
+    assert json.loads((out / "config.json").read_text())["attention"] == kind
+    records = _log(out)
+    accs = [r["test_acc"] for r in records]  # evaluated after the first and last epoch
+    assert [r["epoch"] for r in records] == [1, 2] and result["final_test_acc"] == accs[-1]
+    assert result["best_test_acc"] == max(accs) and _result_of(out) == result
+    last = printed.strip().splitlines()[-1]
+    assert last.startswith("RESULT ") and json.loads(last[7:]) == result
+    # learning: the loss falls and TEST is above chance (1/9) after 2 epochs
+    assert records[1]["train_loss"] < records[0]["train_loss"] and accs[-1] > 1 / 9
 
 
 def test_train_lra_two_tower_and_image_runs_from_pickles():
@@ -2792,55 +2795,36 @@ def _as_rank(module, rank: int) -> contextlib.ExitStack:
     return stack
 
 
-def test_train_lra_batches_follow_the_documented_order_and_ranks_split_them(tmp_path):
-    """Batch k of epoch e is slice k of numpy.random.default_rng([seed, e]).permutation(n), a
-    new order each epoch; under torchrun (faked here: 2 ranks) rank r takes [r::2] of it, so
-    the ranks' indices are disjoint and together the whole batch."""
-    seen = {}
-    for rank in (None, 0, 1):  # one process, then each of two
-        real, taken = train_lra.to_batch, seen.setdefault(rank, [])
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_train_lra_and_train_uea_batches_follow_the_documented_order(tmp_path, script):
+    """Epoch e visits TRAIN as numpy.random.default_rng([seed, e]).permutation(n) in batches of
+    --batch-size, a new order each epoch (LRA: epochs of whole batches from e = 0; UEA: from
+    e = 1, the last batch smaller); under torchrun (faked: 2 ranks) rank r takes [r::2]."""
+    module, lra = SCRIPTS[script][0], script == "train_lra.py"
+    n, size, seed = (48, 8, 0) if lra else (12, 5, 3)  # one process: batches of `size`
+    more = ["--steps", "12"] if lra else ["--seed", "3"]
+    seen, real = {}, module.to_batch
+    for rank, batch in ((None, size), (0, 6 + 2 * lra), (1, 6 + 2 * lra)):
+        taken = seen.setdefault(rank, [])
 
-        def recording(split, idx, device, taken=taken, real=real):
-            if len(split.y) == 48:  # the training split
+        def recording(*args, taken=taken):
+            split, idx = (args[0], args[1]) if lra else (args[1], args[2])
+            if (len(split.y) == n) if lra else split == "train":
                 taken.append(np.asarray(idx).tolist())
-            return real(split, idx, device)
+            return real(*args)
 
         with (
-            _as_rank(train_lra, rank) if rank is not None else contextlib.nullcontext(),
-            mock.patch.object(train_lra, "to_batch", recording),
+            _as_rank(module, rank) if rank is not None else contextlib.nullcontext(),
+            mock.patch.object(module, "to_batch", recording),
         ):
-            _lra_run(_lra_args(tmp_path / "data", tmp_path / f"run{rank}", "--steps", "12"))
-    expected = [np.random.default_rng([0, e]).permutation(48) for e in (0, 1)]
-    expected = [order[k * 8 : (k + 1) * 8].tolist() for order in expected for k in range(6)]
-    assert seen[None] == expected and seen[None][0] != seen[None][6]
-    for whole, a, b in zip(expected, seen[0], seen[1], strict=True):
-        assert not set(a) & set(b) and sorted(a + b) == sorted(whole) and a == whole[0::2]
-
-
-def test_train_uea_batches_follow_the_documented_order(tmp_path):
-    """Epoch e visits TRAIN as numpy.random.default_rng([seed, e]).permutation(n), in batches
-    of --batch-size (the last one smaller), a new order each epoch; under torchrun (faked: 2
-    ranks, batches of 6) rank r takes [r::2] of every batch."""
-    _toy_uea(tmp_path, n=12)
-    seen = {}
-    argv = [*TINY, "--dataset", "Toy", "--data-dir", str(tmp_path), "--epochs", "2", "--seed", "3"]
-    for rank, size in ((None, "5"), (0, "6"), (1, "6")):
-        real, taken = train_uea.to_batch, seen.setdefault(rank, [])
-
-        def recording(data, split, idx, device, taken=taken, real=real):
-            if split == "train":
-                taken.append(np.asarray(idx).tolist())
-            return real(data, split, idx, device)
-
-        with (
-            _as_rank(train_uea, rank) if rank is not None else contextlib.nullcontext(),
-            mock.patch.object(train_uea, "to_batch", recording),
-        ):
-            _uea_run([*argv, "--batch-size", size, "--out", str(tmp_path / f"r{rank}")])
-    orders = [np.random.default_rng([3, e]).permutation(12).tolist() for e in (1, 2)]
-    assert seen[None] == [o[k : k + 5] for o in orders for k in (0, 5, 10)]
+            _train_both(tmp_path, script, tmp_path / f"r{rank}", *more, "--batch-size", str(batch))
+    orders = [np.random.default_rng([seed, e]).permutation(n).tolist() for e in
+              ((0, 1) if lra else (1, 2))]  # fmt: skip
+    per_epoch = range(0, n - size + 1 if lra else n, size)
+    assert seen[None] == [o[k : k + size] for o in orders for k in per_epoch]
     assert orders[0] != orders[1]
-    wholes = [o[k : k + 6] for o in orders for k in (0, 6)]
+    batch = 6 + 2 * lra
+    wholes = [o[k : k + batch] for o in orders for k in range(0, n - batch + 1, batch)]
     for whole, a, b in zip(wholes, seen[0], seen[1], strict=True):
         assert not set(a) & set(b) and sorted(a + b) == sorted(whole) and a == whole[0::2]
 
@@ -2913,30 +2897,6 @@ def test_train_uea_gradients_are_clipped_to_grad_clip_after_unscaling():
         norm = torch.cat([p.grad.flatten() for p in model.parameters()]).norm()
         assert raw > 10 * clip and norm == pytest.approx(clip, rel=1e-4)
         assert calls == ["scale", "unscale_", "clip", "step", "update"]
-
-
-def test_train_uea_two_epoch_run_per_attention_kind_writes_its_files():
-    data_dir = str(_real_uea().parent)
-    with tempfile.TemporaryDirectory() as tmp:
-        for kind in KINDS:
-            out = pathlib.Path(tmp) / kind
-            argv = [*TINY, "--attention", kind, "--epochs", "2", "--data-dir", data_dir]
-            result, printed = _uea_run([*argv, "--out", str(out)])
-            assert {p.name for p in out.iterdir()} == {
-                "config.json", "metrics.jsonl", "checkpoint.pt", "result.json", "lock"
-            }  # fmt: skip
-            assert json.loads((out / "config.json").read_text())["attention"] == kind
-            records = _log(out)
-            assert [r["epoch"] for r in records] == [1, 2]
-            accs = [r["test_acc"] for r in records]  # evaluated after the first and last epoch
-            assert result["best_test_acc"] == max(accs) and result["final_test_acc"] == accs[-1]
-            assert _result_of(out) == result
-            last = printed.strip().splitlines()[-1]
-            assert last.startswith("RESULT ") and json.loads(last[7:]) == result
-            assert result["n_params"] > 0 and result["dataset"] == "JapaneseVowels", kind
-            # learning: the loss falls and TEST is above chance (1/9) after 2 epochs
-            assert records[1]["train_loss"] < records[0]["train_loss"], kind
-            assert records[-1]["test_acc"] > 1 / 9, kind
 
 
 def test_train_uea_evaluates_the_first_every_eval_every_and_the_last_epoch(tmp_path):
@@ -3017,53 +2977,63 @@ def _torchrun(script: str, *argv, ok=True) -> subprocess.CompletedProcess:
     return run
 
 
-def test_train_lra_torchrun_two_cpu_processes_match_one(tmp_path):
-    """torchrun, 2 CPU processes (Gloo): the same weights as one process (dropout off), one
-    RESULT line. A refusal every rank makes (a locked folder, a batch of 3 for 2 processes)
-    is said once, by rank 0, and no rank adds a traceback of its own."""
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_train_lra_and_train_uea_torchrun_two_cpu_processes_match_one(tmp_path, script):
+    """torchrun, 2 CPU processes (Gloo), dropout off: one RESULT line, the same weights as one
+    process. A refusal every rank makes (a locked folder, a batch of 3 for 2 processes) is said
+    once, by rank 0, and no rank adds a traceback of its own."""
+    # UEA: its attention dropout off too, and Adam (RAdam's first steps, lr x gradient, are too
+    # small to tell two runs apart)
+    adam = ["--optimizer", "adam", "--attn-dropout", "0"] if script == "train_uea.py" else []
     for name in ("one", "two"):
-        flags = _lra_args(tmp_path / "data", tmp_path / name, "--dropout", "0")
-        run = _torchrun("train_lra.py", *flags) if name == "two" else _cli("train_lra.py", *flags)
+        flags = _argv(tmp_path, script, tmp_path / name, "--dropout", "0", *adam)
+        run = _torchrun(script, *flags) if name == "two" else _cli(script, *flags)
         assert run.returncode == 0 and run.stdout.count("RESULT ") == 1, run.stderr[-3000:]
+        assert f"cpu x {1 + (name == 'two')}" in run.stdout
     one, two = (torch.load(tmp_path / r / "checkpoint.pt", weights_only=False)["model"]
                 for r in ("one", "two"))  # fmt: skip
     # Adam turns a gradient of ~0 into a step of ±lr whose sign depends on rounding (the
     # all-reduce sums in another order), so a few weights may differ by ~lr; a broken DDP
     # (unsynchronised or unscaled gradients) changes nearly all of them.
     close = torch.cat([torch.isclose(one[k], two[k], atol=1e-5).flatten() for k in one])
-    assert close.float().mean() > 0.99, f"only {close.float().mean():.1%} of weights agree"
+    assert close.float().mean() > 0.97, f"only {close.float().mean():.1%} of weights agree"
     with open(tmp_path / "two" / "lock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         for flags, said in (([], "is in use by another run"),
                             (["--batch-size", "3"], "not divisible by 2 processes")):  # fmt: skip
-            run = _torchrun("train_lra.py", *_lra_args(tmp_path / "data", tmp_path / "two",
-                                                       "--resume", *flags), ok=False)  # fmt: skip
+            argv = _argv(tmp_path, script, tmp_path / "two", "--resume", *adam, *flags)
+            run = _torchrun(script, *argv, ok=False)
             assert run.stderr.count(said) == 1, run.stderr[-3000:]
-            for ours in ("train_lra.py", "runs.py"):  # no frame of ours: torchrun's summary only
+            for ours in (script, "runs.py"):  # no frame of ours: torchrun's summary only
                 assert f'{ours}", line' not in run.stderr, run.stderr[-3000:]
 
 
-def test_train_uea_two_process_gloo_run():
-    """torchrun with 2 CPU processes (Gloo): one RESULT line; the final TEST accuracy equals a
-    single-process evaluation of the saved weights."""
-    data_dir = str(_real_uea().parent)
-    with tempfile.TemporaryDirectory() as tmp:
-        argv = [*TINY, "--epochs", "1", "--data-dir", data_dir, "--out", tmp + "/run"]
-        run = _torchrun("train_uea.py", *argv)
-        lines = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
-        assert len(lines) == 1, run.stdout
-        result = json.loads(lines[0][7:])
-        assert result["device"] == "cpu x 2"
-        cfg = train_uea.parse_config(argv)
-        data = uea_data.load_uea(cfg.data_dir, cfg.dataset)
-        model, _, _ = train_uea.build(cfg, data, torch.device("cpu"))
-        ckpt = torch.load(pathlib.Path(tmp) / "run" / "checkpoint.pt", weights_only=False)
-        model.load_state_dict(ckpt["model"])
-        acc, _ = train_uea.evaluate(model, data, 64, "cpu", contextlib.nullcontext())
-        assert acc == result["final_test_acc"]
-
-
 # The run folder (runs.py): a transaction. Nothing of a run is lost, rewritten or mixed -------
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_train_lra_and_train_uea_compile_flag_and_a_diverged_run(tmp_path, script):
+    """--compile wraps the model in torch.compile (fixed shapes), --no-compile does not; a loss
+    that turns NaN after the first checkpoint stops the run with one sentence, that checkpoint
+    kept as it was."""
+    module, unit = SCRIPTS[script]
+    for flag, calls in (("--compile", 1), ("--no-compile", 0)):
+        with mock.patch.object(torch, "compile", mock.Mock(side_effect=lambda m, **kw: m)) as c:
+            _train_both(tmp_path, script, tmp_path / flag, flag)
+        assert c.call_count == calls and all(k.kwargs == {"dynamic": False} for k in c.mock_calls)
+    real, count = module.train_step, [0]
+    first = 2 if script == "train_lra.py" else 1  # steps before the first checkpoint (Toy: 1)
+
+    def nan_after_the_first_checkpoint(*args):
+        count[0] += 1
+        loss, *rest = real(*args)
+        return (loss * float("nan") if count[0] > first else loss, *rest)
+
+    with mock.patch.object(module, "train_step", nan_after_the_first_checkpoint):
+        message = _stops(tmp_path, script, tmp_path / "nan")
+    assert "the training loss is nan" in message and "diverged" in message
+    state = torch.load(tmp_path / "nan" / "checkpoint.pt", weights_only=False)["state"]
+    assert state[unit] == first and not (tmp_path / "nan" / "result.json").exists()
 
 
 def _straight_and_resumed(tmp: pathlib.Path, script: str, *more) -> tuple:
