@@ -3191,6 +3191,17 @@ def test_runs_resume_refuses_what_it_cannot_continue(tmp_path, script):
         assert "checkpoint.pt is damaged" in message and "--overwrite" in message
 
 
+def test_runs_an_out_that_is_a_file_and_a_system_without_fcntl(tmp_path):
+    """--out naming a file is one sentence, the file untouched; without fcntl (Windows) the run
+    says that its folder is not locked, and runs."""
+    (tmp_path / "file").write_text("mine")
+    message = _stops(tmp_path, "train_uea.py", tmp_path / "file")
+    assert "is a file, not a folder" in message and (tmp_path / "file").read_text() == "mine"
+    with mock.patch.object(runs, "fcntl", None):
+        result, printed = _train_both(tmp_path, "train_uea.py", tmp_path / "run")
+    assert "is not locked; start one run per folder" in printed and result["epochs"] == 2
+
+
 def test_runs_a_run_stopped_before_its_test_finishes_it_on_resume(tmp_path):
     """LRA: killed after the last checkpoint, during the test evaluation (no result.json):
     --resume trains no further and writes the result the run would have written."""
@@ -4229,13 +4240,13 @@ def test_cuda_training_scripts_and_torchrun_end_with_a_result_line():
     one process on NCCL, each end with RESULT {json} naming the GPU."""
     with tempfile.TemporaryDirectory() as tmp:
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        runs = [[sys.executable, "train_lra.py", *_lra_args(tmp + "/data", tmp + "/lra")]]
-        runs += [torchrun + ["--nproc_per_node", "1", "train_lra.py",
-                             *_lra_args(tmp + "/data", tmp + "/ddp")]]  # fmt: skip
+        commands = [[sys.executable, "train_lra.py", *_lra_args(tmp + "/data", tmp + "/lra")]]
+        commands += [torchrun + ["--nproc_per_node", "1", "train_lra.py",
+                                 *_lra_args(tmp + "/data", tmp + "/ddp")]]  # fmt: skip
         if (UEA_DIR / "JapaneseVowels").exists():
-            runs += [[sys.executable, "train_uea.py", *TINY, "--epochs", "2", "--data-dir",
-                      str(UEA_DIR), "--out", tmp + "/uea"]]  # fmt: skip
-        for argv in runs:
+            commands += [[sys.executable, "train_uea.py", *TINY, "--epochs", "2", "--data-dir",
+                          str(UEA_DIR), "--out", tmp + "/uea"]]  # fmt: skip
+        for argv in commands:
             run = subprocess.run([*argv, "--device", "cuda"], cwd=HERE, capture_output=True,
                                  text=True, timeout=300)  # fmt: skip
             assert run.returncode == 0, run.stderr[-3000:]
