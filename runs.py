@@ -181,8 +181,7 @@ def _open(cfg, out, script, unit, total, may_change):
 
 
 def _quietly(code: int) -> None:
-    """A rank > 0 refuses without a word, after a pause for rank 0 to say why (torchrun ends
-    every process when the first one ends)."""
+    """A rank > 0 refuses quietly, after a pause for rank 0 to say why (torchrun ends all)."""
     time.sleep(10)
     raise SystemExit(code)
 
@@ -196,8 +195,7 @@ def checkpoint(parts: dict, state: dict, **more) -> dict:
 
 
 def restore(ckpt, parts: dict, state: dict, seed: int) -> None:
-    """Load what checkpoint() saved into the parts and the counters; a fresh run (ckpt None)
-    seeds this process's dropout masks instead (each process its own seed)."""
+    """Load what checkpoint() saved, or seed a fresh run's dropout (each process its own seed)."""
     if ckpt is None:
         torch.manual_seed(seed)
         return

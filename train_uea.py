@@ -7,9 +7,8 @@ train_uea.py: train one attention mechanism on one UEA multivariate time-series 
     python train_uea.py --dataset UWaveGestureLibrary --download     # fetch a missing dataset
 
 Data (--data-dir): <Name>/<Name>_TRAIN.ts and _TEST.ts as in timeseriesclassification.com.
-Protocol: the papers (Flowformer, Primal-Attention, AGF) report the best TEST accuracy over the
-epochs, evaluated after the first epoch, every 2 epochs and after the last: best_test_acc (the
-test split serves for selection). Beside it, final_test_acc: after the last epoch, no selection.
+Protocol: best_test_acc, the papers' (Flowformer, Primal-Attention, AGF): the best TEST accuracy
+of the evaluations (epoch 1, every 2nd, the last); beside it final_test_acc, the last, unselected.
 Output: runs/<dataset>/<attention>-<preset>-seed<seed>/ (see runs.py); last line: RESULT {json}
 """
 
@@ -291,9 +290,12 @@ def evaluate(model, data: uea_data.UEAData, batch_size: int, device, autocast) -
 
 def presets(given: dict, error) -> dict:
     """The preset values for the flags given: dataset, then attention, then --preset quick."""
-    name = given.get("dataset", TrainConfig.dataset)
-    attention = given.get("attention", TrainConfig.attention)
-    preset = given.get("preset", TrainConfig.preset)
+    get = lambda key: given.get(key, getattr(TrainConfig, key))  # noqa: E731
+    name, attention, preset = get("dataset"), get("attention"), get("preset")
+    try:  # a name with a path in it: said before any folder is made
+        uea_data.dataset_paths(".", name)
+    except uea_data.DatasetNotFoundError as e:
+        error(f"--dataset: {e}")
     values = {**DATASETS.get(name, {}), **AGF.get(name, {})}
     values.update(PRIMAL.get(attention, PRIMAL["primal"]).get(name, {}))
     values.update(QUICK if preset == "quick" else {})
