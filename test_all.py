@@ -214,55 +214,37 @@ JACOBI_PAIRS = [(0.0, 0.0), (-0.5, -0.5), (1.0, 0.2), (1.5, 2.0), (2.0, 0.5), (2
                 (2.0, -2.0), (2.0, -1.5), (1.5, -1.0), (1.0, 0.0), (0.3, -0.7)]  # fmt: skip
 
 
-def _polynomials_binom(z: float, k: int) -> float:
-    """Generalised binomial C(z, k) = z (z-1) ... (z-k+1) / k!, any real z, integer k >= 0."""
-    return math.prod((z - i) / (i + 1) for i in range(k)) if k >= 0 else 0.0
-
-
 def _polynomials_jacobi_closed_form(n: int, a: float, b: float, x: np.ndarray) -> np.ndarray:
-    """P_n^(a,b)(x) = Σ_s C(n+a, n-s) C(n+b, s) ((x-1)/2)^s ((x+1)/2)^(n-s)   (DLMF 18.5.8)."""
-    binom = _polynomials_binom
+    """P_n^(a,b)(x) = Σ_s C(n+a, n-s) C(n+b, s) ((x-1)/2)^s ((x+1)/2)^(n-s)   (DLMF 18.5.8),
+    with the generalised binomial C(z, k) = z (z-1) ... (z-k+1) / k! for real z."""
+    binom = lambda z, k: math.prod((z - i) / (i + 1) for i in range(k))  # noqa: E731
     return sum(binom(n + a, n - s) * binom(n + b, s) * ((x - 1) / 2) ** s * ((x + 1) / 2) ** (n - s)
                for s in range(n + 1))  # fmt: skip
 
 
-def test_polynomials_jacobi_equals_closed_form_sum():
-    """The recurrence equals the explicit sum, including β = -1, -1.5, -2 (AGF's LRA presets)."""
+@pytest.mark.parametrize("a, b", JACOBI_PAIRS)
+def test_polynomials_jacobi_equals_closed_form_and_scipy(a, b):
+    """The recurrence == the explicit sum and scipy's eval_jacobi, degree <= 10, incl. β <= -1."""
     x = np.linspace(-1.2, 1.2, 49)  # includes (0, 1), where AGF evaluates it
-    for a, b in JACOBI_PAIRS:
-        got = jacobi(torch.from_numpy(x), 7, a, b).numpy()
-        for n in range(8):
-            want = _polynomials_jacobi_closed_form(n, a, b, x)
-            assert np.allclose(got[n], want, rtol=1e-12, atol=1e-12), f"(a, b, n) = {(a, b, n)}"
-
-
-def test_polynomials_jacobi_matches_scipy():
+    got = jacobi(torch.from_numpy(x), 10, a, b).numpy()
+    want = np.stack([_polynomials_jacobi_closed_form(n, a, b, x) for n in range(11)])
+    assert np.allclose(got, want, rtol=1e-11, atol=1e-11)
     special = pytest.importorskip("scipy.special")
-    x = np.linspace(0.0, 1.0, 33)
-    for a, b in JACOBI_PAIRS:
-        got = jacobi(torch.from_numpy(x), 10, a, b).numpy()
-        for n in range(11):
-            want = special.eval_jacobi(n, a, b, x)
-            assert np.allclose(got[n], want, rtol=1e-11, atol=1e-11), f"(a, b, n) = {(a, b, n)}"
+    want = np.stack([special.eval_jacobi(n, a, b, x) for n in range(11)])
+    assert np.allclose(got, want, rtol=1e-11, atol=1e-11)
 
 
 def test_polynomials_legendre_and_chebyshev_match_numpy():
     """Jacobi(0,0) = Legendre; Jacobi(-½,-½) = (2k)!/(4^k (k!)²) T_k; chebyshev_t = T_k."""
     x = np.linspace(-1.0, 1.0, 41)
-    xt = torch.from_numpy(x)
-    K = 8
-    legendre = polynomial_basis(xt, K, "legendre").numpy()
-    cheb_jacobi = polynomial_basis(xt, K, "chebyshev").numpy()
-    cheb_t = polynomial_basis(xt, K, "chebyshev_t").numpy()
-    powers = polynomial_basis(xt, K, "monomial").numpy()
-    for k in range(K + 1):
-        e_k = np.eye(K + 1)[k]  # coefficient vector selecting the k-th basis polynomial
+    names = ("legendre", "chebyshev", "chebyshev_t", "monomial")
+    got = {name: polynomial_basis(torch.from_numpy(x), 8, name).numpy() for name in names}
+    for k, e_k in enumerate(np.eye(9)):  # e_k: the coefficients selecting the k-th polynomial
         t_k = np.polynomial.chebyshev.chebval(x, e_k)
         scale = math.factorial(2 * k) / (4**k * math.factorial(k) ** 2)
-        assert np.allclose(legendre[k], np.polynomial.legendre.legval(x, e_k), atol=1e-13)
-        assert np.allclose(cheb_t[k], t_k, atol=1e-13)
-        assert np.allclose(cheb_jacobi[k], scale * t_k, atol=1e-13)
-        assert np.allclose(powers[k], x**k, atol=1e-13)
+        want = (np.polynomial.legendre.legval(x, e_k), scale * t_k, t_k, x**k)
+        for name, w in zip(names, want, strict=True):
+            assert np.allclose(got[name][k], w, atol=1e-13), (name, k)
 
 
 def _polynomials_check_orthogonal(a: float, b: float, nodes: np.ndarray, weights: np.ndarray):
@@ -278,13 +260,11 @@ def _polynomials_check_orthogonal(a: float, b: float, nodes: np.ndarray, weights
         num = 2 ** (a + b + 1) * math.gamma(n + a + 1) * math.gamma(n + b + 1)
         return num / (den * math.factorial(n))
 
-    norms = [norm(n) for n in range(K + 1)]
-    assert np.allclose(gram, np.diag(norms), atol=1e-10), f"(a, b) = {(a, b)}"
+    assert np.allclose(gram, np.diag([norm(n) for n in range(K + 1)]), atol=1e-10), (a, b)
 
 
 def test_polynomials_jacobi_orthogonal():
-    """Integer a, b >= 0: the weight is a polynomial and Gauss-Legendre (numpy) is exact;
-    non-integer a, b > -1 (incl. Chebyshev's -½): Gauss-Jacobi nodes from scipy."""
+    """Exact quadrature: Gauss-Legendre for integer a, b >= 0, else scipy's Gauss-Jacobi nodes."""
     nodes, weights = np.polynomial.legendre.leggauss(30)
     for a, b in [(0, 0), (1, 0), (2, 1), (1, 3)]:
         _polynomials_check_orthogonal(a, b, nodes, weights * (1 - nodes) ** a * (1 + nodes) ** b)
@@ -294,29 +274,18 @@ def test_polynomials_jacobi_orthogonal():
 
 
 def test_polynomials_gradcheck():
-    """Autograd through the recurrence (x) and the filter (x and θ), float64."""
+    """Autograd through the recurrences == finite differences (the filter's own backward: below)."""
     torch.manual_seed(0)
     x = torch.rand(3, 4, dtype=torch.float64, requires_grad=True)
     for a, b in [(2.0, -1.0), (-0.5, -0.5), (1.5, 2.0)]:
         assert torch.autograd.gradcheck(lambda t, a=a, b=b: jacobi(t, 6, a, b), (x,))
     assert torch.autograd.gradcheck(lambda t: chebyshev_t(t, 5), (x,))
     assert torch.autograd.gradcheck(lambda t: monomial(t, 5), (x,))
-    poly = PolynomialFilter(5, "jacobi", 2.0, -2.0, fix_theta0=False).double()
-    with torch.no_grad():
-        poly.theta.normal_()
-    theta = poly.theta.detach().clone().requires_grad_()
-    theta0 = torch.tensor(0.3, dtype=torch.float64, requires_grad=True)
-    call = torch.func.functional_call  # poly(s) with its parameters swapped for these tensors
-    assert torch.autograd.gradcheck(
-        lambda s, th, th0: call(poly, {"theta": th, "theta0": th0}, (s,)), (x, theta, theta0)
-    )
 
 
 @pytest.mark.parametrize("basis", BASES)
 def test_polynomials_filter_sum_equals_its_plain_reference(basis):
-    """FilterSum (the recurrence with its own backward, the derivative recurrence) == the plain
-    Σ_k θ̃_k P_k(s) of filter_sum_reference under autograd: values and gradients w.r.t. s and θ̃,
-    float64, with a random upstream gradient; and FilterSum keeps only s and g'(s) for backward."""
+    """FilterSum == filter_sum_reference: values, gradients in s and θ̃; it saves only s, g'(s)."""
     torch.manual_seed(0)
     coefs = recurrence(basis, 6, 1.5, -1.0)
     s = torch.rand(3, 5, 7, dtype=F64, requires_grad=True)
@@ -328,7 +297,6 @@ def test_polynomials_filter_sum_equals_its_plain_reference(basis):
     grads_plain = torch.autograd.grad((plain * weight).sum(), [s, theta])
     for a, b in zip(grads_fast, grads_plain, strict=True):
         assert torch.allclose(a, b, atol=1e-10)
-    sizes = []
     sizes, s = [], torch.rand(1000, dtype=F64, requires_grad=True)
     pack = lambda t: sizes.append(t.numel()) or t  # noqa: E731
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
@@ -354,10 +322,11 @@ def test_polynomials_filter_is_official_tanh_sum():
         assert len(list(poly.parameters())) == (1 if fix else 2)  # frozen θ_0 is no parameter
         grid, g = frequency_response(poly, n_points=50)
         assert grid.min() > 0 and grid.max() < 1 and torch.allclose(g, poly(grid).detach())
+    with pytest.raises(ValueError, match="unknown basis 'laguerre'"):
+        PolynomialFilter(3, "laguerre")
 
 
 def test_polynomials_file_runs_alone():
-    """polynomials.py runs alone from an empty folder."""
     _runs_alone("polynomials.py", [])
 
 
@@ -366,60 +335,27 @@ def test_polynomials_file_runs_alone():
 # ----------------------------------------------------------------------------------------------
 
 
-def _agf_layer(seed: int = 0, **kwargs) -> AGFAttention:
+def _agf_layer(**kwargs) -> AGFAttention:
     """A float64 AGF layer with a non-trivial filter (at init g ≡ 1 hides Σ entirely)."""
-    torch.manual_seed(seed)
+    torch.manual_seed(0)
     layer = AGFAttention(32, 4, **kwargs).double()
     with torch.no_grad():
         layer.poly_filter.theta.normal_()
     return layer
 
 
-def _agf_padded_input(B: int = 3, N: int = 20, D: int = 32):
-    torch.manual_seed(1)
-    x = torch.randn(B, N, D, dtype=torch.float64)
-    mask = torch.ones(B, N, dtype=torch.bool)
-    mask[1, 13:] = False
-    mask[2, 4:] = False
-    return x, mask
-
-
 def test_agf_fast_path_equals_dense_reference():
     """(U ⊙ g)(Vᵀ Val) == H Val with H = U diag(g) Vᵀ built as an N x N matrix."""
     layer = _agf_layer()
-    x, mask = _agf_padded_input()
-    for basis in ("jacobi", "monomial"):
+    x, mask = _inputs(_tiny("uea", n_features=32))  # (3, 20, 32), 2 rows padded
+    for basis, m in itertools.product(("jacobi", "monomial"), (None, mask)):
         layer.poly_filter.basis = basis
-        for m in (None, mask):
-            y, _ = layer(x, m)
-            y_dense, graph_filter = agf_dense_reference(layer, x, m)
-            assert graph_filter.shape == (3, 4, 20, 20)
-            assert torch.allclose(y, y_dense, rtol=1e-12, atol=1e-12), f"{basis}, mask={m}"
+        y, _ = layer(x, m)
+        y_dense, graph_filter = agf_dense_reference(layer, x, m)
+        assert graph_filter.shape == (3, 4, 20, 20)
+        assert torch.allclose(y, y_dense, rtol=1e-12, atol=1e-12), (basis, m)
     # H of a padded sample has zero rows and columns at the padding
     assert graph_filter[1, :, 13:].abs().max() == 0 and graph_filter[1, :, :, 13:].abs().max() == 0
-
-
-def test_agf_at_init_is_softmax_linear_attention():
-    """θ̃_0 = 1, θ_k = 0 => g ≡ 1 => y = W_o(softmax_d(Q) (softmax_N(K)ᵀ V)), per head; and at init
-    ∂g/∂s = 0, so W_Σ gets no gradient (as in the official code)."""
-    torch.manual_seed(0)
-    layer = AGFAttention(32, 4).double()
-    x, mask = _agf_padded_input()
-    y, _ = layer(x, mask)
-    want = torch.zeros_like(y)
-    for b in range(3):
-        n = int(mask[b].sum())
-        xb = x[b, :n]
-        heads = []
-        for h in range(4):
-            cols = slice(8 * h, 8 * h + 8)
-            q = torch.softmax(layer.W_u(xb)[:, cols], dim=1)  # (n, d), rows sum to 1
-            k = torch.softmax(layer.W_v(xb)[:, cols], dim=0)  # (n, d), columns sum to 1
-            heads.append(q @ (k.T @ layer.W_val(xb)[:, cols]))
-        want[b, :n] = layer.W_o(torch.cat(heads, dim=1))
-    assert torch.allclose(y, want, atol=1e-12)
-    y.square().sum().backward()
-    assert layer.W_sigma.weight.grad.abs().max() == 0 and layer.W_u.weight.grad.abs().max() > 0
 
 
 def test_agf_orthogonality_penalty_zero_for_orthonormal_and_official_form():
@@ -429,10 +365,8 @@ def test_agf_orthogonality_penalty_zero_for_orthonormal_and_official_form():
     onehot = torch.zeros(B, H, N, d, dtype=torch.float64)
     onehot[:, :, perm, torch.arange(d)] = 1.0  # column c is the unit vector e_perm[c]
     assert torch.equal(orthogonality_penalty(onehot, onehot.flip(-1)), torch.zeros(B))
-    zeros = torch.zeros_like(onehot)
-    assert torch.allclose(
-        orthogonality_penalty(zeros, onehot), torch.full((B,), 1 / d, dtype=torch.float64)
-    )
+    penalty = orthogonality_penalty(torch.zeros_like(onehot), onehot)  # U = 0: mean |UᵀU - I| = 1/d
+    assert torch.allclose(penalty, torch.full((B,), 1 / d, dtype=F64))
     # a random U, V against the official formula, written with explicit loops
     torch.manual_seed(0)
     u, v = torch.rand(B, H, N, d, dtype=torch.float64), torch.rand(B, H, N, d, dtype=torch.float64)
@@ -442,7 +376,7 @@ def test_agf_orthogonality_penalty_zero_for_orthonormal_and_official_form():
         want[b] += (gram - torch.eye(d)).abs().sum() / (H * d * d)
     assert torch.allclose(orthogonality_penalty(u, v), want, atol=1e-14)
     layer = _agf_layer(ortho_weight=0.5)  # aux is γ times the batch mean of per-sample penalties
-    x, mask = _agf_padded_input()
+    x, mask = _inputs(_tiny("uea", n_features=32))  # (3, 20, 32), 2 rows padded
     u, _, v, _ = layer.factors(x, mask)
     aux = layer(x, mask)[1]
     assert torch.allclose(aux, 0.5 * orthogonality_penalty(u, v).mean(), atol=1e-14)
@@ -452,13 +386,8 @@ def test_agf_orthogonality_penalty_zero_for_orthonormal_and_official_form():
 
 def test_agf_autocast_bf16_is_finite():
     """bf16 autocast: projections in bf16, filter and softmaxes in float32, y in x's dtype."""
-    torch.manual_seed(0)
-    layer = AGFAttention(32, 4, order=6, alpha=2.0, beta=-2.0)
-    with torch.no_grad():
-        layer.poly_filter.theta.normal_()
-    x = 5 * torch.randn(2, 64, 32)
-    mask = torch.ones(2, 64, dtype=torch.bool)
-    mask[1, 40:] = False
+    layer = _agf_layer(order=6, alpha=2.0, beta=-2.0).float()
+    x, mask = 5 * torch.randn(2, 64, 32), torch.arange(64) < torch.tensor([[64], [40]])
     with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
         y, aux = layer(x, mask)
         (y.float().sum() + aux).backward()
@@ -478,33 +407,32 @@ def test_agf_autocast_bf16_is_finite():
     assert (y - y32).abs().max() < 0.1 * y32.abs().max()  # bf16 projections: close, not equal
 
 
-def test_agf_reduced_forms_equal_their_formulas_written_out():
-    """The paper's ablation forms: "uv" is U Vᵀ Val, linear attention with softmax feature maps,
-    and "svd" is U diag(sigmoid(X W_Σ)) Vᵀ Val; each == its dense N x N reference and neither form
-    has the filter (nor "uv" a W_Σ)."""
-    x, mask = _agf_padded_input()
-    for variant in ("uv", "svd"):
-        torch.manual_seed(0)
-        layer = AGFAttention(32, 4, variant=variant).double()
-        names = {name.split(".")[0] for name, _ in layer.named_parameters()}
-        assert "poly_filter" not in names and ("W_sigma" in names) == (variant == "svd")
-        y, aux = layer(x, mask)
-        assert torch.allclose(y, agf_dense_reference(layer, x, mask)[0], atol=1e-12), variant
-        # written out from the weights, heads as a view of the last axis: (B, N, H, d)
-        heads = lambda t: t.view(3, 20, 4, 8).transpose(1, 2)  # noqa: E731
-        real = mask[:, None, :, None]
-        u = heads(layer.W_u(x)).softmax(-1) * real
-        v = heads(layer.W_v(x)).masked_fill(~real, -torch.inf).softmax(-2)
-        g = torch.sigmoid(heads(layer.W_sigma(x))) if variant == "svd" else 1.0
-        out = (u * g) @ (v.transpose(-2, -1) @ heads(layer.W_val(x)))
-        expected = layer.W_o(out.transpose(1, 2).reshape(3, 20, 32)) * mask[..., None]
-        assert torch.allclose(y, expected, atol=1e-12), variant
-    with pytest.raises(ValueError, match="variant='usv'"):
-        AGFAttention(32, 4, variant="usv")
+@pytest.mark.parametrize("variant", ["uv", "svd", "agf"])
+def test_agf_reduced_forms_equal_their_formulas_written_out(variant):
+    """Ablations written out from the weights: "uv" U Vᵀ Val (softmax feature maps), "svd"
+    U diag(sigmoid(X W_Σ)) Vᵀ Val, and full AGF at init (g ≡ 1) == "uv"; each == its dense form."""
+    x, mask = _inputs(_tiny("uea", n_features=32))  # (3, 20, 32), 2 rows padded
+    torch.manual_seed(0)
+    layer = AGFAttention(32, 4, variant=variant).double()
+    names = {name.split(".")[0] for name, _ in layer.named_parameters()}
+    assert ("poly_filter" in names) == (variant == "agf")
+    assert ("W_sigma" in names) == (variant != "uv")
+    y, aux = layer(x, mask)
+    assert torch.allclose(y, agf_dense_reference(layer, x, mask)[0], atol=1e-12)
+    heads = lambda t: t.view(3, 20, 4, 8).transpose(1, 2)  # noqa: E731  (B, N, D) -> (B, H, N, d)
+    real = mask[:, None, :, None]
+    u = heads(layer.W_u(x)).softmax(-1) * real
+    v = heads(layer.W_v(x)).masked_fill(~real, -torch.inf).softmax(-2)
+    g = torch.sigmoid(heads(layer.W_sigma(x))) if variant == "svd" else 1.0
+    out = (u * g) @ (v.transpose(-2, -1) @ heads(layer.W_val(x)))
+    expected = layer.W_o(out.transpose(1, 2).reshape(3, 20, 32)) * mask[..., None]
+    assert torch.allclose(y, expected, atol=1e-12)
+    if variant == "agf":  # at init ∂g/∂s = 0: W_Σ gets no gradient (as in the official code)
+        y.square().sum().backward()
+        assert layer.W_sigma.weight.grad.abs().max() == 0 and layer.W_u.weight.grad.abs().max() > 0
 
 
 def test_agf_file_runs_alone():
-    """agf.py runs alone from an empty folder with polynomials.py."""
     _runs_alone("agf.py", ["polynomials.py"])
 
 
@@ -513,31 +441,28 @@ def test_agf_file_runs_alone():
 # ----------------------------------------------------------------------------------------------
 
 
-def _primal_layer(
-    causal=False, reduction="batch", D=16, H=2, rank=3, rank_multi=4, max_len=64, eta=0.1
-):
+def _primal_layer(causal=False, reduction="batch"):
+    """A float64 Primal layer: D = 16, H = 2, r = 3, m = 12 sampled tokens, η = 0.1."""
     torch.manual_seed(0)
-    kwargs = dict(rank_multi=rank_multi, max_len=max_len, ksvd_weight=eta, ksvd_reduction=reduction)
-    return PrimalAttention(D, H, rank=rank, causal=causal, **kwargs).to(F64)
+    kwargs = dict(rank_multi=4, max_len=64, ksvd_weight=0.1, ksvd_reduction=reduction)
+    return PrimalAttention(16, 2, rank=3, causal=causal, **kwargs).to(F64)
 
 
-def _primal_masks(B, N):
-    """Right padding, left padding and scattered padding, one pattern per sequence."""
-    mask = torch.ones(B, N, dtype=torch.bool)
-    mask[0, N - 7 :] = False
-    mask[1, :5] = False
-    mask[2, 3::4] = False
+def _masks(N: int = 12) -> torch.Tensor:
+    """(4, N), for the attention tests: right, left and scattered padding, and no real token."""
+    mask = torch.ones(4, N, dtype=torch.bool)
+    mask[0, N - 4 :], mask[1, :3], mask[2, 1::3], mask[3] = False, False, False, False
     return mask
 
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_primal_scores_equal_dual_reference(causal):
-    """Remark 3.3: with W_e, W_r given by dual variables through the KKT conditions, the O(N)
-    primal scores equal the dual scores E = K_X H_r, R = K_Xᵀ H_e of the N x N kernel."""
+    """Remark 3.3: O(N) primal scores with W_e, W_r from dual variables (KKT) == the dual scores
+    E = K_X H_r, R = K_Xᵀ H_e of the N x N kernel (the module's path: the KKT test)."""
     B, N, H, r = 3, 20, 2, 3
     layer = _primal_layer(causal)
     torch.manual_seed(1)
-    x, mask = torch.randn(B, N, 16, dtype=F64), _primal_masks(B, N)
+    x, mask = torch.randn(B, N, 16, dtype=F64), _masks(N)[:B]
     with torch.no_grad():
         phi_q, phi_k = layer.feature_maps(x, mask)
         f_x = layer.sampled_tokens(x, mask)
@@ -550,40 +475,21 @@ def test_primal_scores_equal_dual_reference(causal):
     assert torch.allclose(e.masked_fill(~real, 0.0), e_dual, atol=1e-12)
     assert torch.allclose(r_s.masked_fill(~real, 0.0), r_dual, atol=1e-12)
 
-    # the module's own path (weights shared over the batch) gives the same for one sequence
-    # (sequence 1, left padded), compared at its real tokens
-    with torch.no_grad():
-        layer.We.copy_(W_e[1])
-        layer.Wr.copy_(W_r[1])
-        e1, r1 = layer.scores(x[1:2], mask[1:2])
-    assert torch.allclose(e1[0][:, mask[1]], e_dual[1][:, mask[1]], atol=1e-12)
-    assert torch.allclose(r1[0][:, mask[1]], r_dual[1][:, mask[1]], atol=1e-12)
-
 
 @pytest.mark.parametrize("causal", [False, True])
 def test_primal_ksvd_objective_is_zero_at_kkt_point(causal):
-    """J = 0 at a stationary point of the primal problem, and clearly not at a random point.
-
-    Construction (one sequence, left padding): take the kernel K_X = Φq Fᵀ F Φkᵀ over the real
-    tokens (F = I for the causal variant) and its SVD K_X = U S Vᵀ. The KKT conditions are the
-    shifted eigenvalue problem K_X H_r = H_e Σ, K_Xᵀ H_e = H_r Σ with Σ = Λ⁻¹ (paper's Σ_i
-    sums), solved by H_e = U[:, :r], H_r = V[:, :r], Σ = S[:r]. The base weights follow from
-    W_e = F Φkᵀ H_r, W_r = F Φqᵀ H_e. The code averages over n real tokens instead of summing,
-    which rescales Λ by n: λ² = n / σ. Then ½ mean λ²e² = ½ mean λ²r² = Σσ/2 per head and
-    Tr(W_eᵀ W_r) = Σσ, so J = 0 up to rounding.
-    """
-    N, H, r = 24, 2, 3
-    layer = _primal_layer(causal, D=16, H=H, rank=r, rank_multi=4)  # m = 12 < 19 real tokens
+    """J = 0 at a KKT point built from the SVD K_X = U S Vᵀ (H_e = U_r, H_r = V_r, λ² = n / σ:
+    the code averages over n real tokens), and clearly not at a random point."""
+    N, r = 24, 3
+    layer = _primal_layer(causal)  # m = 12 < 19 real tokens
     torch.manual_seed(2)
-    x = torch.randn(1, N, 16, dtype=F64)
-    mask = torch.ones(1, N, dtype=torch.bool)
-    mask[0, :5] = False
-    n = int(mask.sum())
+    x, mask = torch.randn(1, N, 16, dtype=F64), (torch.arange(N) >= 5)[None]  # left padding
+    n, x0 = int(mask.sum()), x.masked_fill(~mask[..., None], 0.0)
     with torch.no_grad():
         e, r_s = layer.scores(x, mask)
         J_random = ksvd_objective(e, r_s, layer.Lambda, layer.We, layer.Wr, mask, False)
-        phi_q, phi_k = layer.feature_maps(x.masked_fill(~mask[..., None], 0.0), mask)
-        f_x = layer.sampled_tokens(x.masked_fill(~mask[..., None], 0.0), mask)
+        phi_q, phi_k = layer.feature_maps(x0, mask)
+        f_x = layer.sampled_tokens(x0, mask)
         U, S, Vh = torch.linalg.svd(ksvd_kernel(phi_q, phi_k, f_x, mask))
         assert S[..., r - 1].min() > 1e-3  # r non-degenerate components exist
         W_e, W_r = kkt_base_weights(phi_q, phi_k, f_x, U[..., :r], Vh.mT[..., :r], mask)
@@ -604,8 +510,7 @@ def test_primal_ksvd_objective_is_zero_at_kkt_point(causal):
 
 
 def test_primal_loss_matches_official_formulas_without_padding():
-    """No padding: aux / η equals the official LRA formula (square of the batch-mean J) for
-    "batch" and the official UEA formula (mean of per-sample J²) for "sample"."""
+    """No padding: aux / η == the official LRA ("batch": (mean J)²) and UEA ("sample": mean J²)."""
     B, N = 3, 16
     torch.manual_seed(3)
     x = torch.randn(B, N, 16, dtype=F64)
@@ -629,7 +534,7 @@ def test_primal_sampling_takes_evenly_spaced_real_tokens():
     these are the official positions torch.linspace(0, N - 1, m, dtype=int)."""
     B, N, m = 3, 23, 6
     x = torch.arange(N, dtype=F64)[None, :, None].expand(B, N, 2)  # token value = its position
-    mask = _primal_masks(B, N)
+    mask = _masks(N)[:B]
     f_x = sample_real_tokens(x, mask, m)[..., 0]  # (B, m) positions sampled
     for b in range(B):
         real = torch.nonzero(mask[b]).flatten()
@@ -654,26 +559,12 @@ def test_primal_defaults_and_shapes():
 
 
 def test_primal_file_runs_alone():
-    """ksvd_attention.py runs alone from an empty folder."""
     _runs_alone("ksvd_attention.py", [])
 
 
 # ----------------------------------------------------------------------------------------------
 # gfsa.py: Graph-Filter-based Self-Attention
 # ----------------------------------------------------------------------------------------------
-
-
-def _gfsa_qkv(B=2, H=3, N=10, d=4, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randn(B, H, N, d, dtype=F64, generator=g) for _ in range(3)]
-
-
-def _gfsa_masks(B=2, N=10):
-    """Right padding in sequence 0, left padding in sequence 1 (matters for causal)."""
-    mask = torch.ones(B, N, dtype=torch.bool)
-    mask[0, 7:] = False
-    mask[1, :3] = False
-    return [None, mask]
 
 
 def _gfsa_random_gfsa(seed=0, **kwargs) -> GFSAttention:
@@ -689,27 +580,24 @@ def _gfsa_random_gfsa(seed=0, **kwargs) -> GFSAttention:
 
 @pytest.mark.parametrize("kernel", ["softmax", "linear"])
 def test_gfsa_fast_path_equals_dense_polynomial(kernel):
-    """Ā(ĀV) evaluation == the dense Eq. 5 filter H @ V, for K in {2, 3, 5}, with and without
-    padding, causal (softmax Ā only). The Efficient Attention Ā = ρ_q(Q)ρ_k(K)ᵀ is itself
-    row-stochastic and gives padded keys exactly zero weight."""
-    q, k, v = _gfsa_qkv()
+    """Ā(ĀV) evaluation == the dense Eq. 5 filter H @ V, K in {2, 3, 5}, padded, causal (softmax
+    only); Ā (linear: ρ_q(Q)ρ_k(K)ᵀ) is row-stochastic and gives padded keys zero weight."""
+    q, k, v = torch.randn(3, 2, 3, 10, 4, dtype=F64, generator=torch.Generator().manual_seed(0))
     w0, w1, wK = torch.randn(3, 3, dtype=F64, generator=torch.Generator().manual_seed(1))
-    for K, mask, causal in itertools.product((2, 3, 5), _gfsa_masks(), (False, True)):
+    for K, mask, causal in itertools.product((2, 3, 5), (None, _masks(10)[:2]), (False, True)):
         if causal and kernel == "linear":
             continue
         fast = gfsa_apply(q, k, v, filter_coefficients(w0, w1, wK, K), mask, causal, kernel, 0.0)
         attn = attention_matrix(q, k, mask, causal, kernel)
         dense, _ = gfsa_dense_reference(attn, v, w0, w1, wK, K)
-        err = (fast - dense).abs().max().item()
-        assert err < 1e-12, f"K={K} mask={mask is not None} causal={causal}: {err:.1e}"
+        assert torch.allclose(fast, dense, rtol=0, atol=1e-12), (K, mask is not None, causal)
         assert torch.allclose(attn.sum(-1), torch.ones_like(attn[..., 0]), atol=1e-14)
         if mask is not None and kernel == "linear":
             assert (attn.transpose(-2, -1)[~mask[:, None].expand(-1, 3, -1)] == 0).all()
 
 
 def test_gfsa_k2_is_exactly_attn_squared_and_rows_sum_to_the_coefficients():
-    """For K = 2 the Taylor estimate is Ā² itself: H(0, 0, 1) == Ā @ Ā and E_2 == 0. Ā and Ā² are
-    row-stochastic, so every row of H sums to w0 + w1 + wK (any K)."""
+    """K = 2: H(0, 0, 1) == Ā @ Ā and E_2 == 0; each row of H sums to w0 + w1 + wK (any K)."""
     attn = torch.randn(2, 3, 7, 7, dtype=F64, generator=torch.Generator().manual_seed(2))
     attn = attn.softmax(-1)
     zeros, ones = torch.zeros(3, dtype=F64), torch.ones(3, dtype=F64)
@@ -725,8 +613,7 @@ def test_gfsa_k2_is_exactly_attn_squared_and_rows_sum_to_the_coefficients():
 
 def test_gfsa_taylor_error_bounds():
     """E_K <= 2(K-1) <= 2K on random softmax matrices; a cyclic shift attains 2(K-1)."""
-    g = torch.Generator().manual_seed(5)
-    N = 11
+    g, N = torch.Generator().manual_seed(5), 11
     shift = torch.roll(torch.eye(N, dtype=F64), 1, dims=1)  # permutation, the limit of softmax
     for K in range(2, 11):
         for temperature in (0.1, 1.0, 10.0):
@@ -744,16 +631,15 @@ def test_gfsa_taylor_error_bounds():
 
 
 def test_gfsa_exact_high_order_equals_matrix_power():
-    """high_order="exact": w0·V + w1·ĀV + wK·Ā^K V by K passes == the dense filter built with
-    torch.linalg.matrix_power, module forward included; for K = 2 it equals the estimate."""
+    """high_order="exact" (fast, official) == dense filter with matrix_power; K = 2: == taylor."""
     x = torch.randn(2, 10, 12, dtype=F64, generator=torch.Generator().manual_seed(3))
-    for mask, causal, order in itertools.product(_gfsa_masks(), (0, 1), (2, 3, 5)):
+    for mask, causal, order in itertools.product((None, _masks(10)[:2]), (0, 1), (2, 3, 5)):
         layer = _gfsa_random_gfsa(order=order, causal=bool(causal), high_order="exact")
         q, k, v = layer.W_qkv(x).view(2, 10, 3, 3, 4).permute(2, 0, 3, 1, 4)
         attn = attention_matrix(q, k, mask, bool(causal), "softmax")  # (B, H, N, N)
         w0, w1, wK = (w.view(1, -1, 1, 1) for w in (layer.w0, layer.w1, layer.wK))
-        eye = torch.eye(10, dtype=F64)
-        dense = (w0 * eye + w1 * attn + wK * torch.linalg.matrix_power(attn, order)) @ v
+        a_k = torch.linalg.matrix_power(attn, order)
+        dense = (w0 * torch.eye(10, dtype=F64) + w1 * attn + wK * a_k) @ v
         expected = layer.W_o(dense.transpose(1, 2).reshape(2, 10, 12))
         expected = expected if mask is None else expected * mask[..., None]
         y, _ = layer(x, mask)
@@ -763,37 +649,24 @@ def test_gfsa_exact_high_order_equals_matrix_power():
         if order == 2:
             layer.high_order, layer.evaluation = "taylor", "fast"
             assert torch.allclose(layer(x, mask)[0], y, atol=1e-12)
-    with pytest.raises(ValueError, match="high_order='power'"):
-        GFSAttention(12, 3, high_order="power")
 
 
-def test_gfsa_official_order_module_equals_fast_module():
-    """evaluation="official" (dense Ā@Ā, H, H@V) == evaluation="fast", same weights, eval mode."""
+@pytest.mark.parametrize("kwargs", [{}, {"causal": True}, {"kernel": "linear"}])
+def test_gfsa_official_equals_fast_and_dropout_acts_only_in_training(kwargs):
+    """evaluation="official" (dense H) == "fast"; dropout: none in eval mode, some in training."""
     x = torch.randn(2, 10, 12, dtype=F64, generator=torch.Generator().manual_seed(10))
-    for kwargs in ({}, {"causal": True}, {"kernel": "linear"}):
-        fast = _gfsa_random_gfsa(order=5, dropout=0.3, **kwargs)
-        official = copy.deepcopy(fast)
-        official.evaluation = "official"
-        for mask in _gfsa_masks():
-            y_fast, _ = fast(x, mask)
-            y_official, _ = official(x, mask)
-            assert (y_fast - y_official).abs().max() < 1e-12, kwargs
-
-
-def test_gfsa_dropout_only_in_training_mode():
-    """dropout > 0 changes training outputs; eval mode is exact (== the dropout-free layer)."""
-    x = torch.randn(2, 10, 12, dtype=F64, generator=torch.Generator().manual_seed(11))
-    for kwargs in ({}, {"kernel": "linear"}, {"evaluation": "official"}):
-        plain = _gfsa_random_gfsa(**kwargs)
-        dropped = copy.deepcopy(plain)
-        dropped.dropout = 0.5
-        assert (plain(x)[0] - dropped(x)[0]).abs().max() == 0, kwargs  # both in eval mode
-        dropped.train()
-        assert (plain(x)[0] - dropped(x)[0]).abs().max() > 1e-3, kwargs
+    fast = _gfsa_random_gfsa(order=5, dropout=0.3, **kwargs)
+    official, plain = copy.deepcopy(fast), copy.deepcopy(fast)
+    official.evaluation, plain.dropout = "official", 0.0
+    for mask in (None, _masks(10)[:2]):  # right and left padding (matters for causal)
+        y = plain(x, mask)[0]
+        assert (fast(x, mask)[0] - y).abs().max() == 0
+        assert (official(x, mask)[0] - y).abs().max() < 1e-12
+    for layer in (fast.train(), official.train()):
+        assert (layer(x)[0] - plain(x)[0]).abs().max() > 1e-3, layer.evaluation
 
 
 def test_gfsa_file_runs_alone():
-    """gfsa.py runs alone from an empty folder."""
     _runs_alone("gfsa.py", [])
 
 
@@ -838,21 +711,11 @@ def _variant(name: str) -> torch.nn.Module:
     return layer
 
 
-def _shared_masks() -> torch.Tensor:
-    """(4, 12): right padding, left padding, scattered padding, and no real token at all."""
-    mask = torch.ones(4, 12, dtype=torch.bool)
-    mask[0, 8:], mask[1, :3], mask[2, 1::3], mask[3] = False, False, False, False
-    return mask
-
-
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_model_padding_is_never_read_and_every_parameter_learns(name):
-    """Junk at padded positions (1e3, ±inf, NaN; right, left, scattered padding and a sequence
-    without a real token) changes no output (0 at padding) and not the aux loss: padding must be
-    replaced, not multiplied by 0 (0 · NaN = NaN). Gradients are finite, 0 at padding, and reach
-    every parameter (Primal's λ only through the KSVD loss, AGF's θ only through the filter)."""
-    layer, mask = _variant(name), _shared_masks()
-    x = torch.randn(4, 12, 16, dtype=F64)
+    """Junk (1e3, ±inf, NaN) at any padding changes no output nor aux; gradients are finite, 0 at
+    padding, reach every parameter; padded == its real tokens alone; B = 0 gives aux 0."""
+    layer, mask, x = _variant(name), _masks(), torch.randn(4, 12, 16, dtype=F64)
     y0, aux0 = layer(x.masked_fill(~mask[..., None], 0.0), mask)
     assert torch.isfinite(y0).all() and (y0[~mask] == 0).all() and torch.isfinite(aux0)
     for junk in (1e3, math.inf, -math.inf, math.nan):
@@ -865,30 +728,25 @@ def test_model_padding_is_never_read_and_every_parameter_learns(name):
         assert torch.isfinite(x_junk.grad).all() and (x_junk.grad[~mask] == 0).all(), junk
         for n, p in layer.named_parameters():
             assert torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, f"{junk}: {n}"
-
-
-@pytest.mark.parametrize("n_real", [7, 30])  # fewer and more real tokens than Primal's m = 12
-@pytest.mark.parametrize("name", list(VARIANTS))
-def test_model_a_padded_sequence_equals_its_real_tokens_alone(name, n_real):
-    """Left and right padding around n_real tokens: the outputs and the aux loss of those tokens
-    alone. Fails if Primal's f(X) samples padding, or a mean (of J, a softmax, a causal running
-    mean) counts it."""
-    layer, x = _variant(name), torch.randn(1, n_real + 9, 16, dtype=F64)
-    mask = torch.zeros(1, n_real + 9, dtype=torch.bool)
-    mask[:, 4 : 4 + n_real] = True
-    y_alone, aux_alone = layer(x[:, 4 : 4 + n_real])
-    y, aux = layer(x, mask)
-    assert torch.allclose(y[:, 4 : 4 + n_real], y_alone, atol=1e-12)
-    assert torch.allclose(aux, aux_alone, atol=1e-14)
+    for n_real in (7, 30):  # fewer and more real tokens than Primal's m = 12
+        x, pos = torch.randn(1, n_real + 9, 16, dtype=F64), torch.arange(n_real + 9) - 4
+        real = (pos >= 0) & (pos < n_real)  # 4 padded, n_real real, 5 padded
+        (y, aux), (y_alone, aux_alone) = layer(x, real[None]), layer(x[:, real])
+        assert torch.allclose(y[:, real], y_alone, atol=1e-12), n_real
+        assert torch.allclose(aux, aux_alone, atol=1e-14), n_real
+    for m in (None, mask[:0]):  # B = 0: aux exactly 0 (not NaN, nor Primal's η·Tr² alone)
+        y, aux = layer(torch.randn(0, 12, 16, dtype=F64), m)
+        assert y.shape == (0, 12, 16) and aux.dim() == 0 and aux.item() == 0.0
+    if name in ATTENTION:  # the Classifier too
+        logits, aux = Classifier(_tiny("uea", name)).double()(torch.randn(0, 12, 5, dtype=F64))
+        assert logits.shape == (0, 3) and aux.item() == 0.0
 
 
 @pytest.mark.parametrize("name", [name for name in VARIANTS if "causal" in name])
 def test_model_causal_attentions_ignore_the_future(name):
-    """Changing the tokens after t leaves the outputs at positions <= t as they are (with and
-    without left padding); the later outputs change, and so does y_t with x_t."""
+    """New tokens after t leave the outputs <= t unchanged (left padding too); y_t follows x_t."""
     layer, x = _variant(name), torch.randn(2, 12, 16, dtype=F64)
-    left = torch.ones(2, 12, dtype=torch.bool)
-    left[1, :3] = False
+    left = torch.arange(12) >= torch.tensor([[0], [3]])  # sequence 1 left padded
     for mask, t in itertools.product((None, left), (0, 5, 10)):
         future = x.clone()
         future[:, t + 1 :] = torch.randn_like(future[:, t + 1 :])
@@ -902,8 +760,7 @@ def test_model_causal_attentions_ignore_the_future(name):
 
 @pytest.mark.parametrize("name", ["agf", "primal", "primal-causal", "gfsa", "gfsa-linear"])
 def test_model_attentions_save_no_n_by_n_tensor_for_backward(name):
-    """Nothing with N·N elements or more is kept for backward at N = 512 (GFSA on softmax: fused
-    passes); the dense AGF reference does keep one, so the hook would see it."""
+    """Nothing of N·N elements is kept for backward at N = 512 (the dense AGF reference is)."""
     N, (kind, kwargs) = 512, VARIANTS[name]
     layer = build_attention(kind, 32, 2, **kwargs).train()
     x, mask = torch.randn(1, N, 32, requires_grad=True), torch.ones(1, N, dtype=torch.bool)
@@ -920,36 +777,48 @@ def test_model_dense_references_refuse_an_n_by_n_matrix_too_large():
     N, H = 65536, 2
     q, mask = torch.randn(1, H, N, 1), torch.ones(1, N, dtype=torch.bool)
     attn, w = torch.zeros(()).expand(1, H, N, N), torch.zeros(H)  # a view: no memory behind it
+    big = r" \(1, 2, 65536, 65536\).*: 32\.0 GiB( each)? > max_bytes=4294967296$"
+    layer, x, at_cap, s = AGFAttention(4, H), torch.randn(1, 64, 4), 2 * 64 * 64 * 4, q[:, :, :64]
+    official = GFSAttention(8, H, evaluation="official")
     cases = [
-        ("x: dense H", lambda: agf_dense_reference(AGFAttention(4, H), torch.randn(1, N, 4))),
-        ("phi_q: dense K_X", lambda: ksvd_kernel(q, q, None, mask)),
-        ("phi_q: dense K_X", lambda: ksvd_dual_reference(q, q, None, q, q, mask)),
-        ("q: dense Ā", lambda: attention_matrix(q, q, None, False, "softmax")),
-        ("q: dense Ā", lambda: GFSAttention(8, H, evaluation="official")(torch.randn(1, N, 8))),
-        ("attn: dense Ā², H", lambda: gfsa_dense_reference(attn, q, w, w, w, 2)),
+        ("^x: dense H" + big, lambda: agf_dense_reference(layer, torch.randn(1, N, 4))),
+        ("^phi_q: dense K_X" + big, lambda: ksvd_kernel(q, q, None, mask)),
+        ("^phi_q: dense K_X" + big, lambda: ksvd_dual_reference(q, q, None, q, q, mask)),
+        ("^q: dense Ā" + big, lambda: attention_matrix(q, q, None, False, "softmax")),
+        ("^q: dense Ā" + big, lambda: official(torch.randn(1, N, 8))),
+        ("^attn: dense Ā², H" + big, lambda: gfsa_dense_reference(attn, q, w, w, w, 2)),
+        (f"max_bytes={at_cap - 1}$", lambda: agf_dense_reference(layer, x, max_bytes=at_cap - 1)),
+        ("max_bytes=9$", lambda: ksvd_dual_reference(s, s, None, s, s, mask[:, :64], max_bytes=9)),
+        ("max_bytes=9$", lambda: attention_matrix(s, s, None, False, "linear", max_bytes=9)),
     ]
-    for prefix, call in cases:
-        big = rf"^{prefix} \(1, 2, 65536, 65536\).*: 32\.0 GiB( each)? > max_bytes=4294967296$"
-        with pytest.raises(MemoryError, match=big):
+    for message, call in cases:
+        with pytest.raises(MemoryError, match=message):
             call()
-    layer, x, at_cap = AGFAttention(4, H), torch.randn(1, 64, 4), 2 * 64 * 64 * 4
-    with pytest.raises(MemoryError, match=f"max_bytes={at_cap - 1}$"):
-        agf_dense_reference(layer, x, max_bytes=at_cap - 1)
     y, graph_filter = agf_dense_reference(layer, x, max_bytes=at_cap)
     assert graph_filter.shape == (1, H, 64, 64) and torch.allclose(y, layer(x)[0], atol=1e-6)
-    small = q[:, :, :64]
-    with pytest.raises(MemoryError, match="max_bytes=1000$"):
-        ksvd_dual_reference(small, small, None, small, small, mask[:, :64], max_bytes=1000)
-    with pytest.raises(MemoryError, match="max_bytes=1000$"):
-        attention_matrix(small, small, None, False, "linear", max_bytes=1000)
+
+
+# Constructor arguments each attention refuses with a ValueError (not an assert, gone under
+# python -O), and what it says; every kind also refuses d_model = 16 with n_heads = 3.
+BAD_ARGUMENTS = {
+    "agf": [({"basis": "hermite"}, "unknown basis 'hermite'"), ({"order": -1}, "order K=-1"),
+            ({"variant": "usv"}, "variant='usv'")],  # fmt: skip
+    "primal": [({"ksvd_reduction": "mean"}, "ksvd_reduction='mean'")],
+    "gfsa": [({"order": 1}, "order K=1"), ({"kernel": "elu"}, "kernel='elu'"),
+             ({"causal": True, "kernel": "linear"}, "causal=True needs kernel='softmax'"),
+             ({"evaluation": "slow"}, "evaluation='slow'"),
+             ({"high_order": "power"}, "high_order='power'")],  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("kind", list(ATTENTION))
 def test_model_every_attention_checks_its_inputs_the_same_way(kind):
-    """One message naming the argument, what it expects and what it got: TypeError for a dtype
-    (a float 0/1 mask would act in SDPA as an additive bias; an x in another dtype than the layer's
-    met a bare torch error, or passed silently), ValueError for a shape (N = 0 too) or a mask on
-    another device ("meta" stands for a GPU). Under autocast x may differ (bf16 into float32)."""
+    """Bad x or mask: one message naming the argument, what it expects and what it got (TypeError
+    for a dtype, ValueError for a shape or device); bad constructor arguments: BAD_ARGUMENTS."""
+    bad_arguments = [({"n_heads": 3}, "d_model=16 is not divisible by n_heads=3")]
+    for kwargs, message in bad_arguments + BAD_ARGUMENTS.get(kind, []):
+        with pytest.raises(ValueError, match=message):
+            ATTENTION[kind](**{"d_model": 16, "n_heads": 2, **kwargs})
     layer = ATTENTION[kind](16, 2)
     x, ok = torch.randn(2, 8, 16), torch.ones(2, 8, dtype=torch.bool)
     x_ = r"^x: expected torch\.float32 \(the layer's dtype\) of shape \(B, N >= 1, 16\), got "
@@ -976,35 +845,20 @@ def test_model_every_attention_checks_its_inputs_the_same_way(kind):
     assert y.shape == x.shape and torch.isfinite(y).all() and torch.isfinite(aux)
 
 
-@pytest.mark.parametrize("name", list(VARIANTS))
-def test_model_an_empty_batch_gives_a_zero_aux_loss(name):
-    """B = 0: every attention returns y (0, N, D) and an aux loss of exactly 0 (not NaN, nor
-    Primal's η·Tr² of the trace term alone), with or without a mask; so does the Classifier."""
-    layer = _variant(name)
-    for mask in (None, torch.ones(0, 12, dtype=torch.bool)):
-        y, aux = layer(torch.randn(0, 12, 16, dtype=F64), mask)
-        assert y.shape == (0, 12, 16) and aux.dim() == 0 and aux.item() == 0.0
-    if name in ATTENTION:
-        logits, aux = Classifier(_tiny("uea", name)).double()(torch.randn(0, 12, 5, dtype=F64))
-        assert logits.shape == (0, 3) and aux.item() == 0.0
-
-
 @pytest.mark.parametrize("kind", ["softmax", "gfsa"])
 def test_model_softmax_attention_and_gfsa_at_init_equal_explicit_softmax(kind):
     """SoftmaxAttention (SDPA), and GFSA at init ((w0, w1, wK) = (0, 1, 0), only wK learned, as
     the official code), == softmax(QKᵀ/√d) V written out; right and left padding, causal or not."""
     B, N, D, H = 2, 10, 12, 3
-    x, mask = torch.randn(B, N, D, dtype=F64), torch.ones(B, N, dtype=torch.bool)
-    mask[0, 7:], mask[1, :3] = False, False
+    x, mask = torch.randn(B, N, D, dtype=F64), _masks(N)[:2]  # right and left padding
     for causal, m in itertools.product((False, True), (None, mask)):
         torch.manual_seed(0)
         layer = build_attention(kind, D, H, causal=causal).double().eval()
         y, aux = layer(x, m)
         q, k, v = layer.W_qkv(x).view(B, N, 3, H, D // H).permute(2, 0, 3, 1, 4)
         scores = q @ k.transpose(-2, -1) / math.sqrt(D // H)  # (B, H, N, N)
-        allowed = torch.ones(B, 1, N, N, dtype=torch.bool)
-        allowed = allowed if m is None else allowed & m[:, None, None, :]
-        allowed = allowed & torch.ones(N, N, dtype=torch.bool).tril() if causal else allowed
+        keys = torch.ones(B, 1, 1, N, dtype=torch.bool) if m is None else m[:, None, None, :]
+        allowed = keys & torch.ones(N, N, dtype=torch.bool).tril() if causal else keys
         weights = torch.exp(scores - scores.amax(-1, keepdim=True)) * allowed
         out = (weights / weights.sum(-1, keepdim=True)) @ v
         ref = layer.W_o(out.transpose(1, 2).reshape(B, N, D))
@@ -1018,11 +872,8 @@ def test_model_softmax_attention_and_gfsa_at_init_equal_explicit_softmax(kind):
 @pytest.mark.parametrize("style", ["lra", "uea", "two-tower"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_model_padding_is_never_read_by_the_classifier(kind, style):
-    """Junk at padded positions (token ids; features 1e3, ±inf, NaN), 4 of them appended (N = 20 ->
-    24 = max_len: the LRA mean must divide by the real tokens; the UEA head zero-pads a shorter
-    batch the same), changes neither logits nor loss (CE + aux). A hook also writes the junk into
-    the embedding's output there, so the attentions and the pooling meet it and must replace it,
-    not multiply it by 0. Gradients stay finite and reach every parameter."""
+    """Junk at padding (ids; features and, by a hook, embeddings: 1e3, ±inf, NaN), 4 more padded
+    steps (N = 24 = max_len): logits, loss as without; gradients finite, reach every parameter."""
     torch.manual_seed(0)
     two = style == "two-tower"
     cfg = _tiny("lra" if two else style, kind, two_tower=two)
@@ -1059,9 +910,8 @@ def test_model_padding_is_never_read_by_the_classifier(kind, style):
 
 
 def test_model_attention_mask_false_is_the_official_uea_model():
-    """attention_mask=False (the official UEA code): the attention gets no mask, so the padded
-    steps (read as 0, as the official loaders pad) are keys and queries and change the logits,
-    which equal the encoder run with every step real, the mask acting only before the head."""
+    """attention_mask=False (official UEA code): logits == the encoder run with every step real
+    (padding read as 0), the mask used only by the head; != with the mask."""
     for kind in KINDS:
         torch.manual_seed(0)
         cfg = _tiny("uea", kind, attention_mask=False)
@@ -1069,29 +919,16 @@ def test_model_attention_mask_false_is_the_official_uea_model():
         x, mask = _inputs(cfg)
         with torch.no_grad():
             logits = model(x, mask)[0]
-            # the same weights, the encoder run as if every step were real, the mask in the head
             h = model.encode(x.masked_fill(~mask[..., None], 0.0), torch.ones_like(mask))[0]
             assert torch.allclose(logits, model.head(model.pool(h, mask)), atol=1e-12), kind
             model.cfg.attention_mask = True
             assert not torch.allclose(logits, model(x, mask)[0]), kind
 
 
-def test_model_hybrid_layer_list_and_aux_averaging():
-    """A per-layer list builds those mechanisms, and aux = mean over the AGF/Primal layers only."""
-    torch.manual_seed(0)
+def test_model_layer_kinds_expands_a_name_and_checks_a_list():
+    """A name expands ("primal+trans": Primal last), a list is kept, a bad one is refused."""
     assert layer_kinds("primal+trans", 3) == ["softmax", "softmax", "primal"]
     assert layer_kinds(["softmax", "agf"], 2) == ["softmax", "agf"]
-    cfg = _tiny("lra", ["agf", "softmax", "primal"], n_layers=3)
-    model = Classifier(cfg).double()
-    names = [type(b.attn).__name__ for b in model.blocks]
-    assert names == ["AGFAttention", "SoftmaxAttention", "PrimalAttention"]
-    seen = []
-    for block in model.blocks:
-        block.attn.register_forward_hook(lambda mod, inp, out: seen.append(out[1]))
-    x, mask = _inputs(cfg)
-    _, aux = model(x, mask)
-    assert seen[0] != 0 and seen[2] != 0, "AGF and Primal should have non-zero aux losses"
-    assert torch.allclose(aux, (seen[0] + seen[2]) / 2)
     with pytest.raises(ValueError, match="entries for 2 layers"):
         layer_kinds(["softmax"], 2)
     with pytest.raises(ValueError, match="unknown attention"):
@@ -1101,15 +938,12 @@ def test_model_hybrid_layer_list_and_aux_averaging():
 def test_model_short_training_run_drives_loss_down():
     """30 Adam steps on a tiny task (label = the first token) cut the loss by more than half."""
     torch.manual_seed(0)
-    cfg = _tiny("lra", n_classes=4, vocab_size=5, dropout=0.0, attn_dropout=0.0)
-    model = Classifier(cfg)
+    model = Classifier(_tiny("lra", n_classes=4, vocab_size=5, dropout=0.0, attn_dropout=0.0))
     x = torch.randint(1, 5, (64, 12))
-    y = x[:, 0] - 1  # classes 0..3
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    losses = []
+    opt, losses = torch.optim.Adam(model.parameters(), lr=3e-3), []
     for _ in range(30):
         logits, aux = model(x)
-        loss = F.cross_entropy(logits, y) + aux
+        loss = F.cross_entropy(logits, x[:, 0] - 1) + aux  # classes 0..3
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -1118,8 +952,7 @@ def test_model_short_training_run_drives_loss_down():
 
 
 def test_model_bad_inputs_raise_clear_errors():
-    """Each malformed input gets an error that names the argument, what it expected and what it
-    got: TypeError for a wrong dtype, ValueError for a wrong shape, device or value."""
+    """Each bad Classifier input: an error naming the argument, what it expected and what it got."""
     torch.manual_seed(0)
     lra, uea = Classifier(_tiny("lra")), Classifier(_tiny("uea"))
     two = Classifier(_tiny("lra", two_tower=True))
@@ -1156,41 +989,14 @@ def test_model_bad_inputs_raise_clear_errors():
     assert two(tokens, ok, tokens, ok)[0].shape == (2, 3)  # good inputs go through
 
 
-def test_model_bad_constructor_arguments_raise_value_errors():
-    """Constructor arguments are checked with ValueError, not assert (gone under python -O)."""
-    for cls in ATTENTION.values():
-        with pytest.raises(ValueError, match="d_model=16 is not divisible by n_heads=3"):
-            cls(16, 3)
-    for make in (
-        lambda: AGFAttention(16, 2, basis="hermite"),
-        lambda: AGFAttention(16, 2, order=-1),
-        lambda: PolynomialFilter(3, "laguerre"),
-        lambda: PrimalAttention(16, 2, ksvd_reduction="mean"),
-        lambda: GFSAttention(16, 2, order=1),
-        lambda: GFSAttention(16, 2, causal=True, kernel="linear"),
-        lambda: GFSAttention(16, 2, kernel="elu"),
-        lambda: GFSAttention(16, 2, evaluation="slow"),
-    ):
-        with pytest.raises(ValueError):
-            make()
-
-
 def _classifier_by_hand(model, x, mask, x2=None, mask2=None):
-    """model.py's Classifier in eval mode, written out with torch.nn.functional from the module's
-    own weights. Only each block's attention module is called as a black box."""
+    """Classifier.forward (eval) written out with F from its weights; attentions as black boxes."""
     cfg, D = model.cfg, model.cfg.d_model
-
-    def layer_norm(t, norm):
-        return F.layer_norm(t, (D,), norm.weight, norm.bias, norm.eps)
-
-    def linear(t, lin):
-        return F.linear(t, lin.weight, lin.bias)
+    layer_norm = lambda t, n: F.layer_norm(t, (D,), n.weight, n.bias, n.eps)  # noqa: E731
+    linear = lambda t, lin: F.linear(t, lin.weight, lin.bias)  # noqa: E731
 
     def tower(x, mask):
-        if cfg.vocab_size:
-            h = F.embedding(x, model.embed.weight)  # (B, N, D)
-        else:
-            h = linear(x, model.embed)
+        h = F.embedding(x, model.embed.weight) if cfg.vocab_size else linear(x, model.embed)
         if cfg.style == "uea":
             h = h * math.sqrt(D)  # mvts: the input projection times √D
         h = h + model.pos[: x.shape[1]]
@@ -1226,22 +1032,15 @@ def _classifier_by_hand(model, x, mask, x2=None, mask2=None):
     return linear(z, model.head), aux
 
 
-@pytest.mark.parametrize(
+@pytest.mark.parametrize(  # no "lra" / "uea" in the ids: filtering out train scripts keeps these
     "style, kinds, two_tower",
-    [
-        ("lra", ["agf", "softmax", "primal"], False),
-        ("uea", ["gfsa", "primal", "agf"], False),
-        ("lra", ["softmax", "gfsa", "primal"], True),
-    ],
-    # no "lra" / "uea" in the ids, so a run that filters the train-script tests out keeps these
+    [("lra", ["agf", "softmax", "primal"], False), ("uea", ["gfsa", "primal", "agf"], False),
+     ("lra", ["softmax", "gfsa", "primal"], True)],  # fmt: skip
     ids=["pre-LN-masked-mean", "post-LN-flatten", "two-tower-retrieval"],
 )
 def test_model_classifier_equals_its_forward_written_out(style, kinds, two_tower):
-    """Classifier == the same computation written out in the test, from the module's weights:
-    LRA (token embedding + positions, pre-LN blocks, final LN, masked mean, MLP head), UEA
-    (Linear·√D + positions, post-LN blocks, final LN, GELU, zeroed padding, flatten head) and
-    the two-tower Retrieval head on [a, b, a*b, a-b]. Catches a wrong residual, LayerNorm
-    placement, scale, pooling, head or aux average, which the padding tests cannot see."""
+    """Classifier == _classifier_by_hand (LRA, UEA, two towers): catches a wrong residual, LN,
+    scale, pooling, head or aux average (over AGF/Primal layers only) that padding tests miss."""
     torch.manual_seed(0)
     cfg = _tiny(style, kinds, n_layers=3, two_tower=two_tower)
     model = Classifier(cfg).double().eval()
@@ -1253,6 +1052,7 @@ def test_model_classifier_equals_its_forward_written_out(style, kinds, two_tower
     with torch.no_grad():
         logits, aux, hidden = model(*args, return_hidden=True)
         want_logits, want_aux = _classifier_by_hand(model, *args)
+    assert [type(b.attn) for b in model.blocks] == [ATTENTION[k] for k in kinds]
     assert logits.shape == (3, 3) and aux > 0
     assert torch.allclose(logits, want_logits, rtol=0, atol=1e-10)
     assert torch.allclose(aux, want_aux, rtol=0, atol=1e-10)
@@ -1267,20 +1067,15 @@ def test_model_layerwise_cosine_similarity():
     assert torch.allclose(layerwise_cosine_similarity([same]), torch.tensor([1.0]), atol=1e-6)
     assert layerwise_cosine_similarity([ortho]).abs().item() < 1e-12
     torch.manual_seed(0)
-    h = torch.randn(2, 7, 4, dtype=torch.float64)
-    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3], dtype=torch.bool)
-    brute = []
-    for b in range(2):
-        u = F.normalize(h[b, mask[b]], dim=-1)
-        n = len(u)
-        brute.append(((u @ u.T).sum() - n) / (n * (n - 1)))
+    h, mask = torch.randn(2, 7, 4, dtype=F64), torch.arange(7) < torch.tensor([[7], [4]])
+    units = [F.normalize(h[b, mask[b]], dim=-1) for b in range(2)]  # (n, 4): the real tokens
+    brute = [((u @ u.T).sum() - len(u)) / (len(u) * (len(u) - 1)) for u in units]
     got = layerwise_cosine_similarity([h, h], mask)
     assert torch.allclose(got, torch.stack(brute).mean().repeat(2), atol=1e-12)
 
 
 def _inductor_missing() -> str:
-    """Why torch.compile's default backend cannot run here ("" when it can): on the CPU, inductor
-    writes C++ and needs a compiler (g++ or clang++) on the PATH."""
+    """Why inductor cannot compile here ("" if it can): on the CPU it needs a C++ compiler."""
     try:
         from torch._inductor import cpp_builder
 
@@ -1290,15 +1085,19 @@ def _inductor_missing() -> str:
     return ""
 
 
-def _compile_case(attention, seed: int = 0):
-    """A tiny LRA classifier (D = 16, H = 2, 2 layers unless `attention` is a longer list,
-    N = 12, B = 3, dropout 0, two padded rows) and two batches of the same shapes with other
-    tokens and other padding. AGF gets a non-trivial filter, GFSA a non-zero wK (at init both
-    are plain linear / softmax attention)."""
-    torch.manual_seed(seed)
-    n_layers = 2 if isinstance(attention, str) else len(attention)
+# The variants that KINDS do not build, one layer each: compiled together as "every-variant".
+COMPILE_VARIANTS = [variant for name, variant in VARIANTS.items() if name not in ATTENTION]
+
+
+def _compile_case(kind: str):
+    """A tiny LRA classifier (AGF θ, GFSA wK off the init), two batches of other padding."""
+    torch.manual_seed(0)
+    variants = COMPILE_VARIANTS if kind == "every-variant" else []
+    attention, n_layers = ([k for k, _ in variants], len(variants)) if variants else (kind, 2)
     cfg = _tiny("lra", attention, max_len=12, dropout=0.0, attn_dropout=0.0, n_layers=n_layers)
     model = Classifier(cfg)
+    for block, (k, kwargs) in zip(model.blocks[: len(variants)], variants, strict=True):
+        block.attn = build_attention(k, 16, 2, **kwargs)
     with torch.no_grad():
         for block in model.blocks:
             if getattr(block.attn, "poly_filter", None) is not None:
@@ -1313,21 +1112,19 @@ def _compile_case(attention, seed: int = 0):
     return model, batches
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", [*KINDS, "every-variant"])
 def test_model_compiled_equals_eager(kind):
-    """torch.compile (inductor, fullgraph: a graph break raises) gives the eager model's loss
-    and gradients, float32 to 1e-5, over two SGD steps from the same weights; the second batch
-    has other tokens and padding but the same shapes, so it must not recompile (that raises
-    too). A compiled model still refuses token ids out of range, with the same sentence, as a
-    RuntimeError from inside the graph. Cold compile on 2 CPU cores: ~10-30 s per kind."""
-    missing = _inductor_missing()
+    """torch.compile(fullgraph=True) == eager: loss and gradients over two SGD steps (float32,
+    1e-5), no recompile on the second batch, bad ids refused. ~10-30 s a kind on 2 CPU cores."""
+    backend = "aot_eager" if kind == "every-variant" else "inductor"  # aot_eager writes no C++
+    missing = _inductor_missing() if backend == "inductor" else ""
     if missing:
         pytest.skip(missing)
     torch._dynamo.reset()
     eager, batches = _compile_case(kind)
     model = _compile_case(kind)[0]
     model.load_state_dict(eager.state_dict())
-    compiled = torch.compile(model, fullgraph=True)
+    compiled = torch.compile(model, fullgraph=True, backend=backend)
     optimizers = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (eager, model)]
     with torch._dynamo.config.patch(error_on_recompile=True):
         for step, (tokens, mask, labels) in enumerate(batches):
@@ -1340,36 +1137,13 @@ def test_model_compiled_equals_eager(kind):
                 losses.append(loss.detach())
             torch.testing.assert_close(losses[1], losses[0], rtol=1e-5, atol=1e-5)
             for (name, p), q in zip(eager.named_parameters(), model.parameters(), strict=True):
-                if p.requires_grad:
-                    message = f"step {step}: gradient of {name}"
-                    torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-5, msg=message)
+                message = f"step {step}: gradient of {name}"
+                torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-5, msg=message)
             for opt in optimizers:
                 opt.step()
         bad = batches[0][0].clone().fill_(11)  # vocab_size = 11: one id past the table
         with pytest.raises(RuntimeError, match=r"x: token ids must lie in \[0, 11\)"):
             compiled(bad, batches[0][1])
-
-
-# The variants that test_model_compiled_equals_eager does not build, one layer each.
-COMPILE_VARIANTS = [variant for name, variant in VARIANTS.items() if name not in ATTENTION]
-
-
-def test_model_every_attention_variant_compiles_to_one_graph():
-    """torch.compile(fullgraph=True) traces forward and backward of a model with one layer per
-    variant of AGF, Primal and GFSA as one graph (a graph break raises). A second batch of the
-    same shapes, with other tokens and padding, runs the same graph (a recompile raises). The
-    cheap aot_eager backend builds the graphs of both passes without generating C++."""
-    torch._dynamo.reset()
-    model, batches = _compile_case([kind for kind, _ in COMPILE_VARIANTS])
-    for block, (kind, kwargs) in zip(model.blocks, COMPILE_VARIANTS, strict=True):
-        block.attn = build_attention(kind, 16, 2, **kwargs)
-    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        for tokens, mask, labels in batches:
-            model.zero_grad()
-            logits, aux = compiled(tokens, mask)
-            (F.cross_entropy(logits, labels) + aux).backward()
-            assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1381,9 +1155,8 @@ _LRA_TINY_LISTOPS = dict(folder="listops-tiny", train=48, val=12, test=12)
 _LRA_TINY_LISTOPS |= dict(min_length=5, max_length=60, max_depth=5, max_args=10)
 
 
-def _write(path, content) -> pathlib.Path:
+def _write(path: pathlib.Path, content) -> pathlib.Path:
     """Write text or bytes to path, creating its folders."""
-    path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
     return path
@@ -1409,8 +1182,7 @@ def _lra_stack_evaluate(expression: str) -> int:
 def _lra_check_batch(split: lra_data.Split, lengths, lengths2=None) -> None:
     """split.batch of every example (in reverse order) against the lengths known by the test:
     mask (and mask2) = position < length, int64 ids equal to the split's, 0 in the padding."""
-    idx = np.arange(len(split.y))[::-1]
-    batch = split.batch(idx)
+    batch = split.batch(idx := np.arange(len(split.y))[::-1])
     for x, mask, known in (("x", "mask", lengths), ("x2", "mask2", lengths2)):
         if known is None:
             assert x not in batch and mask not in batch
@@ -1422,60 +1194,44 @@ def _lra_check_batch(split: lra_data.Split, lengths, lengths2=None) -> None:
     assert np.array_equal(batch["y"], split.y[idx])
 
 
-def test_lra_data_listops_labels_equal_an_independent_evaluation():
-    """Each generated label == a stack-machine evaluation of the written expression."""
-    pairs = lra_data.generate_listops(300, 3, min_length=5, max_length=200, max_depth=5,
-                                      progress=False)  # fmt: skip
-    assert {op for text, _ in pairs for op in lra_data.OPERATORS if op in text} == set(
-        lra_data.OPERATORS
-    )  # every operator was exercised
-    assert all(label == _lra_stack_evaluate(text) for text, label in pairs)
-    # MED of an even count truncates the mean of the two middle values (official np.median)
-    tree = ((((("[MED", 1), 4), 2), 9), "]")  # [MED 1 4 2 9 ] -> median 3.0 -> 3
-    assert lra_data.to_value(tree) == 3 == _lra_stack_evaluate(lra_data.to_string(tree))
-    assert lra_data.to_value(((("[MED", 1), 2), "]")) == 1  # (1 + 2) / 2 = 1.5 -> 1
-    assert lra_data.to_string(((("[MAX", 2), 9), "]")) == "( ( ( [MAX 2 ) 9 ) ] )"
-
-
-def test_lra_data_listops_generator_bounds_seeds_and_pinned_draws():
-    """Lengths strictly inside the bounds, no duplicates, seeded. Pinned: digests of two
-    generated sets, so that a change of the draw order or of the dedup order fails here."""
-    a = lra_data.generate_listops(40, seed=0, min_length=500, max_length=2000, progress=False)
-    assert all(500 < len(lra_data.tokenize_listops(text)) < 2000 for text, _ in a)
-    assert len({text for text, _ in a}) == len(a)
+def test_lra_data_listops_generator_labels_bounds_seeds_and_pinned_draws():
+    """Labels == an independent stack-machine evaluation; lengths strictly inside the bounds, no
+    duplicates, seeded; pinned digests catch a change of the draw or of the dedup order."""
     bounds = dict(min_length=500, max_length=2000, progress=False)
-    assert a != lra_data.generate_listops(40, seed=1, **bounds)
+    a = lra_data.generate_listops(40, seed=0, **bounds)
+    assert all(500 < len(lra_data.tokenize_listops(text)) < 2000 for text, _ in a)
+    assert len({t for t, _ in a}) == len(a) and a != lra_data.generate_listops(40, 1, **bounds)
     # depth 2: one operator over 2..10 leaves, lengths 4..12, so both bounds are hit often
     b = lra_data.generate_listops(60, 0, min_length=4, max_length=8, max_depth=2, progress=False)
     assert {len(lra_data.tokenize_listops(t)) for t, _ in b} == {5, 6, 7}
     with pytest.raises(lra_data.DataError, match="no new tree"):  # depth 2: at most 12 tokens
         lra_data.generate_listops(5, 0, min_length=20, max_length=40, max_depth=2, progress=False)
-    digests = {
-        0: "6b936ced0c6deb3274eebb4bdb9fca95995cc1085193a2874c2b7f85e1b1ef85",
-        1: "1cd6b73ad95d85761a7fef4ecc4e2edd550714c11a7d8ab2ad16e46d60c97afc",
-    }
-    for seed, digest in digests.items():
+    digests = ["6b936ced0c6deb3274eebb4bdb9fca95995cc1085193a2874c2b7f85e1b1ef85",
+               "1cd6b73ad95d85761a7fef4ecc4e2edd550714c11a7d8ab2ad16e46d60c97afc"]  # fmt: skip
+    for seed, digest in enumerate(digests):
         pairs = lra_data.generate_listops(200, seed, 10, 300, max_depth=6, progress=False)
         text = "\n".join(f"{e}\t{y}" for e, y in pairs)
         assert hashlib.sha256(text.encode()).hexdigest() == digest, seed
         assert all(y == _lra_stack_evaluate(e) for e, y in pairs)
-
-
-def test_lra_data_listops_shards_are_the_single_generators_joined():
-    """shards = 3: the same as running the three seeded generators one after the other and
-    joining them without duplicates; the labels agree with the independent evaluator."""
+        ops = set(lra_data.OPERATORS)  # every operator was exercised
+        assert {op for e, _ in pairs for op in ops if op in e} == ops
+    # shards = 3: the seeded generators "5/0", "5/1", "5/2" one after the other, joined unique
     pairs = lra_data.generate_listops(60, 5, 5, 60, 4, 4, progress=False, shards=3)
     joined = {}
     for s in range(3):
         joined.update(lra_data.generate_listops(21, f"5/{s}", 5, 60, 4, 4, progress=False))
     assert pairs == list(joined.items())[:60] and len({text for text, _ in pairs}) == 60
-    assert all(_lra_stack_evaluate(text) == label for text, label in pairs)
 
 
-def test_lra_data_listops_tokeniser():
-    """']' -> X, parentheses dropped, the fixed 15-token order, 0 pad, 16 OOV."""
+def test_lra_data_listops_tokeniser_and_trees():
+    """']' -> X, parentheses dropped, the fixed 15-token order, 0 pad, 16 OOV; MED as official."""
     assert lra_data.LISTOPS_TOKENS == (*"0123456789", "[MIN", "[MAX", "[MED", "[SM", "X")
+    assert lra_data.to_string(((("[MAX", 2), 9), "]")) == "( ( ( [MAX 2 ) 9 ) ] )"
     assert lra_data.tokenize_listops("( ( ( [MAX 2 ) 9 ) ] )") == [12, 3, 10, 15]
+    # MED of an even count truncates the mean of the two middle values (official np.median)
+    tree = ((((("[MED", 1), 4), 2), 9), "]")  # [MED 1 4 2 9 ] -> median 3.0 -> 3
+    assert lra_data.to_value(tree) == 3 == _lra_stack_evaluate(lra_data.to_string(tree))
+    assert lra_data.to_value(((("[MED", 1), 2), "]")) == 1  # (1 + 2) / 2 = 1.5 -> 1
     assert lra_data.tokenize_listops("[FIRST 7 ]") == [16, 8, 15]  # unknown token -> OOV
     assert lra_data.VOCAB["listops"] == 17 and lra_data.N_CLASSES["listops"] == 10
 
@@ -1488,24 +1244,21 @@ def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
     assert train.read_bytes().startswith(b"Source\tTarget\r\n")
     with open(train, newline="") as f:
         rows = list(csv.reader(f, delimiter="\t"))
-    assert len(rows) == 1 + 48 and all(_lra_stack_evaluate(e) == int(y) for e, y in rows[1:])
     assert json.loads((folder / "generator.json").read_text()) == dict(
         seed=5, train=48, val=12, test=12, min_length=5, max_length=60, max_depth=5, max_args=10
     )
     assert set(lra_data.GENERATOR_KEYS[1:]) <= set(lra_data.LISTOPS_PAPER)  # one set of names
-    assert sorted(p.name for p in folder.iterdir()) == [
-        "basic_test.tsv", "basic_train.tsv", "basic_val.tsv", "generator.json"
-    ]  # fmt: skip
+    names = ["basic_test.tsv", "basic_train.tsv", "basic_val.tsv", "generator.json"]
+    assert sorted(p.name for p in folder.iterdir()) == names
     # the three splits are consecutive slices of one generated stream
     pairs = lra_data.generate_listops(72, 5, 5, 60, 5, 10, progress=False)
-    assert [e for e, _ in pairs[:48]] == [e for e, _ in rows[1:]]
+    assert rows[1:] == [[e, str(y)] for e, y in pairs[:48]]
     assert data["test"].y.tolist() == [y for _, y in pairs[60:]]
     split = data["train"]
     assert split.x.shape == (48, 30) and split.x.dtype == np.int16 and notes == []
-    for row, (e, _) in zip(split.x, pairs[:48], strict=True):
-        ids = lra_data.tokenize_listops(e)[:30]
-        assert row[: len(ids)].tolist() == ids
-    lengths = [min(len(lra_data.tokenize_listops(e)), 30) for e, _ in pairs]
+    ids = [lra_data.tokenize_listops(e)[:30] for e, _ in pairs]
+    assert all(row[: len(i)].tolist() == i for row, i in zip(split.x, ids, strict=False))
+    lengths = [len(i) for i in ids]
     _lra_check_batch(split, lengths[:48])
     _lra_check_batch(data["val"], lengths[48:60])
     stamp = train.stat().st_mtime_ns
@@ -1519,8 +1272,7 @@ def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
     (folder / "basic_val.tsv").unlink()
     with pytest.raises(lra_data.DataError, match=r"listops-tiny: incomplete"):
         lra_data.load_task("listops", tmp_path, 30, seed=5, listops=_LRA_TINY_LISTOPS)
-    settings = dict(_LRA_TINY_LISTOPS, seed=5)
-    lra_data.write_listops(tmp_path / "w", settings, False)
+    lra_data.write_listops(tmp_path / "w", dict(_LRA_TINY_LISTOPS, seed=5), False)
     written = (tmp_path / "w" / "basic_test.tsv").read_bytes()
     assert written == (folder / "basic_test.tsv").read_bytes()
     assert not list((tmp_path / "w").glob("*.tmp"))  # written whole, then renamed
@@ -1528,15 +1280,15 @@ def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
 
 def _lra_imdb(root: pathlib.Path, texts: dict) -> pathlib.Path:
     """<root>/aclImdb/{train,test}/{neg,pos}/<i>_7.txt from {"neg": [...], "pos": [...]}."""
-    for split in ("train", "test"):
-        for polarity, docs in texts.items():
-            for i, doc in enumerate(docs):
-                _write(root / "aclImdb" / split / polarity / f"{i}_7.txt", doc)
+    for split, (polarity, docs) in itertools.product(("train", "test"), texts.items()):
+        for i, doc in enumerate(docs):
+            _write(root / "aclImdb" / split / polarity / f"{i}_7.txt", doc)
     return root / "aclImdb"
 
 
-def test_lra_data_imdb_reader(tmp_path):
-    """aclImdb/{train,test}/{neg,pos}/*.txt -> UTF-8 bytes + 1 of the stripped text; val = test."""
+def test_lra_data_imdb_and_aan_readers(tmp_path):
+    """UTF-8 bytes + 1. aclImdb/{train,test}/{neg,pos}/*.txt: the stripped text, val = test. AAN
+    tsv: label id1 id2 text1 text2, each text cut to 10000 bytes, then max_len; val = "eval"."""
     texts = {"neg": ["  bad<br />film \n", "meh"], "pos": ["très bien\n"]}
     _lra_imdb(tmp_path, texts)
     splits, notes = lra_data.load_task("text", tmp_path, 12)
@@ -1544,28 +1296,18 @@ def test_lra_data_imdb_reader(tmp_path):
     train = splits["train"]
     assert train.y.tolist() == [0, 0, 1] and train.x.dtype == np.int16
     expected = [list(t.strip().encode("utf-8")[:12]) for t in texts["neg"] + texts["pos"]]
-    for row, want in zip(train.x, expected, strict=True):
-        assert (row[: len(want)] - 1).tolist() == want
+    assert all((row[: len(w)] - 1).tolist() == w for row, w in zip(train.x, expected, strict=True))
     assert len("très bien".encode()) == 10 == train.lengths[2]  # bytes, not characters
     _lra_check_batch(train, [len(w) for w in expected])
-
-
-def test_lra_data_aan_reader(tmp_path):
-    """new_aan_pairs tsv: no header, label id1 id2 text1 text2; bytes + 1; each text cut to
-    10000 bytes, then max_len; the release's "eval" file is the validation split."""
-    path = tmp_path / "new_aan_pairs.train.tsv"
-    # two pairs, a blank line between them (skipped)
-    _write(path, b"1.0\tA1\tB1\tabc\tdefgh\n\n0\tA2\tB2\t" + b"x" * 20 + b"\tz\n")
-    split, notes = lra_data.read_aan_tsv(path, max_len=8)
+    pairs = b"1.0\tA1\tB1\tabc\tdefgh\n\n0\tA2\tB2\t" + b"x" * 20 + b"\tz\n"  # blank line: skipped
+    split, notes = lra_data.read_aan_tsv(_write(tmp_path / "aan.tsv", pairs), max_len=8)
     assert split.y.tolist() == [1, 0] and notes == []
     assert (split.x[0, :3] - 1).tolist() == list(b"abc") and split.x[1, 7] == ord("x") + 1
     assert (split.x2[0, :5] - 1).tolist() == list(b"defgh") and split.x2[1, 0] == ord("z") + 1
     _lra_check_batch(split, [3, 8], [5, 1])
-    for i in (3, 4):  # either text: cut to 10000 bytes before max_len
-        fields = [b"1", b"a", b"b", b"q", b"q"]
-        fields[i] = b"y" * 12000
-        long = lra_data.read_aan_tsv(_write(tmp_path / "long.tsv", b"\t".join(fields)), 20000)[0]
-        assert [long.lengths[0], long.lengths2[0]] == ([10000, 1] if i == 3 else [1, 10000])
+    long = b"1\ta\tb\t" + b"y" * 12000 + b"\tq\n1\ta\tb\tq\t" + b"y" * 12000  # either text
+    long = lra_data.read_aan_tsv(_write(tmp_path / "long.tsv", long), 20000)[0]
+    assert long.lengths.tolist() == [10000, 1] and long.lengths2.tolist() == [1, 10000]
     for name, label in (("train", 1), ("eval", 0), ("test", 1)):
         _write(tmp_path / "tsv_data" / f"new_aan_pairs.{name}.tsv", f"{label}\ta\tb\t{name}\tx\n")
     data, _ = lra_data.load_task("retrieval", tmp_path, 8)
@@ -1585,31 +1327,8 @@ def _lra_cifar(folder: pathlib.Path) -> dict:
     return batches
 
 
-def test_lra_data_cifar_reader(tmp_path):
-    """CIFAR python batches -> TF grayscale, train[:90%] / train[90%:] / test, no padding."""
-    batches = _lra_cifar(tmp_path / "cifar-10-batches-py")
-
-    def gray(rgb: np.ndarray) -> list:  # tf.image.rgb_to_grayscale, one pixel at a time
-        return [
-            int(((0.2989 * int(r) + 0.5870 * int(g) + 0.1140 * int(b)) / 255) * 255.5)
-            for r, g, b in zip(rgb[:1024], rgb[1024:2048], rgb[2048:], strict=True)
-        ]
-
-    splits, notes = lra_data.load_task("image", tmp_path, 1024)
-    assert [len(splits[s].y) for s in ("train", "val", "test")] == [18, 2, 4] and notes == []
-    test = splits["test"]
-    assert [test.x[i].tolist() for i in range(4)] == [gray(im) for im in batches["test_batch"]]
-    assert test.y.tolist() == [6, 7, 8, 9] and (test.x[0] == 0).all()  # black: real tokens
-    assert splits["val"].x[1].tolist() == gray(batches["data_batch_5"][3])  # the last 10 %
-    assert splits["train"].x[17].tolist() == gray(batches["data_batch_5"][1])
-    assert splits["val"].y.tolist() == [7, 8] and splits["train"].x.dtype == np.int16
-    for split in splits.values():
-        _lra_check_batch(split, [1024] * len(split.y))
-
-
 def _lra_write_png(path: pathlib.Path, image: np.ndarray, color_type=0, filters=(0, 1, 2, 3, 4)):
-    """An independent PNG encoder; row r uses filters[r % len(filters)] (PNG spec §9:
-    0 None, 1 Sub, 2 Up, 3 Average, 4 Paeth)."""
+    """An independent PNG encoder; row r uses filters[r % len(filters)] (PNG spec §9, 0 to 4)."""
 
     def paeth(a: int, b: int, c: int) -> int:
         p = a + b - c
@@ -1632,35 +1351,15 @@ def _lra_write_png(path: pathlib.Path, image: np.ndarray, color_type=0, filters=
 
     header = struct.pack(">IIBBBBB", image.shape[1], image.shape[0], 8, color_type, 0, 0, 0)
     compressed = zlib.compress(bytes(raw))
-    return _write(
-        path,
-        b"\x89PNG\r\n\x1a\n"
-        + chunk(b"IHDR", header)
-        + chunk(b"tEXt", b"Comment\x00ignored")
-        + chunk(b"IDAT", compressed[:7])  # image data split over two chunks, as allowed
-        + chunk(b"IDAT", compressed[7:])
-        + chunk(b"IEND", b""),
-    )
-
-
-def test_lra_data_png_reader_all_filters(tmp_path):
-    rng = np.random.default_rng(1)
-    image = rng.integers(0, 256, (10, 7), dtype=np.uint8)
-    image[3] = 255  # large values make the modulo-256 wrap-around matter
-    for filters in [(0,), (1,), (2,), (3,), (4,), (0, 1, 2, 3, 4)]:  # each alone, then mixed
-        decoded = lra_data.read_png_gray(_lra_write_png(tmp_path / "a.png", image, 0, filters))
-        assert decoded.dtype == np.uint8 and np.array_equal(decoded, image), filters
-    # Paeth ties between different neighbours (e.g. a=0, b=3, c=2 or a=0, b=3, c=1) need few
-    # distinct values; the PNG specification's tie order a, b, c then matters
-    ties = rng.integers(0, 6, (16, 16), dtype=np.uint8)
-    path = _lra_write_png(tmp_path / "ties.png", ties, filters=(4,))
-    assert np.array_equal(lra_data.read_png_gray(path), ties)
+    png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"tEXt", b"Comment\x00ignored")
+    # the image data split over two chunks, as allowed
+    png += chunk(b"IDAT", compressed[:7]) + chunk(b"IDAT", compressed[7:]) + chunk(b"IEND", b"")
+    return _write(path, png)
 
 
 def _lra_pathfinder(folder: pathlib.Path, n: int, side: int = 4) -> list:
-    """A Pathfinder folder in the release layout: image i in imgs/<i % 11>, listed in
-    metadata/<i % 11>.npy (11 files: "10" sorts after "9"), plus an empty PNG, listed in
-    metadata/1.npy, which ends in a blank line -> the (image, label) pairs in listing order."""
+    """A Pathfinder release folder: image i in imgs/<i % 11>, listed in metadata/<i % 11>.npy ("10"
+    after "9"), an empty PNG listed in 1.npy, which ends blank -> (image, label) in list order."""
     rng, listed = np.random.default_rng(2), {}
     for i in range(n):
         k, label = i % 11, int(rng.integers(2))
@@ -1675,8 +1374,20 @@ def _lra_pathfinder(folder: pathlib.Path, n: int, side: int = 4) -> list:
     return [(im, y) for k in sorted(listed) for _, im, y in listed[k] if im is not None]
 
 
-def test_lra_data_pathfinder_reader(tmp_path):
-    """Metadata files in numeric order, a seeded 80/10/10 permutation, every pixel real."""
+def test_lra_data_image_readers_png_pathfinder_and_cifar(tmp_path):
+    """Our PNG encoder's images, each filter type, decoded; Pathfinder: metadata files in numeric
+    order, a seeded 80/10/10 permutation; CIFAR: TF grayscale, train[:90%] / [90%:] / test."""
+    rng = np.random.default_rng(1)
+    image = rng.integers(0, 256, (10, 7), dtype=np.uint8)
+    image[3] = 255  # large values make the modulo-256 wrap-around matter
+    for filters in [(0,), (1,), (2,), (3,), (4,), (0, 1, 2, 3, 4)]:  # each alone, then mixed
+        decoded = lra_data.read_png_gray(_lra_write_png(tmp_path / "a.png", image, 0, filters))
+        assert decoded.dtype == np.uint8 and np.array_equal(decoded, image), filters
+    # Paeth ties between different neighbours (e.g. a=0, b=3, c=2 or a=0, b=3, c=1) need few
+    # distinct values; the PNG specification's tie order a, b, c then matters
+    ties = rng.integers(0, 6, (16, 16), dtype=np.uint8)
+    path = _lra_write_png(tmp_path / "ties.png", ties, filters=(4,))
+    assert np.array_equal(lra_data.read_png_gray(path), ties)
     folder = tmp_path / "pathfinder32" / "curv_contour_length_14"
     pairs = _lra_pathfinder(folder, 20)
     splits, notes = lra_data.load_task("pathfinder", tmp_path, 16)
@@ -1691,6 +1402,22 @@ def test_lra_data_pathfinder_reader(tmp_path):
         _lra_check_batch(splits[name], [16] * len(part))
     other, _ = lra_data.read_pathfinder(folder, max_len=16, seed=1)
     assert not np.array_equal(other["train"].x, splits["train"].x)
+    batches = _lra_cifar(tmp_path / "cifar-10-batches-py")
+
+    def gray(rgb: np.ndarray) -> list:  # tf.image.rgb_to_grayscale, one pixel at a time
+        pixels = zip(*rgb.reshape(3, 1024).tolist(), strict=True)
+        return [int(((0.2989 * r + 0.5870 * g + 0.1140 * b) / 255) * 255.5) for r, g, b in pixels]
+
+    splits, notes = lra_data.load_task("image", tmp_path, 1024)
+    assert [len(splits[s].y) for s in ("train", "val", "test")] == [18, 2, 4] and notes == []
+    test = splits["test"]
+    assert [test.x[i].tolist() for i in range(4)] == [gray(im) for im in batches["test_batch"]]
+    assert test.y.tolist() == [6, 7, 8, 9] and (test.x[0] == 0).all()  # black: real tokens
+    assert splits["val"].x[1].tolist() == gray(batches["data_batch_5"][3])  # the last 10 %
+    assert splits["train"].x[17].tolist() == gray(batches["data_batch_5"][1])
+    assert splits["val"].y.tolist() == [7, 8] and splits["train"].x.dtype == np.int16
+    for split in splits.values():
+        _lra_check_batch(split, [1024] * len(split.y))
 
 
 def _lra_pickles(root: pathlib.Path, stem: str, items: list) -> None:
@@ -1721,11 +1448,7 @@ def test_lra_data_pytorch_lra_pickles(tmp_path):
     assert data["train"].x[5, :8].tolist() == items[5]["input_ids_0"][:8].tolist()
     _lra_check_batch(data["val"], [3, 4, 5, 6, 7, 8])
     image, _ = lra_data.load_task("image", tmp_path, 16)
-    assert image["val"].x[0, :5].tolist() == [0, 0, 0, 0, 0] and image["val"].y.tolist() == [
-        1,
-        1,
-        0,
-    ]
+    assert image["val"].x[0, :5].tolist() == [0] * 5 and image["val"].y.tolist() == [1, 1, 0]
     _lra_check_batch(image["val"], [16, 16, 3])
     path, _ = lra_data.load_task("pathfinder", tmp_path, 16)
     _lra_check_batch(path["test"], [3, 16, 16])
@@ -1760,8 +1483,7 @@ def _lra_read(kind: str, content, tmp_path: pathlib.Path):
             content = data[:60] + data[80:] if content == "cut" else data  # IDAT bytes lost
         return lra_data.read_png_gray(_write(tmp_path / "bad.png", content))
     if kind == "cifar":  # content: data_batch_3, or max_len
-        folder = tmp_path / "cifar-10-batches-py"
-        _lra_cifar(folder)
+        _lra_cifar(folder := tmp_path / "cifar-10-batches-py")
         if isinstance(content, bytes):
             _write(folder / "data_batch_3", content)
         return lra_data.read_cifar(folder, 1024 if isinstance(content, bytes) else content)
@@ -1822,7 +1544,6 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("pickle:listops", [([0, 0], 1)], "@: no example has a real token"),
     ("load_task", dict(task="lisops", max_len=8), "unknown task 'lisops'"),
     ("load_task", dict(task="listops", max_len=0), "max_len must be a positive integer, got 0"),
-    ("load_task", dict(task="listops", max_len=-3), "max_len must be a positive integer"),
     ("load_task", dict(task="listops", max_len=2.5), "max_len must be a positive integer"),
     ("load_task", dict(task="listops", max_len=True), "max_len must be a positive integer"),
     ("load_task", dict(task="image", max_len=8), "no data for task image: expected"),
@@ -1856,27 +1577,21 @@ _LRA_SKIPPED = [  # (reader, content, kept labels, kept lengths (, lengths2), th
 
 
 @pytest.mark.parametrize("kind, content, labels, lengths, first", _LRA_SKIPPED)
-def test_lra_data_examples_without_a_real_token_are_skipped_with_a_note(
-    kind, content, labels, lengths, first, tmp_path
-):
-    """Each field a reader reads can hold no real token: that example never reaches the model,
-    and one note counts the skipped ones and names the first."""
+def test_lra_data_tokenless_examples_are_skipped(kind, content, labels, lengths, first, tmp_path):
+    """An example with a field of no real token is skipped; one note counts them and names one."""
     split, notes = _lra_read(kind, content, tmp_path)
     assert split.y.tolist() == labels and split.lengths.tolist() == lengths[0]
     if len(lengths) > 1:
         assert split.lengths2.tolist() == lengths[1] and len(split.x2) == len(labels)
     _lra_check_batch(split, *lengths)
-    file = {"listops": "bad.tsv", "aan": "bad.tsv"}.get(kind, "bad.pickle")
+    file = tmp_path / {"listops": "bad.tsv", "aan": "bad.tsv"}.get(kind, "bad.pickle")
     [note] = notes
     assert f"skipped 1 of {len(labels) + 1} examples with no real token (the first: " in note
-    assert first.replace("@", str(tmp_path / file)) in note and note.endswith(
-        "nothing to attend to"
-    )
+    assert first.replace("@", str(file)) in note and note.endswith("nothing to attend to")
 
 
 def test_lra_data_notes_unknown_listops_token_and_padding_far_beyond_the_inputs(tmp_path):
-    """A typo ([MAXX) in a ListOps file: the note names the file, the line and the token.
-    max_len more than twice the longest input (4 tokens): every input is padded, said."""
+    """A typo ([MAXX): a note names file, line and token; max_len over twice the longest: said."""
     folder = tmp_path / "listops-1000"  # the release: no generator.json
     for split in lra_data.SPLITS:
         rows = ["( ( [MAX 1 ) 2 ) ]\t2"]
@@ -1913,8 +1628,7 @@ def _toy_ts(cases: list, *, dims="2", equal="false", length=None, labels="up dow
     header += [f"@equalLength {equal}"] + ([f"@seriesLength {length}"] if length else [])
     header += [] if labels is False else [f"@classLabel {'false' if labels is None else 'true'}"]
     header[-1] += f" {labels}" if labels else ""
-    header += ["@data"]
-    return "\n".join(header + cases) + "\n", len(header)
+    return "\n".join([*header, "@data", *cases]) + "\n", len(header) + 1
 
 
 def _dataset(root, train_rows: list, test_rows: list, train=None, test=None) -> pathlib.Path:
@@ -1938,8 +1652,9 @@ def _rows(rng, words: list, length: int = 3) -> list:
 # the reader
 
 
-def test_uea_data_reader_equal_length_labels_in_header_order(tmp_path):
-    """Values, shapes and labels of a small equal-length file; tags are case-insensitive."""
+def test_uea_data_reader_values_labels_missing_steps_and_unlabelled_files(tmp_path):
+    """An equal-length file: values, header-order labels, tags case-insensitive; '?' filled
+    linearly per channel, ends by the nearest; files without class labels; regression targets."""
     rows = ["1,2,3:4,5,6:down", "# a comment", "  ", "7,8,9:1.5,-2,3e-1:up"]  # 2 cases
     text, _ = _toy_ts(rows, equal="true", length=3)
     text = text.replace("@problemName", "@PROBLEMNAME")
@@ -1949,20 +1664,12 @@ def test_uea_data_reader_equal_length_labels_in_header_order(tmp_path):
     assert ts.header["problemname"] == "Toy" and ts.class_names == ["up", "down"]
     assert ts.labels.tolist() == [1, 0]  # @classLabel order (up = 0), not sorted (down = 0)
     assert ts.labels.dtype == np.int64 and ts.line_numbers == [11, 14]
-    assert [s.shape for s in ts.series] == [(3, 2), (3, 2)]
-    np.testing.assert_array_equal(ts.series[0], [[1, 4], [2, 5], [3, 6]])
+    np.testing.assert_array_equal(ts.series[0], [[1, 4], [2, 5], [3, 6]])  # shapes (L, F)
     np.testing.assert_array_equal(ts.series[1], [[7, 1.5], [8, -2], [9, 0.3]])
-
-
-def test_uea_data_reader_unequal_lengths_missing_values_and_unlabelled_files(tmp_path):
-    """Each case keeps its length; '?' is filled linearly per channel, ends by the nearest.
-    Read without require_labels, a file without class labels gives its values (labels None),
-    and regression targets are floats."""
+    # unequal lengths; '?' filled as pandas' linear interpolation, both ends by the nearest
     text, _ = _toy_ts(["?,2,?,4,?:1,1,1,1,1:up", "5,?,?,8:?,?,0,?:down"])
     ts = read_ts(_write(tmp_path / "Toy_TRAIN.ts", text))
-    assert [len(s) for s in ts.series] == [5, 4]
-    np.testing.assert_allclose(ts.series[0][:, 0], [2, 2, 3, 4, 4])  # pandas linear, both ends
-    np.testing.assert_allclose(ts.series[0][:, 1], [1, 1, 1, 1, 1])
+    np.testing.assert_allclose(ts.series[0], [[2, 1], [2, 1], [3, 1], [4, 1], [4, 1]])
     np.testing.assert_allclose(ts.series[1], [[5, 0], [6, 0], [7, 0], [8, 0]])
     largest = float(np.finfo(np.float32).max)  # the largest float32 is a value, no overflow
     ts = read_ts(_write(tmp_path / "B.ts", _toy_ts([f"1,{largest!r}:3,-{largest!r}:up"])[0]))
@@ -2045,77 +1752,77 @@ def test_uea_data_reader_errors_name_file_line_and_problem(rows, options, where,
 # load_uea: labels, statistics, padding
 
 
-def test_uea_data_test_labels_in_another_order_map_to_the_train_index(tmp_path):
-    """TEST lists its classes in another order: every case gets its class's TRAIN index."""
+def test_uea_data_classes_follow_train_header_order_and_notes_say_what_is_certain(tmp_path):
+    """TEST listing its classes in another order: each case gets its class's TRAIN index. A class
+    TRAIN's header lacks: an error; one it lists but never uses: a note; so is a one-class TRAIN."""
     train_words = ["up", "down", "flat", "flat", "up", "down"]
     test_words = ["flat", "up", "down", "down", "flat", "up", "up"]
     rng = np.random.default_rng(0)
     train, test = dict(labels="up down flat"), dict(labels="flat down up")
     folder = _dataset(tmp_path, _rows(rng, train_words), _rows(rng, test_words), train, test)
     data = load_uea(str(tmp_path), "Toy")
-    assert data.class_names == ["up", "down", "flat"]
+    assert data.class_names == ["up", "down", "flat"] and data.notes == []
     assert data.y_test.tolist() == [["up", "down", "flat"].index(w) for w in test_words]
     assert data.y_train.tolist() == [["up", "down", "flat"].index(w) for w in train_words]
-    assert data.y_test.dtype == data.y_train.dtype == np.int64
-    # the TEST file on its own numbers its classes in its own header order
-    assert read_ts(folder / "Toy_TEST.ts").labels.tolist() == [0, 2, 1, 1, 0, 2, 2]
+    assert read_ts(folder / "Toy_TEST.ts").labels.tolist() == [0, 2, 1, 1, 0, 2, 2]  # own order
     # a TEST class that TRAIN's header lacks: the model would have no output for it, an error
     test = dict(labels="flat sideways")
     _dataset(tmp_path, _rows(rng, train_words), _rows(rng, ["flat", "sideways"]), train, test)
     with pytest.raises(TsFormatError, match=r"Toy_TEST.ts: classes \['sideways'\] not in TRAIN"):
         load_uea(str(tmp_path), "Toy")
+    # TRAIN lists 'flat' but has no such case: y_test indexes TRAIN's header, an output never taught
+    _dataset(tmp_path, _rows(rng, ["up", "down"]), _rows(rng, ["flat", "up", "flat"]), train, train)
+    data = load_uea(str(tmp_path), "Toy")
+    assert data.y_test.tolist() == [2, 0, 2] and len(data.class_names) == 3  # an output for 2
+    assert data.notes == [
+        "classes ['flat'] occur only in TEST (2 of 3 TEST cases): TRAIN's @classLabel lists them, "
+        "so the model has an output for them, but no TRAIN case to learn them from: whatever it "
+        "gets right of those cases, it gets right by chance"
+    ]
+    one = "TRAIN holds one class only ('down'): the model can learn nothing but to predict it"
+    _dataset(tmp_path, _rows(rng, ["down", "down"]), _rows(rng, ["up", "down"]))
+    [first, only_test] = load_uea(str(tmp_path), "Toy").notes
+    assert first == one and only_test.startswith("classes ['up'] occur only in TEST (1 of 2")
+    _dataset(tmp_path, _rows(rng, ["down", "down"]), _rows(rng, ["down"]))  # TEST: TRAIN's class
+    assert load_uea(str(tmp_path), "Toy").notes == [one]
 
 
 def test_uea_data_standardisation_uses_train_statistics_and_centres_constant_channels(tmp_path):
-    """TRAIN statistics (ddof 1) standardise both files; changing TEST changes no statistic. A
-    channel constant in TRAIN is centred, not divided by ~0 (TEST stays value - mean), said."""
+    """TRAIN statistics (ddof 1, over all steps) standardise both files; TEST changes none. A
+    channel constant in TRAIN is centred, not divided by ~0, and said; one TRAIN step: finite."""
     rng = np.random.default_rng(1)
     train_a, test_a = rng.normal(3, 2, size=(4, 5)), rng.normal(3, 2, size=(3, 5))
     train_rows = [_row(a, [0.0] * 5, label="up") for a in train_a]  # channel 2 constant 0
     test_b = np.array([[0.1, 4.0, -2.5, 0.1, 7.0], [0.0] * 5, [1e3, 0, 0, 0, 0]])
-    test_rows = [_row(a, b, label="down") for a, b in zip(test_a, test_b, strict=True)]
-    _dataset(tmp_path, train_rows, test_rows)
-    data = load_uea(str(tmp_path), "Toy")
+    mean, std = train_a.mean(), train_a.std(ddof=1)
+    for k in (1, 10):  # TEST values x 10: the same statistics and TRAIN arrays
+        test_rows = [_row(k * a, b, label="up") for a, b in zip(test_a, test_b, strict=True)]
+        _dataset(tmp_path, train_rows, test_rows)
+        data = load_uea(str(tmp_path), "Toy")
+        np.testing.assert_allclose([data.mean, data.std], [[mean, 0], [std, 0]], rtol=1e-6)
+        np.testing.assert_allclose(data.x_train[:, :, 0], (train_a - mean) / std, rtol=1e-5)
+        np.testing.assert_allclose(data.x_train[:, :, 1], 0, atol=1e-6)
+        x_test = data.x_test.astype(np.float64)
+        np.testing.assert_allclose(x_test[:, :, 0], (k * test_a - mean) / std, rtol=1e-5)
+        np.testing.assert_allclose(x_test[:, :, 1], test_b, atol=1e-5)  # constant: value - mean
     assert data.constant_channels == [1] and [n for n in data.notes if "constant" in n] == [
         "channels [1] are constant in TRAIN: centred, not scaled (0-based indices; dividing by "
         "their std of ~0 would blow TEST values up)"
     ]  # fmt: skip
-    assert data.std[1] == 0 and data.mean[1] == 0
-    x_test = data.x_test.astype(np.float64)
-    assert np.isfinite(x_test).all() and np.abs(x_test).max() <= 1e3
-    np.testing.assert_allclose(x_test[:, :, 1], test_b, atol=1e-5)  # value - mean
-    np.testing.assert_allclose(data.x_train[:, :, 1], 0, atol=1e-6)
-    mean, std = train_a.mean(), train_a.std(ddof=1)  # the other channel: as usual
-    np.testing.assert_allclose(x_test[:, :, 0], (test_a - mean) / std, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(data.x_train[:, :, 0], (train_a - mean) / std, rtol=1e-5)
-    _dataset(
-        tmp_path,
-        train_rows,
-        [_row(10 * a, b, label="up") for a, b in zip(test_a, test_b, strict=True)],
-    )
-    scaled = load_uea(str(tmp_path), "Toy")  # TEST values x 10: TRAIN arrays and statistics stay
-    for name in ("x_train", "mean", "std"):
-        np.testing.assert_array_equal(getattr(scaled, name), getattr(data, name))
-    np.testing.assert_allclose(scaled.x_test[:, :, 0], (10 * test_a - mean) / std, rtol=1e-5)
     # a constant channel at a large level (rounding noise in its mean) is caught as well
     big = [_row(a, [123456.789] * 5, label="up") for a in train_a]
     _dataset(tmp_path, big, [_row(test_a[0], [123457.789] * 5, label="up")])
     data = load_uea(str(tmp_path), "Toy")
     assert data.constant_channels == [1]
     np.testing.assert_allclose(data.x_test[0, :, 1], 1.0, rtol=1e-3)
-
-
-def test_uea_data_single_case_training_sets_stay_finite(tmp_path):
-    """One TRAIN case: its steps give the statistics; one single step: std 0, centred only."""
+    # one TRAIN case: its steps give the statistics
     test_rows = [_row([1, 2, 3], [4, 5, 6], label="up")]
     _dataset(tmp_path, [_row([0, 2, 4, 6], [1, 1, 1, 1], label="up")], test_rows)
-    data = load_uea(str(tmp_path), "Toy")
-    np.testing.assert_allclose(data.mean, [3, 1])
-    np.testing.assert_allclose(data.std, [np.std([0, 2, 4, 6], ddof=1), 0])
+    data, std = load_uea(str(tmp_path), "Toy"), np.std([0, 2, 4, 6], ddof=1)
+    np.testing.assert_allclose([data.mean, data.std], [[3, 1], [std, 0]])
     assert data.constant_channels == [1] and tuple(data.x_test.shape) == (1, 4, 2)
-    expected = (np.array([1, 2, 3]) - 3) / np.std([0, 2, 4, 6], ddof=1)
-    np.testing.assert_allclose(data.x_test[0, :3, 0], expected, rtol=1e-6)
-    np.testing.assert_allclose(data.x_test[0, :3, 1], [3, 4, 5])
+    expected = np.c_[(np.array([1, 2, 3]) - 3) / std, [3, 4, 5]]
+    np.testing.assert_allclose(data.x_test[0, :3], expected, rtol=1e-6)
     _dataset(tmp_path, [_row([2], [5], label="up")], test_rows)  # one case of one time step
     with warnings.catch_warnings():  # no 'degrees of freedom <= 0' NaN on the way
         warnings.simplefilter("error")
@@ -2125,9 +1832,9 @@ def test_uea_data_single_case_training_sets_stay_finite(tmp_path):
     np.testing.assert_array_equal(data.x_test[0, 0], [-1, -1])  # clipped, centred
 
 
-def test_uea_data_load_rejects_bad_arguments_and_mismatched_files(tmp_path):
-    """Bad max_len, dimension counts, label headers, and values that overflow float32 once
-    standardised: clear errors naming the file (and line)."""
+def test_uea_data_pad_series_and_load_with_bad_arguments_and_mismatched_files(tmp_path):
+    """Bad max_len, dimension counts, label headers, values that overflow float32 once
+    standardised: clear errors naming the file (and line); pad_series' values and checks."""
     rows = [_row([1, 2, 3], [4, 5, 7], label="up"), _row([3, 2, 0], [1, 5, 4], label="down")]
     _dataset(tmp_path, rows, rows)
     for bad in (-1, 2.5, "3", True):
@@ -2148,17 +1855,11 @@ def test_uea_data_load_rejects_bad_arguments_and_mismatched_files(tmp_path):
     message, line = str(err.value), _toy_ts([])[1] + 2
     assert message.startswith(f"{folder / 'Toy_TEST.ts'}:{line}: dimension 1 standardised with")
     assert message.endswith("overflows float32")
-
-
-def test_uea_data_pad_series_values_and_argument_checks():
-    """pad_series: (x - mean) / std, zero padding, clipping, a mask of the lengths."""
+    # pad_series: (x - mean) / std, zero padding, clipping, a mask of the lengths
     series = [np.array([[1.0, 10], [3, 30]]), np.array([[5.0, 50], [7, 70], [9, 90]])]
     mean, std = np.array([1.0, 10]), np.array([2.0, 20])
     x, mask = pad_series(series, mean, std, 4)
-    expected = np.zeros((2, 4, 2))
-    expected[0, :2] = [[0, 0], [1, 1]]
-    expected[1, :3] = [[2, 2], [3, 3], [4, 4]]
-    np.testing.assert_array_equal(x, expected)
+    assert x.tolist() == [[[0, 0], [1, 1], [0, 0], [0, 0]], [[2, 2], [3, 3], [4, 4], [0, 0]]]
     assert type(x) is np.ndarray and x.dtype == np.float32 and mask.dtype == np.bool_
     assert mask.tolist() == [[1, 1, 0, 0], [1, 1, 1, 0]]
     x, mask = pad_series(series, mean, std, 2)  # clipped
@@ -2190,10 +1891,9 @@ def _ts_by_hand(path: pathlib.Path) -> tuple:
     return cases, labels
 
 
-def test_uea_data_japanese_vowels_arrays_equal_an_independent_reading():
-    """The real JapaneseVowels files, read by hand here (270 / 370 cases, 12 dims, lengths 7-26
-    / 7-29, 9 classes): TRAIN statistics over all real steps (ddof 1), every case standardised,
-    padded to 26 steps and clipped, masks of the lengths: load_uea's arrays."""
+def test_uea_data_real_files_equal_an_independent_reading():
+    """JapaneseVowels read by hand here, standardised with TRAIN statistics (ddof 1), padded to 26
+    and clipped == load_uea's arrays; BasicMotions' word labels map to @classLabel order."""
     folder = _real_uea("JapaneseVowels")
     data = load_uea(str(UEA_DIR), "JapaneseVowels")
     train, train_labels = _ts_by_hand(folder / "JapaneseVowels_TRAIN.ts")
@@ -2201,14 +1901,12 @@ def test_uea_data_japanese_vowels_arrays_equal_an_independent_reading():
     assert (len(train), len(test)) == (270, 370) and data.class_names == list("123456789")
     lengths = [len(c) for c in train], [len(c) for c in test]
     assert (min(lengths[0]), max(lengths[0]), min(lengths[1]), max(lengths[1])) == (7, 26, 7, 29)
-    steps = np.concatenate(train)
-    mean, std = steps.mean(0), steps.std(0, ddof=1)
+    mean, std = np.concatenate(train).mean(0), np.concatenate(train).std(0, ddof=1)
     pairs = ((train, data.x_train, data.mask_train), (test, data.x_test, data.mask_test))
     for cases, x, mask in pairs:
         expected = np.zeros((len(cases), 26, 12))
         for i, case in enumerate(cases):
             expected[i, : len(case)] = ((case - mean) / std)[:26]
-        assert x.dtype == np.float32 and mask.dtype == np.bool_
         np.testing.assert_allclose(x, expected, rtol=1e-5, atol=1e-5)
         assert mask.sum(1).tolist() == [min(len(c), 26) for c in cases]  # clipped, as mvts
         assert np.array_equal(mask, np.arange(26) < mask.sum(1)[:, None])  # real steps first
@@ -2216,96 +1914,50 @@ def test_uea_data_japanese_vowels_arrays_equal_an_independent_reading():
     assert data.y_test.tolist() == [int(k) - 1 for k in test_labels]
     assert np.bincount(data.y_train).tolist() == [30] * 9 and data.constant_channels == []
     assert (data.n_clipped_train, data.n_clipped_test) == (0, sum(n > 26 for n in lengths[1]))
-
-
-def test_uea_data_word_labels_follow_the_header_order_basic_motions():
-    """BasicMotions: word labels map to @classLabel order (Standing = 0), equal length 100."""
     path = _real_uea("BasicMotions") / "BasicMotions_TRAIN.ts"
-    ts = read_ts(path)
-    assert ts.class_names == ["Standing", "Running", "Walking", "Badminton"]
-    cases, words = _ts_by_hand(path)
+    ts, (cases, words) = read_ts(path), _ts_by_hand(path)
+    assert ts.class_names == ["Standing", "Running", "Walking", "Badminton"]  # Standing = 0
     assert [ts.class_names[k] for k in ts.labels] == words
     assert {s.shape for s in ts.series} == {(100, 6)} and len(ts.series) == 40
     np.testing.assert_array_equal(ts.series[0], cases[0])
 
 
-def test_uea_data_arrays_are_numpy_and_the_module_needs_no_torch(tmp_path):
-    """load_uea hands numpy arrays to the script (x float32, mask bool, y int64) with masks of
-    the case lengths; importing uea_data does not import torch."""
-    rng = np.random.default_rng(0)
-    train = [_row(*rng.normal(size=(2, n)), label=w) for n, w in ((3, "up"), (5, "down"))]
-    _dataset(tmp_path, train, [_row(*rng.normal(size=(2, 4)), label="down")])
-    data = load_uea(str(tmp_path), "Toy")
-    for name, dtype, shape in [
-        ("x_train", np.float32, (2, 5, 2)), ("mask_train", np.bool_, (2, 5)),
-        ("y_train", np.int64, (2,)), ("x_test", np.float32, (1, 5, 2)),
-        ("mask_test", np.bool_, (1, 5)), ("y_test", np.int64, (1,)),
-    ]:  # fmt: skip
-        array = getattr(data, name)
-        assert type(array) is np.ndarray and array.dtype == dtype and array.shape == shape, name
-    assert data.mask_train.tolist() == [[1, 1, 1, 0, 0], [1] * 5]
-    assert data.y_train.tolist() == [0, 1]
-    assert data.mask_test.tolist() == [[1, 1, 1, 1, 0]] and (data.x_test[0, 4] == 0).all()
-    code = "import sys, uea_data; print('torch' in sys.modules)"
-    done = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True)
-    assert done.stdout.strip() == "False", done.stderr
-
-
-def test_uea_data_notes_on_classes_say_only_what_is_certain(tmp_path):
-    """TRAIN's header lists 'flat' but has no such case; TEST has two: a note names it, and
-    says the model has an output for it (y_test indexes TRAIN's header) it never learns from.
-    TRAIN with one class only: a note says so. TEST with TRAIN's classes only: no such note."""
-    rng = np.random.default_rng(1)
-    labels = dict(labels="up down flat")
-    train, test = _rows(rng, ["up", "down"]), _rows(rng, ["flat", "up", "flat"])
-    _dataset(tmp_path, train, test, labels, labels)
-    data = load_uea(str(tmp_path), "Toy")
-    assert data.y_test.tolist() == [2, 0, 2] and len(data.class_names) == 3  # an output for 2
-    assert data.notes == [
-        "classes ['flat'] occur only in TEST (2 of 3 TEST cases): TRAIN's @classLabel lists them, "
-        "so the model has an output for them, but no TRAIN case to learn them from: whatever it "
-        "gets right of those cases, it gets right by chance"
-    ]
-    _dataset(tmp_path, _rows(rng, ["down", "down"]), _rows(rng, ["up", "down"]))
-    notes = load_uea(str(tmp_path), "Toy").notes
-    assert notes[0] == (
-        "TRAIN holds one class only ('down'): the model can learn nothing but to predict it"
-    )
-    assert len(notes) == 2 and notes[1].startswith("classes ['up'] occur only in TEST (1 of 2")
-    _dataset(tmp_path, _rows(rng, ["down", "down"]), _rows(rng, ["down"]))  # TEST: TRAIN's class
-    [note] = load_uea(str(tmp_path), "Toy").notes
-    assert note.startswith("TRAIN holds one class only ('down')")
-    _dataset(tmp_path, _rows(rng, ["up", "down"]), _rows(rng, ["down", "up"]))
-    assert load_uea(str(tmp_path), "Toy").notes == []
-
-
-def test_uea_data_notes_count_clipped_train_and_test_cases_and_far_padding(tmp_path):
-    """max_len 3 clips TRAIN cases of 4 and 5 steps and the TEST case of 6: both counted and
-    said; max_len more than twice the longest series (6) is said; exactly twice is not."""
+def test_uea_data_numpy_arrays_clipping_and_padding_notes_and_no_torch(tmp_path):
+    """Numpy arrays, masks of the lengths; clipped TRAIN and TEST cases counted and said; max_len
+    over twice the longest series (6) said, exactly twice not; uea_data does not import torch."""
     rng = np.random.default_rng(2)
     rows = lambda lengths: [_row(*rng.normal(size=(2, n)), label="up") for n in lengths]  # noqa
     _dataset(tmp_path, rows([2, 4, 5]) + [_row([1, 2], [3, 4], label="down")], rows([6, 1]))
+    default = load_uea(str(tmp_path), "Toy")  # max_len 5, the longest TRAIN series
+    for split, n in (("train", 4), ("test", 2)):  # numpy arrays: x float32, mask bool, y int64
+        arrays = [getattr(default, f"{k}_{split}") for k in ("x", "mask", "y")]
+        want = [(np.float32, (n, 5, 2)), (np.bool_, (n, 5)), (np.int64, (n,))]
+        assert [(type(a), a.dtype, a.shape) for a in arrays] == [(np.ndarray, *w) for w in want]
+    assert np.array_equal(default.mask_train, np.arange(5) < np.array([[2], [4], [5], [2]]))
+    assert (default.x_train[0, 2:] == 0).all() and default.mask_test.sum(1).tolist() == [5, 1]
+    assert (default.n_clipped_train, default.n_clipped_test) == (0, 1)
+    assert any("clips 0 of 4 TRAIN cases and 1 of 2 TEST" in n for n in default.notes)
     data = load_uea(str(tmp_path), "Toy", max_len=3)
     assert (data.n_clipped_train, data.n_clipped_test) == (2, 1)
     assert data.mask_train.sum(1).tolist() == [2, 3, 3, 2]
     assert data.mask_test.sum(1).tolist() == [3, 1]
     [note] = [n for n in data.notes if "clips" in n]
     assert "clips 2 of 4 TRAIN cases and 1 of 2 TEST cases (longest 5 and 6 steps)" in note
-    default = load_uea(str(tmp_path), "Toy")  # max_len 5, the longest TRAIN series
-    assert (default.n_clipped_train, default.n_clipped_test) == (0, 1)
-    assert any("clips 0 of 4 TRAIN cases and 1 of 2 TEST" in n for n in default.notes)
     far = load_uea(str(tmp_path), "Toy", max_len=13)
     assert far.x_train.shape[1] == 13 and not any("clips" in n for n in far.notes)
     assert any("max_len 13 is more than twice the longest series (6 steps)" in n for n in far.notes)
     assert load_uea(str(tmp_path), "Toy", max_len=12).notes == []  # exactly twice: said nothing
+    code = "import sys, uea_data; print('torch' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True)
+    assert done.stdout.strip() == "False", done.stderr
 
 
 # ----------------------------------------------------------------------------------------------
 # finding and downloading a dataset
 
 
-def test_uea_data_missing_dataset_says_where_and_how(tmp_path):
-    """The message names both paths, the archive page, the per-dataset zip and --download."""
+def test_uea_data_missing_dataset_or_a_name_with_a_path_says_where_and_how(tmp_path):
+    """Both paths, the archive page, the dataset's zip, --download; a name with a path: refused."""
     with pytest.raises(DatasetNotFoundError) as err:
         load_uea(str(tmp_path), "Heartbeat")
     text = str(err.value)
@@ -2320,11 +1972,8 @@ def test_uea_data_missing_dataset_says_where_and_how(tmp_path):
         load_uea(str(tmp_path), "Heartbeat")
     message = uea_data.missing_dataset_message(str(tmp_path), "X", "https://a.b/zips/")
     assert "https://a.b/zips/X.zip" in message
-
-
-def test_uea_data_a_dataset_name_with_a_path_is_one_sentence(tmp_path):
-    """'../etc', 'a/b', '..': a DatasetNotFoundError from load_uea and download_dataset, before
-    anything is read or written (train_uea.py refuses such a --dataset when it parses it)."""
+    # a name with a path ('../etc', 'a/b', '..'): one sentence before anything is read or written
+    shutil.rmtree(tmp_path / "Heartbeat")
     _dataset(tmp_path / "data", [_OK], [_OK])  # a dataset there must not be reached
     data_dir = str(tmp_path / "data" / "sub")
     for name in ("../etc", "..", ".", "", "a/b", "a\\b", "../Toy", "/etc"):
@@ -2333,40 +1982,32 @@ def test_uea_data_a_dataset_name_with_a_path_is_one_sentence(tmp_path):
             with pytest.raises(DatasetNotFoundError) as err:
                 call(*args)
             assert str(err.value).startswith(f"{name!r} is no UEA dataset name: a name is a plain")
-    assert sorted(p.name for p in tmp_path.rglob("*")) == ["Toy", "Toy_TEST.ts", "Toy_TRAIN.ts",
-                                                           "data"]  # fmt: skip
+    names = ["Toy", "Toy_TEST.ts", "Toy_TRAIN.ts", "data"]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == names
 
 
-def test_uea_data_download_unpacks_a_local_zip(tmp_path):
-    """download_dataset fetches <url>/<Name>.zip (a file:// URL) and unpacks the two .ts files;
-    once they are there, it fetches nothing."""
+def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
+    """download_dataset fetches <url>/<Name>.zip (file://), unpacks the two .ts files, then fetches
+    nothing; a failed download names the URL and the manual route, never '--download' again."""
     rng = np.random.default_rng(2)
     source = _dataset(tmp_path / "made", _rows(rng, ["up", "down", "up"]), _rows(rng, ["up"]))
-    server = tmp_path / "server"
+    server, data_dir = tmp_path / "server", tmp_path / "data"
     server.mkdir()
+    url = server.as_uri()
     with zipfile.ZipFile(server / "Toy.zip", "w") as z:  # files in a sub-folder, plus junk
         for p in source.iterdir():
             z.write(p, f"Toy/{p.name}")
         z.writestr("../evil.txt", "must not be extracted")
         z.writestr("Toy/README.txt", "not a .ts file")
-    data_dir = tmp_path / "data"
-    uea_data.download_dataset("Toy", str(data_dir), server.as_uri() + "/", progress=False)
-    assert sorted(q.name for q in (data_dir / "Toy").iterdir()) == sorted(
-        q.name for q in source.iterdir()
-    )  # no README, no leftover .part file
+    uea_data.download_dataset("Toy", str(data_dir), url + "/", progress=False)
+    names = sorted(q.name for q in source.iterdir())
+    assert sorted(q.name for q in (data_dir / "Toy").iterdir()) == names  # no README, no .part
     for p in source.iterdir():
         assert (data_dir / "Toy" / p.name).read_bytes() == p.read_bytes()
     assert not (tmp_path / "evil.txt").exists() and not (data_dir / "evil.txt").exists()
     assert load_uea(str(data_dir), "Toy").y_train.tolist() == [0, 1, 0]
     (server / "Toy.zip").unlink()  # both files are there now: a second call fetches nothing
-    uea_data.download_dataset("Toy", str(data_dir), server.as_uri() + "/", progress=False)
-
-
-def test_uea_data_download_failures_say_what_failed_and_how_to_get_the_files(tmp_path):
-    """A failed download names the URL and the manual route, never '--download' again."""
-    server, data_dir = tmp_path / "server", tmp_path / "data"
-    server.mkdir()
-    url = server.as_uri()
+    uea_data.download_dataset("Toy", str(data_dir), url + "/", progress=False)
     (server / "Html.zip").write_text("<html>not found</html>")
     with zipfile.ZipFile(server / "Half.zip", "w") as z:
         z.writestr("Half/Half_TRAIN.ts", _toy_ts([_OK])[0])
@@ -3253,34 +2894,22 @@ def test_runs_a_failed_write_is_one_sentence_and_leaves_no_partial_file(tmp_path
 # ----------------------------------------------------------------------------------------------
 
 
-def _diag_batch(B=3, N=10, D=16, n_real=(10, 7, 4), seed=0):
-    """x (B, N, D) float64 and a right-padded mask with n_real real tokens per sequence."""
-    torch.manual_seed(seed)
-    x = torch.randn(B, N, D, dtype=torch.float64)
-    mask = torch.arange(N)[None, :] < torch.tensor(n_real)[:, None]
-    return x, mask
-
-
-class _DiagHiddenStates(torch.nn.Module):
-    """A stand-in for Classifier with no blocks whose hidden states are given."""
-
-    def __init__(self, hidden_per_batch: list):
-        super().__init__()
-        self.blocks, self.kinds, self.cfg = torch.nn.ModuleList(), [], ModelConfig(n_features=1)
-        self.hidden = iter(hidden_per_batch)
-
-    def forward(self, x, mask, x2=None, mask2=None, return_hidden=False):
-        return None, None, next(self.hidden)
+def _diag_batch():
+    """x (3, 10, 16) float64 (seed 0) and a right-padded mask of 10, 7 and 4 real tokens."""
+    torch.manual_seed(0)
+    mask = torch.arange(10) < torch.tensor([[10], [7], [4]])
+    return torch.randn(3, 10, 16, dtype=torch.float64), mask
 
 
 def _diag_cosine(hidden_per_batch: list, batches: list) -> torch.Tensor:
-    run = diagnose.LoadedRun(_DiagHiddenStates(hidden_per_batch), batches, "toy", HERE)
-    return diagnose.diagnose(run)["cosine"]
+    """diagnose()'s cosine for a stand-in model without blocks whose hidden states are given."""
+    model = mock.MagicMock(blocks=[], kinds=[], cfg=ModelConfig(n_features=1))
+    model.side_effect = [(None, None, hidden) for hidden in hidden_per_batch]
+    return diagnose.diagnose(diagnose.LoadedRun(model, batches, "toy", HERE))["cosine"]
 
 
 def test_diagnose_cosine_similarity_known_cases_and_the_explicit_pairwise_mean():
-    """1 for identical tokens, 0 for orthogonal ones, the batch-weighted mean over sequences,
-    and the mean of every pair i != j of real tokens."""
+    """1 for identical tokens, 0 for orthogonal ones, batch-weighted; the mean over pairs i != j."""
     torch.manual_seed(0)
     D = 8
     same = torch.randn(1, 1, D, dtype=torch.float64).expand(3, 6, D).clone()  # 3 sequences
@@ -3294,14 +2923,12 @@ def test_diagnose_cosine_similarity_known_cases_and_the_explicit_pairwise_mean()
     # layer 0: three sequences at 1, one at 0 -> the mean over the 4 sequences is 0.75
     expected = torch.tensor([0.75, 1.0], dtype=torch.float64)
     assert torch.allclose(_diag_cosine(hidden, batches), expected, atol=1e-12)
-    assert abs(_diag_cosine([[orth]], [{"x": orth, "mask": mask_orth}])[0]) < 1e-12
     x, mask = _diag_batch()
     cos = _diag_cosine([[x]], [{"x": x, "mask": mask}])
     pairs = []
     for h, m in zip(x, mask, strict=True):
         unit = F.normalize(h[m], dim=-1)
-        gram = unit @ unit.T  # every pair, i = j included
-        n = len(unit)
+        gram, n = unit @ unit.T, len(unit)  # every pair, i = j included
         pairs.append((gram.sum() - gram.diagonal().sum()) / (n * (n - 1)))
     assert torch.allclose(cos[0], torch.stack(pairs).mean(), atol=1e-12)
 
@@ -3329,8 +2956,7 @@ def test_diagnose_two_tower_capture_keeps_the_first_tower():
     model = Classifier(cfg).double().eval()
     x, x2 = torch.randint(1, 7, (2, 10)), torch.randint(1, 7, (2, 10))
     mask, mask2 = torch.ones(2, 10, dtype=torch.bool), torch.arange(10).expand(2, 10) < 6
-    batch = {"x": x, "mask": mask, "x2": x2, "mask2": mask2}
-    hidden, inputs = diagnose.capture(model, batch)
+    hidden, inputs = diagnose.capture(model, {"x": x, "mask": mask, "x2": x2, "mask2": mask2})
     _, _, alone = model.encode(x, mask)  # the shared encoder on the first document only
     assert all(torch.equal(a, b) for a, b in zip(hidden, alone, strict=True))
     assert torch.equal(inputs[1][0], model.blocks[1].norm1(alone[1]))
@@ -3345,7 +2971,9 @@ def test_diagnose_sequences_are_spread_over_the_split():
     assert diagnose._spread(np.array([1, 0]), 4).tolist() == []
 
 
-def test_diagnose_agf_response_is_flat_one_at_init_and_follows_the_coefficients():
+def test_diagnose_agf_and_gfsa_responses_at_init_and_with_set_coefficients():
+    """AGF: g ≡ 1 at init, then Σ θ̃_k P_k(s) by NumPy; GFSA: p(λ) = λ at (0, 1, 0), then Eq. 5,
+    and H = p(Ā) has the eigenvalues p(λ)."""
     torch.manual_seed(0)
     layer = AGFAttention(16, 2, order=4, basis="legendre", fix_theta0=True).double()
     x, mask = _diag_batch()
@@ -3362,22 +2990,16 @@ def test_diagnose_agf_response_is_flat_one_at_init_and_follows_the_coefficients(
     expected = np.polynomial.legendre.legval(r["s"].numpy(), theta)  # Σ θ̃_k P_k(s), NumPy
     assert np.allclose(r["g"].numpy(), expected, atol=1e-12)
     assert r["g"].std() > 0.1  # no longer flat
-
-
-def test_diagnose_gfsa_response_is_the_identity_at_0_1_0_and_the_eq5_polynomial_otherwise():
-    torch.manual_seed(0)
     K = 3
     layer = GFSAttention(16, 2, order=K, learn_w0=True, learn_w1=True).double()  # (0, 1, 0)
-    x, mask = _diag_batch()
     r = diagnose.gfsa_response(layer, x, mask, n_points=41)
     assert torch.allclose(r["grid"], r["lam"].expand(2, -1), atol=1e-14)  # p(λ) = λ
     assert [e.shape for e in r["eig"]] == [(2, 10), (2, 7), (2, 4)]
     for e in r["eig"]:  # Ā is row-stochastic: its largest eigenvalue is 1
         assert torch.allclose(e.real.max(-1).values, torch.ones(2, dtype=torch.float64))
     with torch.no_grad():
-        layer.w0.copy_(torch.tensor([0.2, -0.1]))
-        layer.w1.copy_(torch.tensor([0.7, 1.3]))
-        layer.wK.copy_(torch.tensor([0.4, -0.6]))
+        for w, value in ((layer.w0, [0.2, -0.1]), (layer.w1, [0.7, 1.3]), (layer.wK, [0.4, -0.6])):
+            w.copy_(torch.tensor(value))
     r = diagnose.gfsa_response(layer, x, mask, n_points=41)
     w0, w1, wK, lam = layer.w0[:, None], layer.w1[:, None], layer.wK[:, None], r["lam"]
     eq5 = w0 + w1 * lam + wK * (lam + (K - 1) * (lam**2 - lam))  # GFSA Eq. 5 with Ā -> λ
@@ -3385,14 +3007,12 @@ def test_diagnose_gfsa_response_is_the_identity_at_0_1_0_and_the_eq5_polynomial_
     # H = p(Ā) has the eigenvalues p(λ): check through traces, tr(H) = Σ p(λ), tr(H²) = Σ p(λ)²
     with torch.no_grad():
         matrix = diagnose.implied_matrix(layer, "gfsa", x, mask)
+    a = r["a"][:, :, None]
     for b, eig in enumerate(r["eig"]):
         filt = matrix[b][:, mask[b]][:, :, mask[b]]  # (H, n, n)
-        a = r["a"][:, :, None]
         p = a[0] + a[1] * eig + a[2] * eig**2  # (H, n) complex
-        trace1 = filt.diagonal(dim1=-2, dim2=-1).sum(-1)
-        trace2 = (filt @ filt).diagonal(dim1=-2, dim2=-1).sum(-1)
-        assert torch.allclose(p.sum(-1).real, trace1, atol=1e-10)
-        assert torch.allclose((p**2).sum(-1).real, trace2, atol=1e-10)
+        assert torch.allclose(p.sum(-1).real, torch.einsum("hii->h", filt), atol=1e-10)
+        assert torch.allclose((p**2).sum(-1).real, torch.einsum("hij,hji->h", filt, filt))
 
 
 def test_diagnose_off_dc_gain_on_known_eigenvalues():
@@ -3405,21 +3025,12 @@ def test_diagnose_off_dc_gain_on_known_eigenvalues():
         layer = dict(kind="gfsa", n=[3], spectrum=torch.ones(3), gfsa=gfsa)
         results = dict(kinds=["gfsa"], cosine=torch.tensor([0.1, 0.2]), layers=[layer])
         run = diagnose.LoadedRun(None, [{"x": torch.zeros(1, 3)}], "toy", HERE)
-        lines = diagnose.summary(run, results)
-        heads = [ln for ln in lines if ln.startswith("  head")]
-        assert len(heads) == 2, lines
+        heads = [ln for ln in diagnose.summary(run, results) if ln.startswith("  head")]
+        assert len(heads) == 2, heads
         for line in heads:  # both heads: the same λ in another order, the same gains
             found = re.search(r"off-DC gain ([\d.]+), Ā alone ([\d.]+)", line)
             assert float(found[1]) == pytest.approx(expected, abs=1e-3)
             assert float(found[2]) == pytest.approx(0.375, abs=1e-3)  # mean |λ| over λ ≠ 1
-
-
-def _diag_softmax_attention(layer, x, mask):
-    """Ā = softmax(QKᵀ/√d) over the real keys, per head, for a layer with fused W_qkv."""
-    B, N, D = x.shape
-    q, k, _ = layer.W_qkv(x).view(B, N, 3, layer.n_heads, -1).permute(2, 0, 3, 1, 4)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    return scores.masked_fill(~mask[:, None, None, :], -math.inf).softmax(-1)
 
 
 def _diag_heads(linear, x, n_heads):
@@ -3431,10 +3042,11 @@ def _diag_dense_references(kind, layer, x, mask):
     """Each sequence's real-token N x N matrix (H, n, n), built here without diagnose.py."""
     out, H = [], layer.n_heads
     for b in range(len(x)):
-        xb, real = x[b : b + 1, mask[b]], mask[b : b + 1, mask[b]]  # crop to the real tokens
+        xb = x[b : b + 1, mask[b]]  # cropped to the real tokens
         n = xb.shape[1]
-        if kind in ("softmax", "gfsa"):
-            attn = _diag_softmax_attention(layer, xb, real)[0]
+        if kind in ("softmax", "gfsa"):  # Ā = softmax(QKᵀ/√d) per head
+            q, k, _ = layer.W_qkv(xb)[0].view(n, 3, H, -1).permute(1, 2, 0, 3)  # (H, n, d) each
+            attn = (q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])).softmax(-1)
             if kind == "softmax":
                 out.append(attn)
                 continue
@@ -3465,8 +3077,7 @@ def test_diagnose_implied_matrix_equals_an_independent_dense_reference(kind):
         "agf": lambda: AGFAttention(16, 2, order=3, basis="legendre"),
         "gfsa": lambda: GFSAttention(16, 2, order=4, w0=0.3),
         "primal": lambda: PrimalAttention(16, 2, rank=3, rank_multi=2, max_len=10),
-    }[kind]()
-    layer = layer.double().eval()
+    }[kind]().double().eval()
     with torch.no_grad():  # non-trivial filters (at init AGF has g ≡ 1, GFSA is plain Ā)
         if kind == "agf":
             layer.poly_filter.theta.normal_()
@@ -3478,32 +3089,25 @@ def test_diagnose_implied_matrix_equals_an_independent_dense_reference(kind):
         ours = diagnose.implied_matrix(layer, kind, x, mask)
         ours_junk = diagnose.implied_matrix(layer, kind, junk, mask)
         references = _diag_dense_references(kind, layer, x, mask)
-    for b, ref in enumerate(references):
-        real = mask[b]
-        block, block_junk = (m[b][:, real][:, :, real] for m in (ours, ours_junk))
-        assert block.shape == (2, int(real.sum()), int(real.sum()))
-        assert torch.allclose(block, ref, atol=1e-10), (kind, b)
-        assert torch.allclose(block_junk, ref, atol=1e-10), (kind, b)
+    for b, ref in enumerate(references):  # each (H, n, n)
+        for m in (ours, ours_junk):
+            assert torch.allclose(m[b][:, mask[b]][:, :, mask[b]], ref, atol=1e-10), (kind, b)
 
 
 def _diag_mixed_run():
     """An untrained 4-layer UEA-style model with one layer of each kind, and its diagnosis."""
     torch.manual_seed(0)
-    cfg = ModelConfig(
-        n_classes=3, max_len=10, n_features=16, style="uea", d_model=16, n_heads=2,
-        n_layers=4, attention=["softmax", "agf", "gfsa", "primal"],
-        attention_kwargs={"primal": {"rank": 3, "rank_multi": 2}},
-    )  # fmt: skip
+    kinds, primal = ["softmax", "agf", "gfsa", "primal"], {"primal": {"rank": 3, "rank_multi": 2}}
+    cfg = ModelConfig(n_classes=3, max_len=10, n_features=16, style="uea", d_model=16, n_heads=2,
+                      n_layers=4, attention=kinds, attention_kwargs=primal)  # fmt: skip
     model = Classifier(cfg).double().eval()
     with torch.no_grad():
         model.blocks[1].attn.poly_filter.theta.normal_()
         model.blocks[2].attn.wK.normal_()
     x, mask = _diag_batch()
     batches = [{"x": x[:2], "mask": mask[:2]}, {"x": x[2:], "mask": mask[2:]}]
-    accuracy = {"val_acc": 0.25, "test_acc": 0.0}
-    run = diagnose.LoadedRun(
-        model, batches, "toy", HERE, accuracy, "best.pt (step 8, best val_acc)"
-    )
+    accuracy, weights = {"val_acc": 0.25, "test_acc": 0.0}, "best.pt (step 8, best val_acc)"
+    run = diagnose.LoadedRun(model, batches, "toy", HERE, accuracy, weights)
     return run, diagnose.diagnose(run, dense_sequences=2, n_points=21)
 
 
@@ -3515,8 +3119,7 @@ def test_diagnose_spectra_of_a_mixed_model_are_those_of_the_captured_inputs():
         matrix = diagnose.implied_matrix(block.attn, layer["kind"], xi, mi)
         shares = []
         for b in range(2):
-            real = mask[b]
-            sigma = torch.linalg.svdvals(matrix[b][:, real][:, :, real])
+            sigma = torch.linalg.svdvals(matrix[b][:, mask[b]][:, :, mask[b]])
             assert torch.allclose(layer["sigma"][b], sigma, atol=1e-10), layer["kind"]
             share = sigma.cumsum(-1) / sigma.sum(-1, keepdim=True)
             shares.append(F.pad(share, (0, 10 - share.shape[1]), value=1.0))
@@ -3525,7 +3128,7 @@ def test_diagnose_spectra_of_a_mixed_model_are_those_of_the_captured_inputs():
         assert (layer["spectrum"].diff() >= -1e-12).all() and layer["spectrum"][-1] == 1.0
 
 
-def test_diagnose_report_and_csv_files_from_a_mixed_model(tmp_path):
+def test_diagnose_report_csv_files_and_plots_from_a_mixed_model(tmp_path):
     run, results = _diag_mixed_run()
     lines = diagnose.summary(run, results)
     assert lines[0] == "toy: 3 sequences, 2 of them for the N x N analyses"
@@ -3548,13 +3151,7 @@ def test_diagnose_report_and_csv_files_from_a_mixed_model(tmp_path):
     with contextlib.redirect_stdout(out), mock.patch.dict(sys.modules, {"matplotlib": None}):
         paths = diagnose.save_figures(data, tmp_path)
     assert "matplotlib is not installed: CSV files only (pip install matplotlib" in out.getvalue()
-    names = [
-        "cosine_similarity",
-        "agf_filter",
-        "gfsa_filter",
-        "gfsa_eigenvalues",
-        "singular_values",
-    ]
+    names = "cosine_similarity agf_filter gfsa_filter gfsa_eigenvalues singular_values".split()
     assert [p.name for p in paths] == [f"{n}.csv" for n in names]
     tables = {}
     for path in paths:  # every row has one value per column, all but the label parse as numbers
@@ -3562,53 +3159,34 @@ def test_diagnose_report_and_csv_files_from_a_mixed_model(tmp_path):
         assert header[0] == "curve" and body and all(len(row) == 3 for row in body), path.name
         assert all(math.isfinite(float(v)) for row in body for v in row[1:])
         tables[path.stem] = body
-    assert [float(r[2]) for r in tables["cosine_similarity"]] == pytest.approx(
-        results["cosine"].tolist(), rel=1e-5
-    )
-    g = results["layers"][1]["agf"]["g"]
-    assert [float(r[2]) for r in tables["agf_filter"]] == pytest.approx(g.tolist(), abs=1e-5)
-    grid = [r for r in tables["gfsa_filter"] if r[0] == "layer 3 head 1"]
-    assert [float(r[2]) for r in grid] == pytest.approx(
-        results["layers"][2]["gfsa"]["grid"][1].tolist(), abs=1e-5
-    )
+    cosine, g = results["cosine"].tolist(), results["layers"][1]["agf"]["g"].tolist()
+    assert [float(r[2]) for r in tables["cosine_similarity"]] == pytest.approx(cosine, rel=1e-5)
+    assert [float(r[2]) for r in tables["agf_filter"]] == pytest.approx(g, abs=1e-5)
+    grid = [float(r[2]) for r in tables["gfsa_filter"] if r[0] == "layer 3 head 1"]
+    assert grid == pytest.approx(results["layers"][2]["gfsa"]["grid"][1].tolist(), abs=1e-5)
     assert len(tables["gfsa_eigenvalues"]) == 2 * (10 + 7)  # heads x eigenvalues of 2 sequences
     for kind, i in (("primal", 4), ("agf", 2)):
         curve = [float(r[2]) for r in tables["singular_values"] if r[0] == f"layer {i} {kind}"]
         assert curve == pytest.approx(results["layers"][i - 1]["spectrum"].tolist(), rel=1e-5)
 
-
-@contextlib.contextmanager
-def _diag_stub_matplotlib():
-    """matplotlib replaced by mocks; yields the list of (figure, axes) that plt.subplots makes."""
-    made, plt = [], mock.MagicMock()
-
-    def subplots(rows, cols, **kwargs):
+    def subplots(rows, cols, **kwargs):  # a stub plt.subplots that keeps what it makes
         made.append((mock.MagicMock(), [[mock.MagicMock() for _ in range(cols)]]))
         return made[-1]
 
-    plt.subplots.side_effect = subplots
+    made, plt = [], mock.MagicMock(**{"subplots.side_effect": subplots})
     with mock.patch.dict(sys.modules, {"matplotlib": mock.MagicMock(pyplot=plt)}):
         with mock.patch.dict(sys.modules, {"matplotlib.pyplot": plt}):
-            yield made
-
-
-def test_diagnose_plots_with_a_stub_matplotlib(tmp_path):
-    _, results = _diag_mixed_run()
-    with _diag_stub_matplotlib() as made:
-        paths = diagnose.save_figures(diagnose.figures(results), tmp_path)
-    figures = ["cosine_similarity", "agf_filter", "gfsa_filter", "singular_values"]
-    assert [p.name for p in paths if p.suffix == ".png"] == [f"{n}.png" for n in figures]
-    assert [pathlib.Path(fig.savefig.call_args[0][0]).name for fig, _ in made] == [
-        f"{n}.png" for n in figures
-    ]
+            paths = diagnose.save_figures(data, tmp_path)
+    png = [f"{n}.png" for n in names if n != "gfsa_eigenvalues"]
+    assert [p.name for p in paths if p.suffix == ".png"] == png
+    assert [pathlib.Path(fig.savefig.call_args[0][0]).name for fig, _ in made] == png
     assert [len(axes[0]) for _, axes in made] == [1, 1, 2, 1]  # GFSA: grid and eigenvalues
     (x, y, style), _ = made[0][1][0][0].plot.call_args  # the cosine curve, embedding first
-    assert x == [0, 1, 2, 3, 4] and y == pytest.approx(results["cosine"].tolist()) and style == "o-"
+    assert x == [0, 1, 2, 3, 4] and y == pytest.approx(cosine) and style == "o-"
 
 
 def test_diagnose_read_checkpoint_picks_the_weights_or_says_they_are_not_there(tmp_path):
-    """A run folder gives best.pt where there is one (LRA), else checkpoint.pt (UEA); weights
-    that a folder or file does not hold: one line naming them."""
+    """best.pt where there is one (LRA), else checkpoint.pt (UEA); weights not there: one line."""
     saved = dict(model={}, model_config={}, data={})
     torch.save(dict(saved, optimizer={}), last := tmp_path / "checkpoint.pt")
     assert diagnose.read_checkpoint(tmp_path)[1] == last  # no best.pt: a UEA run
@@ -3640,32 +3218,25 @@ _UEA_LAST = dict(optimizer={}, data={"name": "Toy"}, state=dict(epoch=30))
     (_UEA_LAST, dict(_UEA_RESULT, epochs=40), "checkpoint.pt (epoch 30, last)", {}),  # running
     (_UEA_LAST, None, "checkpoint.pt (epoch 30, last)", {}),
 ])  # fmt: skip
-def test_diagnose_which_weights_and_only_their_accuracies(
-    ckpt, result, weights, accuracy, tmp_path
-):
+def test_diagnose_which_weights_and_their_accuracies(ckpt, result, weights, accuracy, tmp_path):
     if result:
         (tmp_path / "result.json").write_text(json.dumps(result))
     file = tmp_path / ("checkpoint.pt" if "optimizer" in ckpt else "best.pt")
     assert diagnose.which_weights({"data": {}, **ckpt}, file) == (weights, accuracy)
 
 
-def _diag_train_uea(tmp: pathlib.Path, attention: str, *extra: str) -> pathlib.Path:
-    """A 1-epoch JapaneseVowels run of train_uea.py with a tiny model, in tmp/<attention>."""
-    import train_uea
-
-    _real_uea()
-    out = tmp / attention
-    argv = [*TINY, "--attention", attention, "--epochs", "1", "--data-dir", str(UEA_DIR), *extra]
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        train_uea.main(train_uea.parse_config([*argv, "--out", str(out), "--device", "cpu"]))
-    return out
-
-
 @pytest.fixture(scope="module")
 def uea_runs(tmp_path_factory):
-    """Two tiny trained UEA runs: AGF, and GFSA with the official unmasked attention."""
-    tmp = tmp_path_factory.mktemp("uea")
-    return _diag_train_uea(tmp, "agf"), _diag_train_uea(tmp, "gfsa", "--no-attention-mask")
+    """Two 1-epoch JapaneseVowels runs, tiny models: AGF, and GFSA unmasked (as official UEA)."""
+    _real_uea()
+    tmp, runs = tmp_path_factory.mktemp("uea"), []
+    for attention, *extra in (["agf"], ["gfsa", "--no-attention-mask"]):
+        runs.append(tmp / attention)
+        argv = [*TINY, "--attention", attention, "--epochs", "1", "--device", "cpu", *extra]
+        argv += ["--out", str(runs[-1]), "--data-dir", str(UEA_DIR)]
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            train_uea.main(train_uea.parse_config(argv))
+    return runs
 
 
 def _diag_main(argv: list) -> tuple[list, str]:
@@ -3682,35 +3253,11 @@ def _diag_accuracy(loaded: diagnose.LoadedRun, y: np.ndarray) -> float:
     return (pred.numpy() == y).mean()
 
 
-def test_diagnose_end_to_end_on_a_japanese_vowels_checkpoint(uea_runs):
-    run = uea_runs[0]
-    results, printed = _diag_main([run, "--batches", "2", "--batch-size", "8", "--dense", "3"])
-    assert "JapaneseVowels, attention agf, 2 layers: 16 sequences, 3 of them" in printed
-    acc = json.loads((run / "result.json").read_text())["final_test_acc"]
-    weights = f"weights: checkpoint.pt (epoch 1, last): final_test_acc {acc:.4f}"
-    assert weights + "\n" in printed  # the last epoch's accuracy: not best_test_acc
-    assert {"summary.txt", "agf_filter.csv", "singular_values.csv"} <= set(
-        p.name for p in (run / "diagnose").iterdir()
-    )
-    assert (run / "diagnose" / "summary.txt").read_text().splitlines()[1] == weights
-    rows = list(csv.reader(open(run / "diagnose" / "cosine_similarity.csv")))[1:]
-    assert [r[0] for r in rows] == ["embedding agf agf"] * 3
-    assert np.allclose([float(r[2]) for r in rows], results[0]["cosine"].numpy(), atol=1e-5)
-    # the rebuilt model, weights and data reproduce the accuracy printed beside them
-    loaded = diagnose.load_run(run, n_cases=None, batch_size=128)
-    y = load_uea(str(UEA_DIR), "JapaneseVowels").y_test
-    assert _diag_accuracy(loaded, y) == pytest.approx(acc) and loaded.accuracy == {
-        "final_test_acc": acc
-    }
-
-
-def test_diagnose_a_sweep_table_and_a_second_call_on_its_glob(uea_runs, tmp_path, monkeypatch):
-    """Two runs: one fixed-width table (weights, cosine per layer as in each summary, the
-    accuracy of those weights), comparison.csv and the plot's data beside the runs, never in the
-    current directory. Called again on the same glob, which now also matches those files and
-    an --out folder inside the sweep: these are skipped, each with a note, the table the same."""
+def test_diagnose_uea_runs_a_sweep_table_and_its_glob_again(uea_runs, tmp_path, monkeypatch):
+    """Each run's report, weights, reproduced accuracy; one fixed-width table and its CSV files
+    beside the runs, not in the cwd; on the glob again, now matching those: each skipped, noted."""
     monkeypatch.chdir(tmp_path)
-    sweep, args = uea_runs[0].parent, ["--dense", "2", "--batches", "2"]
+    sweep, args = uea_runs[0].parent, ["--dense", "3", "--batches", "2", "--batch-size", "8"]
     results, printed = _diag_main([*uea_runs, *args])
     assert not list(tmp_path.iterdir())  # nothing written here
     table = printed[printed.index("cosine similarity per layer") :].splitlines()[1:4]
@@ -3719,19 +3266,30 @@ def test_diagnose_a_sweep_table_and_a_second_call_on_its_glob(uea_runs, tmp_path
                                 "cos_last", "final_test_acc"]  # fmt: skip
     rows = list(csv.DictReader(open(sweep / "comparison.csv")))
     curves = list(csv.DictReader(open(sweep / "cosine_per_layer.csv")))  # the plot's data
+    y = load_uea(str(UEA_DIR), "JapaneseVowels").y_test
     for line, row, run, res in zip(table[1:], rows, uea_runs, results, strict=True):
         result = json.loads((run / "result.json").read_text())
+        acc, kind = result["final_test_acc"], result["attention"]
         summary = (run / "diagnose" / "summary.txt").read_text().splitlines()
+        assert summary[0].startswith(f"JapaneseVowels, attention {kind}, 2 layers: 16 sequences, 3")
+        assert summary[1] == f"weights: checkpoint.pt (epoch 1, last): final_test_acc {acc:.4f}"
+        assert summary[1] + "\n" in printed  # the last epoch's accuracy: not best_test_acc
+        files = {p.name for p in (run / "diagnose").iterdir()}
+        assert {"summary.txt", f"{kind}_filter.csv", "singular_values.csv"} <= files
+        # the rebuilt model, weights and data reproduce the accuracy printed beside them
+        loaded = diagnose.load_run(run, n_cases=None, batch_size=128)
+        assert _diag_accuracy(loaded, y) == pytest.approx(acc)
+        assert loaded.accuracy == {"final_test_acc": acc}
         cosine = [r.split()[2] for r in summary if re.match(r"\s+\d+\s+(embedding|agf|gfsa)\s", r)]
-        weights = r"\s+checkpoint\.pt \(epoch 1, last\)\s+"
-        assert re.match(re.escape(str(run)) + weights + result["attention"] + " ", line), line
+        weights = rf"\s+checkpoint\.pt \(epoch 1, last\)\s+{kind} "
+        assert re.match(re.escape(str(run)) + weights, line), line
         cells = line.split()
         assert cells[-6:-2] == ["2", *cosine]  # layers, the summary's column, embedding first
         assert float(cells[-2]) == pytest.approx(res["cosine"][-1].item(), abs=5e-5)
-        assert float(cells[-1]) == pytest.approx(result["final_test_acc"], abs=5e-5)
+        assert float(cells[-1]) == pytest.approx(acc, abs=5e-5)
         assert row["run"] == str(run) and row["cos_per_layer"] == " ".join(cosine)
         assert row["weights"] == "checkpoint.pt (epoch 1, last)" and "best_test_acc" not in row
-        assert float(row["final_test_acc"]) == pytest.approx(result["final_test_acc"], rel=1e-5)
+        assert float(row["final_test_acc"]) == pytest.approx(acc, rel=1e-5)
         ys = [float(r["cosine similarity"]) for r in curves if r["curve"] == run.name]
         assert ys == pytest.approx(res["cosine"].tolist(), abs=1e-5)
     # the unmasked (official UEA) model: its attention sees every step, so n = the padded length
@@ -3765,9 +3323,8 @@ def _diag_error(argv: list) -> str:
 
 
 def test_diagnose_bad_input_gets_one_clear_line(uea_runs, tmp_path):
-    assert _diag_error([tmp_path]) == (
-        f"error: no run to diagnose: {tmp_path} is a folder without checkpoint.pt or best.pt"
-    )
+    message = f"error: no run to diagnose: {tmp_path} is a folder without checkpoint.pt or best.pt"
+    assert _diag_error([tmp_path]) == message
     assert "is no run folder" in _diag_error([tmp_path / "nowhere"])
     (tmp_path / "table.csv").write_text("run\n")
     assert "table.csv is a file, not a run folder or *.pt" in _diag_error([tmp_path / "table.csv"])
@@ -3783,44 +3340,34 @@ def test_diagnose_bad_input_gets_one_clear_line(uea_runs, tmp_path):
     (tmp_path / "other").mkdir()
     torch.save(ckpt, tmp_path / "other" / "checkpoint.pt")
     assert "do not fit the model of its settings" in _diag_error([tmp_path / "other"])
-    for flags, what in [(["--dense", "0"], "--dense"), (["--device", "cuda"], "no CUDA device")]:
-        if what == "no CUDA device" and torch.cuda.is_available():
-            continue
+    usage = [(["--dense", "0"], "--dense"), ([uea_runs[0], "--out", tmp_path], "same folder name")]
+    usage += [] if torch.cuda.is_available() else [(["--device", "cuda"], "no CUDA device")]
+    for flags, what in usage:  # argparse errors: exit status 2
         with pytest.raises(SystemExit) as stop, contextlib.redirect_stderr(io.StringIO()) as err:
-            diagnose.main([str(uea_runs[0]), *flags])
+            diagnose.main([str(a) for a in (uea_runs[0], *flags)])
         assert stop.value.code == 2 and what in err.getvalue()
-    with pytest.raises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
-        diagnose.main([str(uea_runs[0]), str(uea_runs[0]), "--out", str(tmp_path)])
-    assert "same folder name" in err.getvalue()
     # the real command line: exit status 1, one line on stderr, no traceback
-    proc = subprocess.run(
-        [sys.executable, str(HERE / "diagnose.py"), str(tmp_path / "nowhere")],
-        capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, HERE / "diagnose.py", tmp_path / "nowhere"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("error: ")
 
 
 def test_diagnose_end_to_end_on_an_lra_run_best_and_last_weights(tmp_path):
-    """train_lra.py on a tiny generated ListOps, then diagnose.py on its folder: best.pt by
-    default, whose test_acc it prints and reproduces; --weights last: checkpoint.pt, whose
-    final_val_acc it prints and reproduces."""
-    import train_lra
-
-    argv = ["--preset", "quick", "--data-dir", tmp_path / "data", "--out", tmp_path / "lra"]
-    argv += ["--listops-size", "48", "--listops-eval-size", "12", "--steps", "6", "--eval-every"]
-    argv += ["2", "--batch-size", "8", "--d-model", "16", "--d-ff", "32", "--device", "cpu"]
-    argv += ["--attention", "primal+trans"]
+    """diagnose.py on a tiny ListOps run of train_lra.py: best.pt by default (its test_acc) and
+    --weights last (checkpoint.pt, its final_val_acc), each printed and reproduced."""
+    argv = "--preset quick --listops-size 48 --listops-eval-size 12 --steps 6 --eval-every 2"
+    argv += " --batch-size 8 --d-model 16 --d-ff 32 --device cpu --attention primal+trans"
+    argv = [*argv.split(), "--data-dir", tmp_path / "data", "--out", tmp_path / "lra"]
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         result = train_lra.main(train_lra.parse_config([str(a) for a in argv]))
     folder = tmp_path / "lra"
-    results, printed = _diag_main([folder, "--batches", "2", "--dense", "2"])
-    res = results[0]
+    [res], printed = _diag_main([folder, "--batches", "2", "--dense", "2"])
     assert res["kinds"] == ["softmax", "primal"] and res["cosine"].shape == (3,)
     assert len(res["layers"][1]["sigma"]) == 2 and res["layers"][1]["sigma"][0].shape[0] == 2
     best = f"weights: best.pt (step {result['best_step']}, best val_acc): val_acc "
     assert f"{best}{result['val_acc']:.4f}, test_acc {result['test_acc']:.4f}\n" in printed
-    assert (folder / "diagnose" / "singular_values.csv").exists()
     _, printed = _diag_main([folder, "--batches", "1", "--dense", "2", "--weights", "last"])
     last = f"weights: checkpoint.pt (step 6, last): final_val_acc {result['final_val_acc']:.4f}"
     assert last + "\n" in printed  # written beside the analysis of best.pt, not over it
