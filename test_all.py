@@ -2241,9 +2241,7 @@ def test_train_lra_and_train_uea_refusals_of_processes_and_devices(script):
 
 
 def test_train_uea_torch_radam_is_the_official_rectified_adam():
-    """The official UEA code ships its own RAdam (Liu et al. 2020, Algorithm 2, SGD-with-momentum
-    steps while the variance is intractable). torch.optim.RAdam, which we use, takes the same
-    steps: checked against the rule written out here, over the switch at step 6."""
+    """torch.optim.RAdam takes the official UEA code's RAdam steps (Liu et al. 2020, Alg. 2)."""
     torch.manual_seed(0)
     p_torch = torch.randn(7, dtype=torch.float64, requires_grad=True)
     opt = torch.optim.RAdam([p_torch], lr=1e-2)
@@ -2373,9 +2371,7 @@ def _lra_stubbed(tmp: pathlib.Path, scores: list, *flags) -> tuple:
 
 
 def test_train_lra_evaluates_every_eval_every_and_ties_keep_the_first_best(tmp_path):
-    """5 steps, --eval-every 2: evaluations (and log lines) after steps 2, 4 and 5. Validation
-    0.5, 0.7, 0.7: the step-4 weights are kept (a tie does not replace them), and the test split
-    is evaluated with exactly those weights (fingerprint), not the last ones."""
+    """Evaluations after steps 2, 4, 5; a tie keeps the step-4 weights, which the test uses."""
     result, calls = _lra_stubbed(tmp_path, [0.5, 0.7, 0.7], "--steps", "5")
     assert [r["step"] for r in _log(tmp_path / "run")] == [2, 4, 5] and len(calls) == 4
     assert (result["best_step"], result["val_acc"], result["final_val_acc"]) == (4, 0.7, 0.7)
@@ -2435,9 +2431,7 @@ def _as_rank(module, rank: int) -> contextlib.ExitStack:
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_train_lra_and_train_uea_batches_follow_the_documented_order(tmp_path, script):
-    """Epoch e visits TRAIN as numpy.random.default_rng([seed, e]).permutation(n) in batches of
-    --batch-size, a new order each epoch (LRA: epochs of whole batches from e = 0; UEA: from
-    e = 1, the last batch smaller); under torchrun (faked: 2 ranks) rank r takes [r::2]."""
+    """Epoch e: default_rng([seed, e]).permutation(n) in batches; rank r of 2 takes [r::2]."""
     module, lra = SCRIPTS[script][0], script == "train_lra.py"
     n, size, seed = (48, 8, 0) if lra else (12, 5, 3)  # one process: batches of `size`
     more = ["--steps", "12"] if lra else ["--seed", "3"]
@@ -2554,9 +2548,7 @@ def test_train_uea_evaluates_the_first_every_eval_every_and_the_last_epoch(tmp_p
 
 
 def test_train_uea_a_constant_training_channel_is_said_and_does_not_blow_test_up(tmp_path):
-    """Channel 2 constant in TRAIN (3.0) but not in TEST: the run's log names the channel, and
-    the TEST values it sees stay moderate (value - 3, not (value - 3) / eps). A dataset without
-    a preset says so."""
+    """A channel constant in TRAIN is said and centred, not scaled; no preset is said too."""
     folder = _toy_uea(tmp_path)
     train = folder / "Toy_TRAIN.ts"
     rows = train.read_text().split("@data\n")
@@ -2573,9 +2565,7 @@ def test_train_uea_a_constant_training_channel_is_said_and_does_not_blow_test_up
 
 
 def test_train_lra_and_train_uea_from_the_command_line():
-    """`python train_*.py ...` prints the settings first and RESULT {json} last; missing data is
-    one clear message, no traceback and no run folder; --download fetches <url>/<Name>.zip (a
-    file:// URL here) and trains on it."""
+    """The command line: settings first, RESULT last; missing data one line; --download."""
     with tempfile.TemporaryDirectory() as tmp:
         flags = _lra_args(pathlib.Path(tmp), pathlib.Path(tmp) / "run", "--steps", "2")
         run = _cli("train_lra.py", *flags, "--attention", "softmax")
@@ -2617,9 +2607,7 @@ def _torchrun(script: str, *argv, ok=True) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_train_lra_and_train_uea_torchrun_two_cpu_processes_match_one(tmp_path, script):
-    """torchrun, 2 CPU processes (Gloo), dropout off: one RESULT line, the same weights as one
-    process. A refusal every rank makes (a locked folder, a batch of 3 for 2 processes) is said
-    once, by rank 0, and no rank adds a traceback of its own."""
+    """torchrun, 2 CPU processes: one process's weights; a refusal said once, by rank 0."""
     # UEA: its attention dropout off too, and Adam (RAdam's first steps, lr x gradient, are too
     # small to tell two runs apart)
     adam = ["--optimizer", "adam", "--attn-dropout", "0"] if script == "train_uea.py" else []
@@ -2651,9 +2639,8 @@ def test_train_lra_and_train_uea_torchrun_two_cpu_processes_match_one(tmp_path, 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_train_lra_and_train_uea_compile_flag_and_a_diverged_run(tmp_path, script):
-    """--compile wraps the model in torch.compile (fixed shapes), --no-compile does not; a loss
-    that turns NaN after the first checkpoint stops the run with one sentence, that checkpoint
-    kept as it was."""
+    """--compile wraps the model in torch.compile, --no-compile not; a NaN loss after the first
+    checkpoint stops the run in one sentence, that checkpoint kept."""
     module, unit = SCRIPTS[script]
     for flag, calls in (("--compile", 1), ("--no-compile", 0)):
         with mock.patch.object(torch, "compile", mock.Mock(side_effect=lambda m, **kw: m)) as c:
@@ -2699,9 +2686,7 @@ def _straight_and_resumed(tmp: pathlib.Path, script: str, *more) -> tuple:
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_runs_a_run_interrupted_and_resumed_continues_exactly(tmp_path, script):
-    """A run stopped by Ctrl-C after its first checkpoint and resumed ends with the same
-    weights, log and result as a run that was never interrupted; --resume with another setting
-    is refused, by name."""
+    """Ctrl-C after the first checkpoint, then --resume: as a straight run; other settings: no."""
     straight, resumed, logs = _straight_and_resumed(tmp_path, script)
     a, b = (torch.load(tmp_path / r / "checkpoint.pt", weights_only=False) for r in "ab")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
@@ -2721,8 +2706,7 @@ def test_runs_a_run_interrupted_and_resumed_continues_exactly(tmp_path, script):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_runs_ctrl_c_says_how_to_go_on(tmp_path, script):
-    """Ctrl-C (runs.run, as the command line): exit 130 and one sentence: before any checkpoint
-    the way on is --overwrite; after one, --resume from the step or epoch it holds."""
+    """Ctrl-C: exit 130, one sentence: --overwrite before a checkpoint, else --resume from it."""
     module, unit = SCRIPTS[script]
     err = io.StringIO()
     with (
@@ -2743,10 +2727,8 @@ def test_runs_ctrl_c_says_how_to_go_on(tmp_path, script):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_runs_one_run_per_folder_checked_under_the_lock(tmp_path, script):
-    """A folder whose lock another process holds stops a run at once, touching nothing; when
-    that process dies (kill -9), the operating system releases the lock and a run goes on. The
-    folder is checked under the lock: a run that finished while this one waited for the lock
-    is seen (not replaced). A fresh run never overwrites a run; --overwrite starts it again."""
+    """A lock held elsewhere stops a run, touching nothing; kill -9 releases it. The folder is
+    checked under the lock; a fresh run never overwrites a run; --overwrite starts it again."""
     out = tmp_path / "run"
     out.mkdir()
     holder = subprocess.Popen(
@@ -2778,8 +2760,7 @@ def test_runs_one_run_per_folder_checked_under_the_lock(tmp_path, script):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_runs_overwrite_removes_all_a_run_wrote_and_refuses_unknown_files(tmp_path, script):
-    """--overwrite into a folder of the other script's run (best.pt, diagnose/ output) leaves
-    nothing of it; a folder holding files no run wrote is refused, untouched."""
+    """--overwrite over the other script's run leaves nothing of it; unknown files: refused."""
     other = "train_uea.py" if script == "train_lra.py" else "train_lra.py"
     out = tmp_path / "run"
     _train_both(tmp_path, other, out)
@@ -2802,9 +2783,8 @@ def test_runs_overwrite_removes_all_a_run_wrote_and_refuses_unknown_files(tmp_pa
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_runs_resume_refuses_what_it_cannot_continue(tmp_path, script):
-    """--resume: a finished run is never rewritten (UEA: unless more epochs are asked for, and
-    then config.json says so); a checkpoint of the other script is named as such; a damaged one
-    is called damaged; no checkpoint at all says so."""
+    """--resume: a finished run is never rewritten (UEA: more epochs, config.json following);
+    another script's checkpoint is named; a damaged or missing one is said."""
     module, unit = SCRIPTS[script]
     out = tmp_path / "run"
     assert "no checkpoint" in _stops(tmp_path, script, tmp_path / "empty", "--resume")
@@ -2830,8 +2810,7 @@ def test_runs_resume_refuses_what_it_cannot_continue(tmp_path, script):
 
 
 def test_runs_an_out_that_is_a_file_and_a_system_without_fcntl(tmp_path):
-    """--out naming a file is one sentence, the file untouched; without fcntl (Windows) the run
-    says that its folder is not locked, and runs."""
+    """--out naming a file: one sentence, the file untouched; no fcntl: said, and it runs."""
     (tmp_path / "file").write_text("mine")
     message = _stops(tmp_path, "train_uea.py", tmp_path / "file")
     assert "is a file, not a folder" in message and (tmp_path / "file").read_text() == "mine"
@@ -2841,8 +2820,7 @@ def test_runs_an_out_that_is_a_file_and_a_system_without_fcntl(tmp_path):
 
 
 def test_runs_a_run_stopped_before_its_test_finishes_it_on_resume(tmp_path):
-    """LRA: killed after the last checkpoint, during the test evaluation (no result.json):
-    --resume trains no further and writes the result the run would have written."""
+    """LRA killed during its final test (no result.json): --resume only tests, same result."""
     out = tmp_path / "run"
     straight, _ = _train_both(tmp_path, "train_lra.py", out)
     log = (out / "metrics.jsonl").read_text()
@@ -2856,9 +2834,8 @@ def test_runs_a_run_stopped_before_its_test_finishes_it_on_resume(tmp_path):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_runs_a_failed_write_is_one_sentence_and_leaves_no_partial_file(tmp_path, script):
-    """A full disk while the second checkpoint is written (torch.save fails half-way): one
-    sentence, the first checkpoint stays whole, no temporary file is left; --resume goes on from
-    it. A lost permission (config.json) is one sentence too."""
+    """A full disk half-way through the second checkpoint, or a lost permission: one sentence,
+    the first checkpoint whole, no temporary file; --resume goes on."""
     out = tmp_path / "run"
     real, calls = torch.save, [0]
 
