@@ -394,8 +394,7 @@ def main(argv: list | None = None) -> list:
     add("--dense", type=int, default=8, help="sequences for the N x N analyses (default 8)")
     add("--points", type=int, default=199, help="grid of the filter responses (default 199)")
     add("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
-    weights = "best.pt (the default where there is one: LRA), or checkpoint.pt\n(the last step"
-    add("--weights", choices=("best", "last"), help=f"{weights} or epoch; UEA runs keep only it)")
+    add("--weights", choices=("best", "last"), help="best.pt (LRA's default), checkpoint.pt (last)")
     add("--out", help="OUT/<run name>/ and OUT/comparison.csv (default: <run>/diagnose/, and\n"
         "the table of several runs in the folder that holds them, e.g. runs/depth/)")
     args = p.parse_args(argv)

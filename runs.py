@@ -245,11 +245,12 @@ def run(main, cfg, unit: str, errors) -> None:
     try:
         main(cfg)
     except KeyboardInterrupt:
-        file = out / "checkpoint.pt"
-        done = torch.load(file, weights_only=False)["state"][unit] if file.exists() else None
-        then = f"continue from its {unit} {done} with --resume" if file.exists() else None
-        if RANK == 0:
-            sys.stderr.write(f"\ninterrupted; {then or 'no checkpoint yet: --overwrite'}\n")
+        file = out / "checkpoint.pt"  # rank 0 alone reads it, and only to say where to go on
+        if RANK == 0 and file.exists():
+            done = torch.load(file, weights_only=False)["state"][unit]
+            sys.stderr.write(f"\ninterrupted; continue from its {unit} {done} with --resume\n")
+        elif RANK == 0:
+            sys.stderr.write("\ninterrupted; no checkpoint yet: --overwrite\n")
         raise SystemExit(130) from None
     except errors as e:
         if RANK == 0 and out.is_dir() and os.listdir(out) == ["lock"]:  # a run that never began
