@@ -1,10 +1,10 @@
 """
 runs.py: what train_lra.py and train_uea.py do alike, kept out of their way (as nanoGPT's
-configurator.py beside its train.py): flags, the run folder, writes that never leave half a
-file, the Ctrl-C sentence. A run folder holds config.json, metrics.jsonl, checkpoint.pt, best.pt
-(LRA), result.json, diagnose/ and `lock`, which a running process holds with fcntl.flock: the
-operating system releases it when the process ends, however it ends (no fcntl, as on Windows: no
-lock, said). Under torchrun rank 0 checks and speaks; the others exit quietly with its code.
+configurator.py beside its train.py): flags, torchrun's processes, the run folder, checkpoints,
+writes that never leave half a file. A run folder holds config.json, metrics.jsonl,
+checkpoint.pt, best.pt (LRA), result.json, diagnose/ and `lock`, held by the running process
+with fcntl.flock: the operating system releases it when the process ends, however it ends
+(without fcntl, as on Windows, the run says that the folder is not locked).
 """
 
 import argparse
@@ -30,8 +30,9 @@ RANK, WORLD = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1
 SEEDS = 2**32  # numpy's and torch's seeds lie in [0, 2**32)
 # What a run or diagnose.py writes into a run folder; --overwrite removes these and nothing else
 WRITTEN = {"config.json", "metrics.jsonl", "checkpoint.pt", "best.pt", "result.json", "diagnose"}
-WRITTEN |= {name + ".tmp" for name in WRITTEN} | {"lock"}
-_held = []  # the open lock files: closing one would release its lock
+WRITTEN |= {name + ".tmp" for name in WRITTEN}
+MAY_CHANGE = {"resume", "overwrite", "device", "out", "compile"}  # on --resume; and the script's
+_lock = None  # this process's lock file: open, it holds the lock of its run folder
 
 
 def flag(default, help: str, low=None, high=None):  # noqa: A002 (argparse's word)
@@ -56,8 +57,13 @@ def parse(Config, doc: str, choices: dict, presets, out: str, argv=None):
     presets returns the preset values for the flags given; it may refuse with error(message).
     out: the run folder's pattern, filled with the settings, where --out is not given."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
-    if RANK:  # every rank parses the same flags: rank 0 alone says what is wrong
-        p.error = lambda message: _quietly(2)
+
+    def quietly(message):  # rank 0 says it and exits first: torchrun then ends the others
+        time.sleep(10)
+        raise SystemExit(2)
+
+    if RANK:  # every process parses the same flags: rank 0 alone says what is wrong
+        p.error = quietly
     choices = dict(choices, device=("auto", "cpu", "cuda"))  # one GPU per process: pick it with
     for f in dataclasses.fields(Config):  # CUDA_VISIBLE_DEVICES; a bool is --amp / --no-amp
         kind = dict(action=argparse.BooleanOptionalAction) if f.type is bool else dict(type=f.type)
@@ -91,99 +97,77 @@ def parse(Config, doc: str, choices: dict, presets, out: str, argv=None):
     return cfg
 
 
-def processes(device: str, amp: bool) -> tuple:
-    """torchrun's processes (it sets RANK: one process per GPU, or per share of a CPU) and this
-    one's device -> (rank, world, device, autocast). Without torchrun: one process, rank 0."""
-    cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
-    if "RANK" in os.environ:
-        dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = (dist.get_rank(), dist.get_world_size()) if "RANK" in os.environ else (0, 1)
+def start(cfg, script: str, unit: str, total: int, may_change=()) -> tuple:
+    """Rank 0 locks and checks the run folder cfg.out, then torchrun's processes meet (one per
+    GPU, or per share of a CPU) -> (rank, world, device, autocast, the checkpoint to resume or
+    None). unit: "step" or "epoch", counted to `total`; may_change: what else --resume may change.
+    A refusal is said by rank 0 before the others meet it: torchrun ends them where they wait."""
+    out = pathlib.Path(cfg.out)
+    ckpt = _open(cfg, out, script, unit, total, MAY_CHANGE | set(may_change)) if RANK == 0 else None
+    cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if cuda else "cpu")
     if cuda:
         torch.cuda.set_device(device)
-    half = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float16
-    return rank, world, device, torch.autocast(device.type, half, enabled=cuda and amp)
-
-
-def open_run(cfg, out: pathlib.Path, script: str, unit: str, total: int, may_change) -> dict:
-    """Lock the run folder `out`, then check it under the lock -> the checkpoint to resume or
-    None. unit: "step" or "epoch", counted to `total`; may_change: what --resume may change."""
-    refusal = ckpt = None
-    if RANK == 0:
-        try:
-            ckpt = _open(cfg, out, script, unit, total, may_change)
-        except SystemExit as e:
-            refusal = e.code
-    box = [refusal]
-    if dist.is_initialized():  # the other ranks learn rank 0's answer
-        dist.broadcast_object_list(box)
-    if box[0] is not None:
-        raise SystemExit(box[0]) if RANK == 0 else _quietly(1)  # said once, by rank 0
-    if RANK and cfg.resume:
+    if "RANK" in os.environ:  # under torchrun (it sets RANK); without: one process, rank 0
+        dist.init_process_group("nccl" if cuda else "gloo")
+    if RANK and cfg.resume:  # rank 0 has checked it
         ckpt = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=False)
-    return ckpt
+    half = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float16
+    return RANK, WORLD, device, torch.autocast(device.type, half, enabled=cuda and cfg.amp), ckpt
 
 
-def _open(cfg, out, script, unit, total, may_change):
-    if out.exists() and not out.is_dir():
-        raise SystemExit(f"--out {out} is a file, not a folder: choose another --out")
-    while _held:  # one run at a time in a process: the one before in this process is over
-        _held.pop().close()
+def _open(cfg, out: pathlib.Path, script, unit, total, may_change):
+    global _lock
+    if _lock is not None:  # one run at a time in a process: the one before is over
+        _lock.close()
     try:
         out.mkdir(parents=True, exist_ok=True)
-        lock = open(out / "lock", "a")  # noqa: SIM115 (held until the process ends)
-    except OSError as e:
+        _lock = open(out / "lock", "a")  # noqa: SIM115 (held until the process ends)
+        if fcntl is not None:
+            fcntl.flock(_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:  # another process holds it
+        raise SystemExit(f"{out} is in use by another run: wait for it, or choose another "
+                         "--out") from None
+    except OSError as e:  # a file named out, too: "File exists"
         raise SystemExit(f"cannot write the run to {out}: {e.strerror}") from None
     if fcntl is None:
         print(f"no fcntl on this system: {out} is not locked; start one run per folder")
-    else:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise SystemExit(f"{out} is in use by another run: wait for it, or choose another "
-                             "--out") from None
-    _held.append(lock)
     # From here on this process alone writes to out, and checks what is in it now
     found = {p.name for p in out.iterdir()} - {"lock"}
     if found - WRITTEN and not cfg.resume:  # nothing a run did not write is ever deleted
         unknown = ", ".join(sorted(found - WRITTEN))
         raise SystemExit(f"{out} holds files that no run wrote ({unknown}): choose another --out")
-    ckpt, file = None, out / "checkpoint.pt"
     if cfg.overwrite:
         for name in found:
             shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
-    elif cfg.resume:
-        if not file.exists():
-            raise SystemExit(f"--resume: there is no checkpoint at {file}; start with --overwrite")
-        try:
-            ckpt = torch.load(file, map_location="cpu", weights_only=False)
-            then = ckpt["config"]
-        except Exception as e:  # truncated, empty, or not a checkpoint at all
-            raise SystemExit(f"{file} is damaged ({type(e).__name__}): use --overwrite") from None
-        writer = ckpt.get("script") or ("train_lra.py" if "task" in then else "train_uea.py")
-        if writer != script:
-            what = ", ".join(f"{k} {then[k]}" for k in ("task", "dataset") if k in then)
-            raise SystemExit(f"{file} was written by {writer} ({what}): resume it with {writer}, "
-                             "or choose another --out")
-        changed = {k: (v, getattr(cfg, k, None)) for k, v in then.items()
-                   if k not in may_change and v != getattr(cfg, k, None)}
-        if changed:
-            raise SystemExit(f"--resume: {out} ran with other settings (then, now): {changed}")
-        done = ckpt["state"][unit]
-        if done >= total and (out / "result.json").exists():
-            more = f"--{unit}s above {done} continues it, " if f"{unit}s" in may_change else ""
-            raise SystemExit(f"{out} finished its {done} {unit}s: nothing to resume ({more}"
-                             "--overwrite starts it again)")
-    elif found:
+    elif found and not cfg.resume:
         raise SystemExit(f"{out} holds a run already: add --resume to continue it, --overwrite "
                          "to start it again (deleting its files), or choose another --out")
+    if not cfg.resume:
+        return None
+    file = out / "checkpoint.pt"
+    if not file.exists():
+        raise SystemExit(f"--resume: there is no checkpoint at {file}; start with --overwrite")
+    try:
+        ckpt = torch.load(file, map_location="cpu", weights_only=False)
+        then = ckpt["config"]
+    except Exception as e:  # truncated, empty, or not a checkpoint at all
+        raise SystemExit(f"{file} is damaged ({type(e).__name__}): use --overwrite") from None
+    writer = ckpt.get("script", script)
+    if writer != script:
+        what = ", ".join(f"{k} {then[k]}" for k in ("task", "dataset") if k in then)
+        raise SystemExit(f"{file} was written by {writer} ({what}): resume it with {writer}, "
+                         "or choose another --out")
+    changed = {k: (v, getattr(cfg, k, None)) for k, v in then.items()
+               if k not in may_change and v != getattr(cfg, k, None)}
+    if changed:
+        raise SystemExit(f"--resume: {out} ran with other settings (then, now): {changed}")
+    done = ckpt["state"][unit]
+    if done >= total and (out / "result.json").exists():
+        more = f"--{unit}s above {done} continues it, " if f"{unit}s" in may_change else ""
+        raise SystemExit(f"{out} finished its {done} {unit}s: nothing to resume ({more}"
+                         "--overwrite starts it again)")
     return ckpt
-
-
-def _quietly(code: int) -> None:
-    """A rank > 0 refuses quietly, after a pause for rank 0 to say why (torchrun ends all)."""
-    time.sleep(10)
-    raise SystemExit(code)
 
 
 def checkpoint(parts: dict, state: dict, **more) -> dict:
@@ -215,8 +199,7 @@ def save(path: pathlib.Path, obj) -> None:
         if path.suffix == ".json":
             tmp.write_text(json.dumps(obj, indent=2))
         elif path.suffix == ".jsonl":
-            old = path.read_text() if path.exists() else ""
-            tmp.write_text(old + json.dumps(obj) + "\n")
+            tmp.write_text((path.read_text() if path.exists() else "") + json.dumps(obj) + "\n")
         else:
             torch.save(obj, tmp)
         os.replace(tmp, path)
@@ -247,7 +230,7 @@ def run(main, cfg, unit: str, errors) -> None:
     except KeyboardInterrupt:
         file = out / "checkpoint.pt"  # rank 0 alone reads it, and only to say where to go on
         if RANK == 0 and file.exists():
-            done = torch.load(file, weights_only=False)["state"][unit]
+            done = torch.load(file, mmap=True, weights_only=False)["state"][unit]
             sys.stderr.write(f"\ninterrupted; continue from its {unit} {done} with --resume\n")
         elif RANK == 0:
             sys.stderr.write("\ninterrupted; no checkpoint yet: --overwrite\n")

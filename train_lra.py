@@ -109,16 +109,13 @@ LISTOPS = {
 }
 
 
-MAY_CHANGE = ("resume", "overwrite", "device", "out", "compile")
-
-
 def main(cfg: TrainConfig) -> dict:
     """Train, keep the weights that score best on validation, test them -> the result dict."""
-    # 1) processes: torchrun starts one per GPU (or per share of a CPU); rank 0 writes, prints
-    rank, world, device, autocast = runs.processes(cfg.device, cfg.amp)
+    # 1) the run folder, locked and checked before anything is read or written; then the
+    # processes: torchrun starts one per GPU (or per share of a CPU); rank 0 writes, prints
+    rank, world, device, autocast, ckpt = runs.start(cfg, "train_lra.py", "step", cfg.steps)
     ddp, master, cuda = "RANK" in os.environ, rank == 0, device.type == "cuda"
-    out = pathlib.Path(cfg.out)  # locked and checked before anything is read or written
-    ckpt = runs.open_run(cfg, out, "train_lra.py", "step", cfg.steps, MAY_CHANGE)
+    out = pathlib.Path(cfg.out)
     if master:
         print(json.dumps(dataclasses.asdict(cfg)), flush=True)  # the resolved settings first
 

@@ -126,17 +126,15 @@ PRIMAL = {
 QUICK = dict(d_model=64, n_heads=2, d_ff=128, epochs=10)
 
 
-MAY_CHANGE = ("resume", "overwrite", "device", "out", "compile", "epochs", "download")
-
-
 def main(cfg: TrainConfig) -> dict:
     """Train, evaluate on TEST under both protocols, write the run folder -> the result dict."""
-    # 1) processes and device: under torchrun one process per GPU or CPU share
-    rank, world, device, autocast = runs.processes(cfg.device, cfg.amp)
+    # 1) the run folder, locked and checked before anything is read or written (--resume may
+    # add epochs); then the processes: under torchrun one per GPU or CPU share
+    rank, world, device, autocast, ckpt = runs.start(
+        cfg, "train_uea.py", "epoch", cfg.epochs, may_change=("epochs", "download"))
     ddp, master, cuda = "RANK" in os.environ, rank == 0, device.type == "cuda"
     say = tqdm.write if master else (lambda *_: None)  # rank 0 alone prints and writes
-    out = pathlib.Path(cfg.out)  # locked and checked before anything is read or written
-    ckpt = runs.open_run(cfg, out, "train_uea.py", "epoch", cfg.epochs, MAY_CHANGE)
+    out = pathlib.Path(cfg.out)
     say(json.dumps(dataclasses.asdict(cfg)))  # the resolved settings first
     if cfg.preset == "default":
         say(f"{cfg.dataset} has no preset from the papers' scripts: the defaults above are used")
