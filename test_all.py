@@ -2565,39 +2565,34 @@ def test_train_uea_a_constant_training_channel_is_said_and_does_not_blow_test_up
     assert result["preset"] == "default" and "Toy has no preset from the papers" in printed
 
 
-def test_train_lra_and_train_uea_from_the_command_line():
+def test_train_lra_and_train_uea_from_the_command_line(tmp_path):
     """The command line: settings first, RESULT last; missing data one line; --download."""
-    with tempfile.TemporaryDirectory() as tmp:
-        flags = _lra_args(pathlib.Path(tmp), pathlib.Path(tmp) / "run", "--steps", "2")
-        run = _cli("train_lra.py", *flags, "--attention", "softmax")
-        assert run.returncode == 0, run.stderr[-2000:]
-        lines = run.stdout.strip().splitlines()
-        assert json.loads(lines[0])["attention"] == "softmax"
-        assert lines[-1].startswith("RESULT ")
-        assert json.loads(lines[-1][len("RESULT ") :]) == _result_of(pathlib.Path(tmp) / "run")
-        with pytest.raises(SystemExit) as missing:  # no folder is left of a run never begun
-            runs.run(train_lra.main, train_lra.parse_config(
-                ["--task", "image", "--data-dir", tmp, "--out", tmp + "/runs/image"]), "step",
-                lra_data.DataError)
-        message = missing.value.code
-        assert "cifar-10-batches-py" in message and not (pathlib.Path(tmp) / "runs").exists()
-        run = _cli("train_uea.py", "--dataset", "Heartbeat", "--data-dir", tmp, cwd=tmp)
-        assert run.returncode == 1 and "Traceback" not in run.stderr
-        assert str(pathlib.Path(tmp) / "Heartbeat" / "Heartbeat_TRAIN.ts") in run.stderr
-        assert "--download" in run.stderr and not (pathlib.Path(tmp) / "runs").exists()
-        source = _toy_uea(pathlib.Path(tmp) / "made")
-        server = pathlib.Path(tmp) / "server"
-        server.mkdir()
-        with zipfile.ZipFile(server / "Toy.zip", "w") as z:
-            for p in source.iterdir():
-                z.write(p, f"Toy/{p.name}")
-        argv = [*TINY, "--dataset", "Toy", "--epochs", "1", "--data-dir", tmp + "/data"]
-        result, _ = _uea_run(
-            [*argv, "--download", "--download-url", server.as_uri(), "--out", tmp + "/r"]
-        )
+    run = _cli("train_lra.py", *_lra_args(tmp_path, tmp_path / "run", "--steps", "2"),
+               "--attention", "softmax")  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    lines = run.stdout.strip().splitlines()
+    assert json.loads(lines[0])["attention"] == "softmax" and lines[-1].startswith("RESULT ")
+    assert json.loads(lines[-1][len("RESULT ") :]) == _result_of(tmp_path / "run")
+    with pytest.raises(SystemExit) as missing:  # no folder is left of a run never begun
+        cfg = train_lra.parse_config(["--task", "image", "--data-dir", str(tmp_path), "--out",
+                                      str(tmp_path / "runs" / "image")])  # fmt: skip
+        runs.run(train_lra.main, cfg, "step", lra_data.DataError)
+    assert "cifar-10-batches-py" in missing.value.code and not (tmp_path / "runs").exists()
+    run = _cli("train_uea.py", "--dataset", "Heartbeat", "--data-dir", str(tmp_path), cwd=tmp_path)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert str(tmp_path / "Heartbeat" / "Heartbeat_TRAIN.ts") in run.stderr
+    assert "--download" in run.stderr and not (tmp_path / "runs").exists()
+    source, server = _toy_uea(tmp_path / "made"), tmp_path / "server"
+    server.mkdir()
+    with zipfile.ZipFile(server / "Toy.zip", "w") as z:
         for p in source.iterdir():
-            assert (pathlib.Path(tmp) / "data" / "Toy" / p.name).read_bytes() == p.read_bytes()
-        assert result["final_test_acc"] is not None
+            z.write(p, f"Toy/{p.name}")
+    argv = [*TINY, "--dataset", "Toy", "--epochs", "1", "--data-dir", str(tmp_path / "data")]
+    result, _ = _uea_run([*argv, "--download", "--download-url", server.as_uri(), "--out",
+                          str(tmp_path / "r")])  # fmt: skip
+    for p in source.iterdir():
+        assert (tmp_path / "data" / "Toy" / p.name).read_bytes() == p.read_bytes()
+    assert result["final_test_acc"] is not None
 
 
 def _torchrun(script: str, *argv, ok=True) -> subprocess.CompletedProcess:
@@ -2615,11 +2610,9 @@ def test_train_lra_and_train_uea_torchrun_two_cpu_processes_match_one(tmp_path, 
     refusal (LRA: the folder in use, UEA: a bad flag) said once, by rank 0."""
     # UEA: its attention dropout off too, and Adam (RAdam's first steps, lr x gradient, are too
     # small to tell two runs apart); 3 epochs of 1 step, so 2 follow the resume
-    more = ["--dropout", "0"]
-    if script == "train_uea.py":
-        more += ["--optimizer", "adam", "--attn-dropout", "0", "--epochs", "3"]
-    result, _ = _train_both(tmp_path, script, tmp_path / "one", *more)
-    assert result["device"] == "cpu x 1"
+    uea = ["--optimizer", "adam", "--attn-dropout", "0", "--epochs", "3"]
+    more = ["--dropout", "0", *(uea if script == "train_uea.py" else [])]
+    assert _train_both(tmp_path, script, tmp_path / "one", *more)[0]["device"] == "cpu x 1"
     argv = _argv(tmp_path, script, tmp_path / "two", *more)
     if script == "train_uea.py":  # the processes other than rank 0 resume too
         _torchrun(script, *argv, "--epochs", "1")
