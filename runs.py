@@ -118,9 +118,7 @@ def start(cfg, script: str, unit: str, total: int, may_change=()) -> tuple:
 
 def _open(cfg, out: pathlib.Path, script, unit, total, may_change):
     global _lock
-    if _lock is not None:  # one run at a time in a process: the one before is over
-        _lock.close()
-    try:
+    try:  # one run at a time in a process: the lock file before, replaced, closes (unlocks)
         out.mkdir(parents=True, exist_ok=True)
         _lock = open(out / "lock", "a")  # noqa: SIM115 (held until the process ends)
         if fcntl is not None:

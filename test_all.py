@@ -2663,9 +2663,9 @@ def test_train_lra_and_train_uea_compile_flag_and_a_diverged_run(tmp_path, scrip
     assert state[unit] == first and not (tmp_path / "nan" / "result.json").exists()
 
 
-def _straight_and_resumed(tmp: pathlib.Path, script: str, *more) -> tuple:
-    """A run straight (in tmp/a), and one stopped by Ctrl-C after its first checkpoint (exit
-    130) and resumed (in tmp/b) -> (straight result, resumed result, [their two logs])."""
+def _straight_and_resumed(tmp: pathlib.Path, script: str, *more, changed=()) -> tuple:
+    """A run straight (tmp/a); one stopped by Ctrl-C after its first checkpoint (exit 130) and
+    resumed with `changed` (tmp/b) -> (straight result, resumed result, [their two logs])."""
     module, unit = SCRIPTS[script]
     more = [*(["--steps", "6"] if script == "train_lra.py" else ["--epochs", "3"]), *more]
     straight, _ = _train_both(tmp, script, tmp / "a", *more)
@@ -2682,14 +2682,17 @@ def _straight_and_resumed(tmp: pathlib.Path, script: str, *more) -> tuple:
         with pytest.raises(SystemExit) as stop:
             _train_both(tmp, script, tmp / "b", *more)
     assert stop.value.code == 130
-    resumed, _ = _train_both(tmp, script, tmp / "b", *more, "--resume")
+    resumed, _ = _train_both(tmp, script, tmp / "b", *more, "--resume", *changed)
     return straight, resumed, [[{**r, "time_s": 0} for r in _log(tmp / r)] for r in "ab"]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_runs_a_run_interrupted_and_resumed_continues_exactly(tmp_path, script):
-    """Ctrl-C after the first checkpoint, then --resume: as a straight run; other settings: no."""
-    straight, resumed, logs = _straight_and_resumed(tmp_path, script)
+    """Ctrl-C after the first checkpoint, then --resume (on another device, compiled): as a
+    straight run; other settings: refused. A fresh run seeds its dropout."""
+    with mock.patch.object(torch, "compile", lambda model, **kw: model):
+        changed = ["--device", "cpu", "--compile"]  # what --resume may change
+        straight, resumed, logs = _straight_and_resumed(tmp_path, script, changed=changed)
     a, b = (torch.load(tmp_path / r / "checkpoint.pt", weights_only=False) for r in "ab")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert logs[0] == logs[1] and len(logs[0]) == 3
@@ -2704,6 +2707,10 @@ def test_runs_a_run_interrupted_and_resumed_continues_exactly(tmp_path, script):
     torch.save(ckpt, tmp_path / "b" / "checkpoint.pt")
     message = _stops(tmp_path, script, tmp_path / "b", *more, "--resume")
     assert "'accumulate': (2, None)" in message
+    runs.restore(None, {}, {}, seed=7)  # each process its own seed (the scripts: seed + rank)
+    first = torch.rand(3)
+    torch.manual_seed(7)
+    assert torch.equal(first, torch.rand(3))
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -3579,20 +3586,16 @@ def test_readme_python_blocks_run():
 
 
 def _documented_commands(text: str) -> list:
-    """Each `python <script>.py ...` of a markdown text -> [(script, argv, as written)].
-
-    Looks in ```sh blocks (backslash continuations joined, `#` comments dropped) and in inline
-    code. `$VAR` takes the value of `VAR="..."` and, in turn, every value of `for VAR in ...`;
-    `<kind>` every attention.
-    """
+    """Each `python <script>.py ...` in ```sh blocks (continuations joined, comments dropped) and
+    inline code -> [(script, argv, as written)]; `$VAR` takes the values of `VAR="..."` and of
+    `for VAR in ...`, `<kind>` every attention."""
     fenced = re.compile(r"```(\w*)\n(.*?)```", re.S)
     lines = []
     for lang, body in fenced.findall(text):
         if lang == "sh":
             lines += [re.sub(r"\s#.*", "", ln) for ln in body.replace("\\\n", " ").splitlines()]
     lines += [span.replace("\n", " ") for span in re.findall(r"`([^`]+)`", fenced.sub("", text))]
-    values = {"<kind>": ["softmax", "agf", "primal", "primal+trans", "gfsa"], "<s>": ["0"]}
-    values.update({"<n>": ["2"], "<gpus>": ["2"]})
+    values = {"<kind>": KINDS, "<s>": ["0"], "<n>": ["2"], "<gpus>": ["2"]}
     values.update({f"${k}": [v] for k, v in re.findall(r"^\s*(\w+)=\"([^\"]*)\"", text, re.M)})
     values.update({f"${k}": v.split() for k, v in re.findall(r"\bfor (\w+) in ([^;]+);", text)})
     scripts = "train_lra|train_uea|bench|diagnose"
@@ -3623,12 +3626,8 @@ def test_readme_test_command_is_the_one_ci_runs():
 
 
 def test_readme_and_results_commands_parse(monkeypatch, tmp_path):
-    """Every training, bench and diagnose command in README, RESULTS and NOTES parses as written.
-
-    A renamed or removed flag, a choice that no longer exists or a value out of range in a
-    documented command fails here. `--device cuda` is parsed as on a machine with one GPU;
-    diagnose.py's RUN folders are made (empty) in a scratch folder, as its checks look at them.
-    """
+    """Every training, bench and diagnose command in README, RESULTS and NOTES parses as written
+    (`--device cuda` as on a machine with a GPU; diagnose.py's RUN folders made, empty)."""
 
     class Parsed(Exception):
         pass
