@@ -2802,9 +2802,9 @@ def test_runs_resume_refuses_what_it_cannot_continue(tmp_path, script):
     message = _stops(tmp_path, script, out, "--resume")
     assert f"finished its {4 if unit == 'step' else 2} {unit}s: nothing to resume" in message
     assert _files(out) == before
-    if script == "train_uea.py":  # more epochs continue the run, and config.json follows
+    if script == "train_uea.py":  # more epochs (and --download) continue it; config.json follows
         assert "--epochs above 2 continues it" in message
-        result, _ = _train_both(tmp_path, script, out, "--resume", "--epochs", "3")
+        result, _ = _train_both(tmp_path, script, out, "--resume", "--epochs", "3", "--download")
         assert result["epochs"] == 3 and len(_log(out)) == 3
         assert json.loads((out / "config.json").read_text())["epochs"] == 3
     other = "train_uea.py" if script == "train_lra.py" else "train_lra.py"
