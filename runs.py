@@ -151,7 +151,7 @@ def _open(cfg, out: pathlib.Path, script, unit, total, may_change):
         then = ckpt["config"]
     except Exception as e:  # truncated, empty, or not a checkpoint at all
         raise SystemExit(f"{file} is damaged ({type(e).__name__}): use --overwrite") from None
-    writer = ckpt.get("script", script)
+    writer = ckpt.get("script") or ("train_lra.py" if "task" in then else "train_uea.py")
     if writer != script:
         what = ", ".join(f"{k} {then[k]}" for k in ("task", "dataset") if k in then)
         raise SystemExit(f"{file} was written by {writer} ({what}): resume it with {writer}, "
