@@ -227,7 +227,7 @@ class Classifier(nn.Module):
         h = h.masked_fill(~mask[..., None], 0.0)  # padding replaced by 0 (0 · NaN would be NaN)
         if self.cfg.style == "lra":
             # NOTE: the official LRA code divides by the padded length N; we divide by the number
-            #       of real tokens, so padding cannot dilute the average (README: differences).
+            #       of real tokens, so padding cannot dilute the average (NOTES.md: differences).
             return h.sum(1) / mask.sum(1, keepdim=True)
         h = self.drop(F.gelu(h))  # (B, N, D), padded steps stay exactly zero: GELU(0) = 0
         h = F.pad(h, (0, 0, 0, self.cfg.max_len - h.shape[1]))  # shorter inputs: pad to max_len
