@@ -10,6 +10,7 @@ Depends on: numpy, tqdm
 """
 
 import csv
+import hashlib
 import json
 import multiprocessing
 import os
@@ -35,6 +36,9 @@ LISTOPS_PAPER |= dict(min_length=500, max_length=2000, max_depth=10, max_args=10
 # The keys of generator.json, written beside generated files: the settings that made them
 GENERATOR_KEYS = ("seed", *SPLITS, "min_length", "max_length", "max_depth", "max_args")
 PATH_HARD = "pathfinder32/curv_contour_length_14"  # and the paper's "Path": Pathfinder32, hard
+# lra_benchmarks/data/pathfinder.py: each difficulty folder is the TFDS split of this name
+PATHFINDER_SPLITS = dict(curv_baseline="easy", curv_contour_length_9="intermediate")
+PATHFINDER_SPLITS |= dict(curv_contour_length_14="hard")
 
 
 class DataError(ValueError):
@@ -205,7 +209,8 @@ def read_listops_tsv(path: pathlib.Path, max_len: int) -> tuple:
 
     Returns:
         (Split, notes): a word outside the vocabulary (a typo such as "[MAXX") becomes the OOV
-        id, as in the official pipeline, and is named in a note with its file and line.
+        id and is named in a note with its file and line. (The official tokenizer splits such a
+        word around its operator instead, "[MAX" and "X" = "]"; we do not imitate that.)
     """
     sequences, labels, places, unknown = [], [], [], []  # unknown: (line, word) per bad line
     with open(path, newline="") as f:
@@ -240,6 +245,9 @@ def read_listops_tsv(path: pathlib.Path, max_len: int) -> tuple:
 def read_imdb(folder: pathlib.Path, max_len: int) -> tuple:
     """aclImdb/{train,test}/{neg,pos}/*.txt -> bytes + 1; neg = 0, pos = 1 (tfds ClassLabel).
 
+    As tfds imdb_reviews: a review is its file's raw bytes, stripped of ASCII whitespace at
+    either end (bytes.strip); nothing is decoded, so line ends stay and any bytes are read.
+
     Returns:
         ({"train", "val", "test"} -> Split, notes); val is test, as officially. An empty (or
         all-whitespace) review is skipped, with a note.
@@ -251,10 +259,7 @@ def read_imdb(folder: pathlib.Path, max_len: int) -> tuple:
             raise DataError(f"no *.txt files in {folder / name}/neg or {folder / name}/pos")
         texts = []
         for file in tqdm(neg + pos, desc=f"reading {name}", leave=False, disable=None):
-            try:  # tfds: text = f.read().strip(), then UTF-8 bytes
-                text = file.read_text(encoding="utf-8").strip().encode()
-            except UnicodeDecodeError as e:
-                raise DataError(f"{file}: not UTF-8 text ({e})") from None
+            text = file.read_bytes().strip()  # tfds imdb.py: f.read().strip(), file opened "rb"
             texts.append(np.frombuffer(text[:max_len], np.uint8))
         labels = np.array([0] * len(neg) + [1] * len(pos), dtype=np.int64)
         split = Split(*pack(texts, max_len, 1), labels)
@@ -291,8 +296,35 @@ def read_aan_tsv(path: pathlib.Path, max_len: int) -> tuple:
     return _drop_empty(split, places, path)
 
 
+def tfds_order(split: str, keys: list) -> list:
+    """The indices of keys in the order TFDS stores split `split`: ascending MD5 of split + key.
+
+    tensorflow_datasets/core/hashing.py salts the MD5 with the split's name; a slice "[:p%]"
+    then cuts this order at round(p * n / 100.0) (Python's round: half to even).
+    """
+    md5 = [int(hashlib.md5((split + key).encode()).hexdigest(), 16) for key in keys]
+    return sorted(range(len(keys)), key=md5.__getitem__)
+
+
+def rgb_to_gray(rgb: np.ndarray) -> np.ndarray:
+    """(..., 3, P) uint8 RGB -> (..., P) int16, as tf.image.rgb_to_grayscale on uint8 images.
+
+    TF computes in float32: convert_image_dtype multiplies by 1/255 (not a division: 71 colours
+    differ), the weights are added red + green first, then blue, and the way back multiplies by
+    255.5 and truncates. The same steps in float64 give 237 of the 2^24 colours one level less.
+    """
+    r, g, b = np.moveaxis(rgb.astype(np.float32) * np.float32(1 / 255), -2, 0)
+    gray = (r * np.float32(0.2989) + g * np.float32(0.5870)) + b * np.float32(0.1140)
+    return (gray * np.float32(255.5)).astype(np.int16)
+
+
 def read_cifar(folder: pathlib.Path, max_len: int = 1024) -> dict:
-    """cifar-10-batches-py -> 1024 gray pixels, all real; train[:90%], train[90%:], test."""
+    """cifar-10-batches-py -> 1024 gray pixels, all real; train[:90%], train[90%:], test.
+
+    The splits of lra_benchmarks/image/input_pipeline.py, with TFDS's keys (an image's index in
+    data_batch_1..5, or in test_batch) in TFDS's order (tfds_order): the 5,000 validation images
+    are TFDS's, not the last of data_batch_5.
+    """
     if max_len != 1024:  # as read_pathfinder: an image is as long as its pixels, never cut
         raise DataError(f"{folder}: CIFAR-10 images have 1024 pixels, but max_len is {max_len}")
     xs, ys = [], []  # data_batch_1..5, test_batch
@@ -303,14 +335,13 @@ def read_cifar(folder: pathlib.Path, max_len: int = 1024) -> dict:
             rgb = np.asarray(batch[b"data"], dtype=np.uint8).reshape(len(ys[-1]), 3, 1024)
         except (OSError, pickle.UnpicklingError, KeyError, TypeError, EOFError, ValueError) as e:
             raise DataError(f"{folder / name}: not a CIFAR-10 python batch ({e!r})") from None
-        # tf.image.rgb_to_grayscale on uint8: /255, weighted sum, *255.5, truncate.
-        # NOTE: float64 here, float32 in TF: a value on a rounding edge may differ by 1.
-        r, g, b = rgb.astype(np.float64).transpose(1, 0, 2)  # (n, 1024) each
-        xs.append((((0.2989 * r + 0.5870 * g + 0.1140 * b) / 255) * 255.5).astype(np.int16))
+        xs.append(rgb_to_gray(rgb))  # (n, 1024)
     x, y = np.concatenate(xs[:5]), np.concatenate(ys[:5])  # (50000, 1024), (50000,)
-    cut = len(x) * 9 // 10  # the split of lra_benchmarks/image/input_pipeline.py
-    parts = {"train": (x[:cut], y[:cut]), "val": (x[cut:], y[cut:]), "test": (xs[5], ys[5])}
-    return {s: Split(x, np.full(len(x), 1024, dtype=np.int64), y) for s, (x, y) in parts.items()}
+    order = tfds_order("train", [str(i) for i in range(len(x))])
+    cut = round(90 * len(x) / 100.0)  # train[:90%], train[90%:]
+    test = tfds_order("test", [str(i) for i in range(len(ys[5]))])
+    parts = dict(train=(x, y, order[:cut]), val=(x, y, order[cut:]), test=(xs[5], ys[5], test))
+    return {s: Split(x[i], np.full(len(i), 1024, np.int64), y[i]) for s, (x, y, i) in parts.items()}
 
 
 def read_png_gray(path: pathlib.Path) -> np.ndarray:
@@ -348,45 +379,60 @@ def read_png_gray(path: pathlib.Path) -> np.ndarray:
     return image[:, 1:].astype(np.uint8)
 
 
-def read_pathfinder(folder: pathlib.Path, max_len: int, seed: int) -> tuple:
-    """pathfinder32/<difficulty>: metadata/*.npy (text lines) + PNGs -> seeded 80/10/10 split.
+def read_pathfinder(folder: pathlib.Path, max_len: int) -> tuple:
+    """pathfinder32/<difficulty>: metadata/*.npy (text lines) + PNGs -> the official split.
+
+    As lra_benchmarks/data/pathfinder.py and image/input_pipeline.py: the difficulty is a TFDS
+    split (PATHFINDER_SPLITS); line l of a metadata file, "imgs/<k> sample_<i>.png i label ...",
+    has the key "imgs/<k>_sample_<i>.png_<l>"; the lines in TFDS order (tfds_order) are cut at
+    80 % and 90 % of their number, and only then are empty PNG files (the release holds some)
+    dropped, so a split may come out a few images short.
 
     Returns:
-        ({"train", "val", "test"} -> Split, notes): empty PNG files, which the release holds,
-        are skipped as officially, with a note of how many.
+        ({"train", "val", "test"} -> Split, notes): notes count the empty PNGs left out.
     """
-    metas = sorted((folder / "metadata").glob("*.npy"), key=lambda p: (len(p.stem), p.stem))
-    if not metas:
+    if folder.name not in PATHFINDER_SPLITS:  # the difficulty's name picks the split's order
+        raise DataError(f"{folder}: a Pathfinder folder is one of {list(PATHFINDER_SPLITS)}")
+    if not (metas := sorted((folder / "metadata").glob("*.npy"))):
         raise DataError(f"no metadata/*.npy in {folder}")
-    images, labels, empty_pngs = [], [], []
-    for meta in tqdm(metas, desc="reading Pathfinder", leave=False, disable=None):
-        for line_num, line in enumerate(meta.read_text().splitlines(), start=1):
+    keys, examples, notes = [], [], []  # examples: (png, label) per key
+    for meta in metas:
+        lines = meta.read_text().split("\n")  # the official reader: text.split("\n")[:-1]
+        if lines[-1]:
+            notes.append(f"{meta}:{len(lines)}: no newline at the end: left out, as officially")
+        for line_num, line in enumerate(lines[:-1], start=1):
             # "imgs/<k> sample_<i>.png i label ...", label 1 = the markers are on the same path
             fields, where = line.split(" "), f"{meta}:{line_num}"
-            if not line.strip():  # a blank line
+            if not line.strip():  # a blank line (the official reader fails on it)
                 continue
             if len(fields) < 4 or fields[3] not in ("0", "1"):
                 raise DataError(f"{where}: expected 'imgs/<k> sample_<i>.png i label'")
             if not (png := folder / fields[0] / fields[1]).exists():
                 raise DataError(f"{where}: image {png} does not exist")
-            if png.stat().st_size == 0:  # the release has empty PNGs: skipped, as officially
-                empty_pngs.append(png)
+            keys.append(f"{fields[0]}_{fields[1]}_{line_num}")
+            examples.append((png, int(fields[3])))
+    order = np.array(tfds_order(PATHFINDER_SPLITS[folder.name], keys), dtype=np.int64)
+    parts = np.split(order, [round(p * len(keys) / 100.0) for p in (80, 90)])  # [:80%] ...
+    splits, empty = {}, []
+    for name, part in zip(SPLITS, parts, strict=True):
+        images, labels = [], []
+        for i in tqdm(part, desc=f"reading Pathfinder {name}", leave=False, disable=None):
+            png, label = examples[i]
+            if png.stat().st_size == 0:
+                empty.append(png)
                 continue
             images.append(read_png_gray(png).reshape(-1))
             if len(images[-1]) != max_len:
                 raise DataError(f"{png}: {len(images[-1])} pixels, but max_len is {max_len}")
-            labels.append(int(fields[3]))
-    if not images:
+            labels.append(label)
+        x = np.array(images, dtype=np.int16).reshape(len(images), max_len)
+        lengths = np.full(len(x), max_len, dtype=np.int64)  # every pixel is a real token
+        splits[name] = Split(x, lengths, np.array(labels, dtype=np.int64))
+    if len(empty) == len(examples):
         raise DataError(f"{folder}: the metadata names no image that is not empty")
-    x, y = np.stack(images).astype(np.int16), np.array(labels, dtype=np.int64)
-    order = np.random.default_rng(seed).permutation(len(x))  # NOTE: PyTorch-LRA: random.shuffle
-    parts = np.split(order, [len(x) * 8 // 10, len(x) * 9 // 10])
-    lengths = np.full(len(x), max_len, dtype=np.int64)  # every pixel is a real token
-    splits = {s: Split(x[i], lengths[i], y[i]) for s, i in zip(SPLITS, parts, strict=True)}
-    notes = [
-        f"{folder}: skipped {len(empty_pngs)} empty PNG file(s) (the first: {empty_pngs[0]}), "
-        "as the official pipeline does"
-    ] if empty_pngs else []  # fmt: skip
+    if empty:
+        what = f"{len(empty)} empty PNG file(s) (the first: {empty[0]})"
+        notes.append(f"{folder}: skipped {what}, as the official pipeline does")
     return splits, notes
 
 
@@ -445,7 +491,7 @@ def load_task(
         task: a key of VOCAB.
         data_dir: the folder of the release layout (and of aclImdb/, cifar-10-batches-py/).
         max_len: tokens per input: longer ones are cut, shorter ones right-padded with 0.
-        seed: the ListOps generator's and the Pathfinder split's seed.
+        seed: the ListOps generator's seed.
         listops: the ListOps settings, LISTOPS_PAPER's keys (None = LISTOPS_PAPER) and
             optionally "shards" (generator processes; 1 by default).
         pathfinder_dir: the Pathfinder folder under data_dir.
@@ -470,7 +516,7 @@ def load_task(
     if task == "listops" and ((folder / marker).exists() or not all(pickles)):
         splits, notes = _load_listops(folder, listops, seed, max_len)
     elif (folder / marker).exists():
-        splits, notes = _read_release(task, folder, max_len, seed)
+        splits, notes = _read_release(task, folder, max_len)
     elif all(pickles):
         results = [read_lra_pickle(path, task, max_len) for path in pickles]  # (Split, notes)
         splits = dict(zip(SPLITS, [split for split, _ in results], strict=True))
@@ -497,14 +543,14 @@ def _release_folder(task: str, root: pathlib.Path, listops: dict, pathfinder_dir
     return root / pathfinder_dir, "metadata", "the LRA release"
 
 
-def _read_release(task: str, folder: pathlib.Path, max_len: int, seed: int) -> tuple:
+def _read_release(task: str, folder: pathlib.Path, max_len: int) -> tuple:
     """Text, Retrieval, Image or Pathfinder from its release folder -> (splits, notes)."""
     if task == "text":
         return read_imdb(folder, max_len)
     if task == "image":
         return read_cifar(folder, max_len), []
     if task == "pathfinder":
-        return read_pathfinder(folder, max_len, seed)
+        return read_pathfinder(folder, max_len)
     results = [  # Retrieval: (Split, notes) per file; the LRA "eval" file is our val
         read_aan_tsv(folder / f"new_aan_pairs.{name}.tsv", max_len)
         for name in ("train", "eval", "test")

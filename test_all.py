@@ -1288,17 +1288,21 @@ def _lra_imdb(root: pathlib.Path, texts: dict) -> pathlib.Path:
 
 
 def test_lra_data_imdb_and_aan_readers(tmp_path):
-    """UTF-8 bytes + 1. aclImdb/{train,test}/{neg,pos}/*.txt: the stripped text, val = test. AAN
-    tsv: label id1 id2 text1 text2, each text cut to 10000 bytes, then max_len; val = "eval"."""
-    texts = {"neg": ["  bad<br />film \n", "meh"], "pos": ["très bien\n"]}
+    """Bytes + 1. aclImdb/{train,test}/{neg,pos}/*.txt: the file's bytes with ASCII whitespace
+    stripped (as tfds), never decoded; val = test. AAN tsv: label id1 id2 text1 text2, each text
+    cut to 10000 bytes, then max_len; val = "eval"."""
+    texts = {"neg": ["  bad<br />film \n", "\r\nfine\r\nok\r\n", "\x1cmeh\x1c", b"caf\xe9 "],
+             "pos": ["très bien\n", "\u00a0nice\u3000\n"]}  # fmt: skip
     _lra_imdb(tmp_path, texts)
     splits, notes = lra_data.load_task("text", tmp_path, 12)
     assert splits["val"] is splits["test"] and notes == []
     train = splits["train"]
-    assert train.y.tolist() == [0, 0, 1] and train.x.dtype == np.int16
-    expected = [list(t.strip().encode("utf-8")[:12]) for t in texts["neg"] + texts["pos"]]
-    assert all((row[: len(w)] - 1).tolist() == w for row, w in zip(train.x, expected, strict=True))
-    assert len("très bien".encode()) == 10 == train.lengths[2]  # bytes, not characters
+    assert train.y.tolist() == [0, 0, 0, 0, 1, 1] and train.x.dtype == np.int16
+    expected = [b"bad<br />fil", b"fine\r\nok", b"\x1cmeh\x1c", b"caf\xe9", "très bien".encode(),
+                b"\xc2\xa0nice\xe3\x80\x80"]  # str.strip() would drop U+00A0, U+3000, \x1c
+    assert [(row[:n] - 1).tobytes() for row, n in zip(train.x.astype(np.uint8), train.lengths,
+                                                       strict=True)] == expected  # fmt: skip
+    assert len("très bien".encode()) == 10 == train.lengths[4]  # bytes, not characters
     _lra_check_batch(train, [len(w) for w in expected])
     pairs = b"1.0\tA1\tB1\tabc\tdefgh\n\n0\tA2\tB2\t" + b"x" * 20 + b"\tz\n"  # blank line: skipped
     split, notes = lra_data.read_aan_tsv(_write(tmp_path / "aan.tsv", pairs), max_len=8)
@@ -1317,13 +1321,13 @@ def test_lra_data_imdb_and_aan_readers(tmp_path):
 
 
 def _lra_cifar(folder: pathlib.Path) -> dict:
-    """cifar-10-batches-py with 4 images per batch, image 0 black -> {file name: data (4, 3072)}."""
+    """cifar-10-batches-py with 5 images per batch, image 0 black -> {file name: data (5, 3072)}."""
     rng, batches = np.random.default_rng(0), {}
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        data = rng.integers(0, 256, (4, 3072), dtype=np.uint8)
+        data = rng.integers(0, 256, (5, 3072), dtype=np.uint8)
         data[0] = 0  # a black image: value 0
         batches[name] = data
-        labels = [(i + len(batches)) % 10 for i in range(4)]  # the real files: bytes keys
+        labels = [(i + len(batches)) % 10 for i in range(5)]  # the real files: bytes keys
         _write(folder / name, pickle.dumps({b"data": data, b"labels": labels, b"batch_label": b""}))
     return batches
 
@@ -1358,21 +1362,25 @@ def _lra_write_png(path: pathlib.Path, image: np.ndarray, color_type=0, filters=
     return _write(path, png)
 
 
-def _lra_pathfinder(folder: pathlib.Path, n: int, side: int = 4) -> list:
-    """A Pathfinder release folder: image i in imgs/<i % 11>, listed in metadata/<i % 11>.npy ("10"
-    after "9"), an empty PNG listed in 1.npy, which ends blank -> (image, label) in list order."""
-    rng, listed = np.random.default_rng(2), {}
+def _lra_pathfinder(folder: pathlib.Path, n: int, side: int = 4) -> dict:
+    """A Pathfinder release folder: image i in imgs/<i % 11>, listed in metadata/<i % 11>.npy; an
+    empty PNG listed in 1.npy, which ends blank; 2.npy's last line lacks its newline (left out)
+    -> {TFDS key "<f0>_<f1>_<line>": (image or None if empty, label)} of the lines that count."""
+    rng, listed, keys = np.random.default_rng(2), {}, {}
     for i in range(n):
         k, label = i % 11, int(rng.integers(2))
         image = rng.integers(0, 256, (side, side), dtype=np.uint8)
         _lra_write_png(folder / "imgs" / str(k) / f"sample_{i}.png", image)
-        line = f"imgs/{k} sample_{i}.png {i} {label} 1.0 14 4 2 0.5 1 1"
-        listed.setdefault(k, []).append((line, image, label))
-    _write(folder / "imgs" / "1" / "sample_empty.png", b"")  # skipped, as official
-    listed[1].append(("imgs/1 sample_empty.png 99 1 1.0 14 4 2 0.5 1 1\n", None, None))
+        listed.setdefault(k, []).append((f"imgs/{k} sample_{i}.png {i} {label} 1.0 14 4", image))
+    _write(folder / "imgs" / "1" / "sample_empty.png", b"")  # counted, then dropped
+    listed[1].append(("imgs/1 sample_empty.png 99 1 1.0 14 4\n", None))
     for k, entries in listed.items():
-        _write(folder / "metadata" / f"{k}.npy", "\n".join(e[0] for e in entries) + "\n")
-    return [(im, y) for k in sorted(listed) for _, im, y in listed[k] if im is not None]
+        ending = "" if k == 2 else "\n"
+        _write(folder / "metadata" / f"{k}.npy", "\n".join(e[0] for e in entries) + ending)
+        for line, (text, image) in enumerate(entries[: len(entries) - (k == 2)], start=1):
+            f0, f1, _, label = text.split(" ")[:4]
+            keys[f"{f0}_{f1}_{line}"] = (image, int(label))
+    return keys
 
 
 def test_lra_data_image_readers_png_pathfinder_and_cifar(tmp_path):
@@ -1390,35 +1398,58 @@ def test_lra_data_image_readers_png_pathfinder_and_cifar(tmp_path):
     path = _lra_write_png(tmp_path / "ties.png", ties, filters=(4,))
     assert np.array_equal(lra_data.read_png_gray(path), ties)
     folder = tmp_path / "pathfinder32" / "curv_contour_length_14"
-    pairs = _lra_pathfinder(folder, 20)
+    examples = _lra_pathfinder(folder, 22)  # 22 lines count: cut at round(17.6), round(19.8)
     splits, notes = lra_data.load_task("pathfinder", tmp_path, 16)
-    empty = folder / "imgs" / "1" / "sample_empty.png"  # skipped, and said
-    assert notes == [f"{folder}: skipped 1 empty PNG file(s) (the first: {empty}), as the "
+    empty = folder / "imgs" / "1" / "sample_empty.png"  # counted in the cuts, then skipped
+    assert notes == [f"{folder}/metadata/2.npy:2: no newline at the end: left out, as officially",
+                     f"{folder}: skipped 1 empty PNG file(s) (the first: {empty}), as the "
                      "official pipeline does"]  # fmt: skip
-    order = np.random.default_rng(0).permutation(20)  # independent: the seed-0 permutation
-    for name, part in zip(lra_data.SPLITS, np.split(order, [16, 18]), strict=True):
-        assert splits[name].x.tolist() == [pairs[i][0].reshape(-1).tolist() for i in part]
-        assert splits[name].y.tolist() == [pairs[i][1] for i in part]
+    # TFDS order by hand: sorted by the MD5 hex digest of "hard" + key (same-length hex strings)
+    ranked = sorted(examples, key=lambda key: hashlib.md5(f"hard{key}".encode()).hexdigest())
+    for name, keys in zip(lra_data.SPLITS, (ranked[:18], ranked[18:20], ranked[20:]), strict=True):
+        kept = [examples[key] for key in keys if examples[key][0] is not None]
+        assert splits[name].x.tolist() == [image.reshape(-1).tolist() for image, _ in kept]
+        assert splits[name].y.tolist() == [label for _, label in kept]
         assert splits[name].x.dtype == np.int16
-        _lra_check_batch(splits[name], [16] * len(part))
-    other, _ = lra_data.read_pathfinder(folder, max_len=16, seed=1)
-    assert not np.array_equal(other["train"].x, splits["train"].x)
+        _lra_check_batch(splits[name], [16] * len(kept))
+    assert len(examples) == 22 and sum(len(split.y) for split in splits.values()) == 21
+    with pytest.raises(lra_data.DataError, match="a Pathfinder folder is one of"):
+        lra_data.read_pathfinder(folder.rename(folder.parent / "curv_14"), 16)  # not a split name
     batches = _lra_cifar(tmp_path / "cifar-10-batches-py")
+    images = np.concatenate([batches[f"data_batch_{i}"] for i in range(1, 6)])  # (25, 3072)
+    labels = [(i + b) % 10 for b in range(1, 6) for i in range(5)]  # as _lra_cifar numbers them
 
-    def gray(rgb: np.ndarray) -> list:  # tf.image.rgb_to_grayscale, one pixel at a time
-        pixels = zip(*rgb.reshape(3, 1024).tolist(), strict=True)
-        return [int(((0.2989 * r + 0.5870 * g + 0.1140 * b) / 255) * 255.5) for r, g, b in pixels]
+    def tfds(split: str, n: int) -> list:  # TFDS's order of keys "0".."n-1", by hand
+        return sorted(range(n), key=lambda i: hashlib.md5(f"{split}{i}".encode()).hexdigest())
 
     splits, notes = lra_data.load_task("image", tmp_path, 1024)
-    assert [len(splits[s].y) for s in ("train", "val", "test")] == [18, 2, 4] and notes == []
-    test = splits["test"]
-    assert [test.x[i].tolist() for i in range(4)] == [gray(im) for im in batches["test_batch"]]
-    assert test.y.tolist() == [6, 7, 8, 9] and (test.x[0] == 0).all()  # black: real tokens
-    assert splits["val"].x[1].tolist() == gray(batches["data_batch_5"][3])  # the last 10 %
-    assert splits["train"].x[17].tolist() == gray(batches["data_batch_5"][1])
-    assert splits["val"].y.tolist() == [7, 8] and splits["train"].x.dtype == np.int16
-    for split in splits.values():
+    assert [len(splits[s].y) for s in ("train", "val", "test")] == [22, 3, 5] and notes == []
+    gray = lra_data.rgb_to_gray  # checked on every colour by the next test
+    for name, order in (("train", tfds("train", 25)[:22]), ("val", tfds("train", 25)[22:])):
+        assert np.array_equal(splits[name].x, gray(images[order].reshape(-1, 3, 1024)))  # 22.5: 22
+        assert splits[name].y.tolist() == [labels[i] for i in order]
+    test, order = splits["test"], tfds("test", 5)
+    assert np.array_equal(test.x, gray(batches["test_batch"][order].reshape(5, 3, 1024)))
+    assert test.y.tolist() == [[6, 7, 8, 9, 0][i] for i in order]
+    assert (test.x[order.index(0)] == 0).all()  # the black image
+    for split in splits.values():  # black: 1024 real tokens
         _lra_check_batch(split, [1024] * len(split.y))
+
+
+def test_lra_data_gray_levels_of_all_colours_as_tf():
+    """rgb_to_gray on all 2^24 colours == tf.image.rgb_to_grayscale's float32 steps written out
+    (convert_image_dtype's x * (1/255), weights summed red, green, then blue, * 255.5, truncated);
+    RGB (0, 122, 186) is 93 in TF, 92 in float64, which is lower on 237 colours."""
+    colour = np.arange(1 << 24, dtype=np.int64)
+    r, g, b = colour >> 16, (colour >> 8) & 255, colour & 255
+    f32, gray = np.float32, lra_data.rgb_to_gray(np.stack([r, g, b]).astype(np.uint8))
+    step = r.astype(f32) * f32(1 / 255) * f32(0.2989)
+    step = step + g.astype(f32) * f32(1 / 255) * f32(0.5870)
+    step = step + b.astype(f32) * f32(1 / 255) * f32(0.1140)
+    assert gray.dtype == np.int16 and np.array_equal(gray, np.trunc(step * f32(255.5)))
+    assert gray[122 * 256 + 186] == 93
+    float64 = ((0.2989 * r + 0.5870 * g + 0.1140 * b) / 255 * 255.5).astype(np.int64)
+    assert np.unique(gray - float64, return_counts=True)[1].tolist() == [2**24 - 237, 237]
 
 
 def _lra_pickles(root: pathlib.Path, stem: str, items: list) -> None:
@@ -1489,13 +1520,13 @@ def _lra_read(kind: str, content, tmp_path: pathlib.Path):
             _write(folder / "data_batch_3", content)
         return lra_data.read_cifar(folder, 1024 if isinstance(content, bytes) else content)
     if kind == "pathfinder":  # content: metadata/0.npy, the only one (None: none; int: max_len)
-        _lra_pathfinder(tmp_path, 12)
+        _lra_pathfinder(tmp_path := tmp_path / "curv_baseline", 12)
         if not isinstance(content, int):
             for meta in (tmp_path / "metadata").glob("*.npy"):
                 meta.unlink()
             if content is not None:
                 _write(tmp_path / "metadata" / "0.npy", content)
-        return lra_data.read_pathfinder(tmp_path, content if isinstance(content, int) else 16, 0)
+        return lra_data.read_pathfinder(tmp_path, content if isinstance(content, int) else 16)
     return lra_data.load_task(**content, data_dir=tmp_path)  # load_task: content its arguments
 
 
@@ -1511,7 +1542,6 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("aan", b"2\ta\tb\tt1\tt2\n", "id2 text1 text2', label 0/1, got 5"),
     ("aan", b"yes\ta\tb\tt1\tt2\n", "@:1: expected 5 tab-separated columns"),
     ("aan", b"1\ta\tb\t\tt2\n0\ta\tb\tt1\t\n", "@: no example has a real token (the first: @:1)"),
-    ("imdb", b"caf\xe9", "9_7.txt: not UTF-8"),
     ("imdb", None, "no *.txt files in "),
     ("png", b"hello, not a png at all", "@: not an 8-bit grayscale non-interlaced PNG"),
     ("png", "rgb", "@: not an 8-bit grayscale"),  # color type 2
@@ -1528,7 +1558,7 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("pathfinder", "\nimgs/0 sample_0.png 0 2\n", "0.npy:2: expected 'imgs/<k> sample_<i>.png"),
     ("pathfinder", "imgs/1 sample_empty.png 9 1\n", "the metadata names no image that is not"),
     ("pathfinder", None, "no metadata/*.npy in"),
-    ("pathfinder", 9, "sample_0.png: 16 pixels, but max_len is 9"),
+    ("pathfinder", 9, ".png: 16 pixels, but max_len is 9"),
     ("pickle:listops", b"not a pickle", "@: not a PyTorch-LRA pickle (list of dicts)"),
     ("pickle:listops", [{"input_ids_0": [3]}], "@: not a PyTorch-LRA pickle"),  # no label
     ("pickle:retrieval", [{"input_ids_0": [3], "label": 1}], "@: not a PyTorch-LRA pickle"),

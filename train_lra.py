@@ -65,7 +65,7 @@ class TrainConfig(runs.Settings):  # and --out --resume --overwrite --device --a
     gfsa_order: int = flag(2, "GFSA: order K of the high-order term", 2)
     gfsa_high_order: str = flag("taylor", "GFSA: Ā^K as taylor (Eq. 4, the paper) | exact")
     # data
-    data_seed: int = flag(0, "seed of ListOps generation, Pathfinder split", 0, runs.SEEDS)
+    data_seed: int = flag(0, "seed of the ListOps generator", 0, runs.SEEDS)
     listops_size: int = flag(96000, "generated ListOps: training examples", 1)
     listops_eval_size: int = flag(2000, "generated ListOps: validation, test examples each", 1)
 
