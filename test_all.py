@@ -1320,6 +1320,23 @@ def test_lra_data_imdb_and_aan_readers(tmp_path):
     assert data["val"].y.tolist() == [0] and data["test"].y.tolist() == [1]
 
 
+def test_lra_data_real_imdb_reviews_keep_their_unicode_ends(tmp_path):
+    """Three real reviews (test split) whose ends str.strip() would cut: U+0085 (NEL) at the end
+    of two, U+00A0 at the start of one; as bytes (tfds) they keep all 620, 573, 711 bytes."""
+    archive = UEA_DIR.parent / "lra" / "aclImdb.tar.xz"
+    if not archive.exists():
+        pytest.skip(f"the IMDB archive is not at {archive} (it does not ship with the project)")
+    names = ["test/neg/2441_4.txt", "test/pos/3793_9.txt", "test/pos/3959_10.txt"]
+    subprocess.run(["tar", "xJf", archive, "-C", tmp_path, *[f"aclImdb/{n}" for n in names]],
+                   check=True)  # fmt: skip
+    shutil.copytree(tmp_path / "aclImdb" / "test", tmp_path / "aclImdb" / "train")
+    test = lra_data.read_imdb(tmp_path / "aclImdb", 1000)[0]["test"]
+    assert test.lengths.tolist() == [620, 573, 711] and test.y.tolist() == [0, 1, 1]
+    ends = [(row[: n][:2] - 1).tobytes() + (row[: n][-2:] - 1).tobytes()
+            for row, n in zip(test.x.astype(np.uint8), test.lengths, strict=True)]  # fmt: skip
+    assert ends == [b"A \xc2\x85", b"In\xc2\x85", b"\xc2\xa0er"]
+
+
 def _lra_cifar(folder: pathlib.Path) -> dict:
     """cifar-10-batches-py with 5 images per batch, image 0 black -> {file name: data (5, 3072)}."""
     rng, batches = np.random.default_rng(0), {}
