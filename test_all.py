@@ -17,6 +17,7 @@ at UEA_DIR, beside the project; the CUDA tests skip without a GPU.
 """
 
 import argparse
+import concurrent.futures
 import contextlib
 import copy
 import csv
@@ -1273,10 +1274,13 @@ def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
     (folder / "basic_val.tsv").unlink()
     with pytest.raises(lra_data.DataError, match=r"listops-tiny: incomplete"):
         lra_data.load_task("listops", tmp_path, 30, seed=5, listops=_LRA_TINY_LISTOPS)
-    lra_data.write_listops(tmp_path / "w", dict(_LRA_TINY_LISTOPS, seed=5), False)
-    written = (tmp_path / "w" / "basic_test.tsv").read_bytes()
-    assert written == (folder / "basic_test.tsv").read_bytes()
-    assert not list((tmp_path / "w").glob("*.tmp"))  # written whole, then renamed
+    # eight runs generating into one folder at once (quick runs side by side): each ends well,
+    # and the files are whole, as one writer's; no *.tmp is left
+    settings, w = dict(_LRA_TINY_LISTOPS, seed=5), tmp_path / "w"
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: lra_data.write_listops(w, settings, False), range(8)))
+    written = {p.name: p.read_bytes() for p in w.iterdir()}
+    assert sorted(written) == names and written["basic_train.tsv"] == train.read_bytes()
 
 
 def _lra_imdb(root: pathlib.Path, texts: dict) -> pathlib.Path:
