@@ -2133,6 +2133,7 @@ _PRESETS = [  # (script, flags, settings they lead to): the official scripts' va
     ("train_lra.py", "--task retrieval --attention primal", dict(primal_rank=30)),
     ("train_lra.py", "--steps 500", dict(warmup=100)),  # the preset's warm-up fraction kept
     ("train_lra.py", "--steps 500 --warmup 7", dict(warmup=7)),
+    ("train_lra.py", "--task text --steps 2", dict(warmup=0)),  # 0.8 steps: none, not 1 or 2
     ("train_lra.py", "--preset quick", dict(listops_size=6000, max_len=100, steps=1000,
      d_model=64, out="runs/listops/agf-quick-seed0")),
     ("train_uea.py", "--dataset Heartbeat --attention agf", dict(agf_basis="chebyshev",

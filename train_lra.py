@@ -286,7 +286,8 @@ def presets(given: dict, error) -> dict:
     values.update(QUICK if preset == "quick" else {})
     if "steps" in given and "warmup" not in given:  # keep the preset's warm-up fraction
         warmup = round(values["warmup"] * given["steps"] / values["steps"])
-        values["warmup"] = 2 if warmup == 1 else warmup  # OneCycleLR cannot warm up in 1 step
+        warmup = 2 if warmup == 1 else warmup  # OneCycleLR cannot warm up in 1 step
+        values["warmup"] = warmup if warmup < given["steps"] else 0  # too short to warm up
     warmup, steps = given.get("warmup", values["warmup"]), given.get("steps", values["steps"])
     if steps > 0 and (warmup == 1 or warmup >= steps):  # (--steps 0 is refused as it is)
         error(f"--warmup must be 0 or 2 .. --steps - 1 = {steps - 1}, got {warmup}")
