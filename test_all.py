@@ -2720,7 +2720,8 @@ def test_runs_a_run_interrupted_and_resumed_continues_exactly(tmp_path, script):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_runs_ctrl_c_says_how_to_go_on(tmp_path, script):
-    """Ctrl-C: exit 130, one sentence: --overwrite before a checkpoint, else --resume from it."""
+    """Ctrl-C: exit 130, one sentence: before the first checkpoint, that the same command starts
+    again (what it left is no run: --resume says so too); after it, --resume from it."""
     module, unit = SCRIPTS[script]
     err = io.StringIO()
     with (
@@ -2728,8 +2729,12 @@ def test_runs_ctrl_c_says_how_to_go_on(tmp_path, script):
         pytest.raises(SystemExit) as stop,
     ):
         _train_both(tmp_path, script, tmp_path / "run", printed=err)
-    assert stop.value.code == 130
-    assert "interrupted; no checkpoint yet: --overwrite" in err.getvalue()
+    assert stop.value.code == 130 and os.listdir(tmp_path / "run") != ["lock"]
+    assert "before the first checkpoint: the same command starts the run again" in err.getvalue()
+    message = _stops(tmp_path, script, tmp_path / "run", "--resume")
+    assert message.endswith("checkpoint.pt; start the run without --resume")
+    _train_both(tmp_path, script, tmp_path / "run")  # the same command: a fresh run, all of it
+    assert len(_log(tmp_path / "run")) == 2
     _train_both(tmp_path, script, tmp_path / "done")
     cfg = module.parse_config(_argv(tmp_path, script, tmp_path / "done", "--resume"))
     with contextlib.redirect_stderr(io.StringIO()) as err, pytest.raises(SystemExit) as stop:
@@ -2757,12 +2762,12 @@ def test_runs_one_run_per_folder_checked_under_the_lock(tmp_path, script):
     real = fcntl.flock
 
     def meanwhile(file, how):  # another run writes its files while this one waits for the lock
-        (out / "config.json").write_text("{}")
+        (out / "checkpoint.pt").write_text("{}")
         return real(file, how)
 
     with mock.patch.object(runs.fcntl, "flock", meanwhile):
         assert "holds a run already" in _stops(tmp_path, script, out)
-    (out / "config.json").unlink()
+    (out / "checkpoint.pt").unlink()
     _train_both(tmp_path, script, out)
     before = _files(out)
     message = _stops(tmp_path, script, out, "--seed", "5")
