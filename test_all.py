@@ -2577,6 +2577,7 @@ def test_train_lra_and_train_uea_from_the_command_line(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     lines = run.stdout.strip().splitlines()
     assert json.loads(lines[0])["attention"] == "softmax" and lines[-1].startswith("RESULT ")
+    assert "twice the longest input" not in run.stdout  # no note for the preset's own max_len
     assert json.loads(lines[-1][len("RESULT ") :]) == _result_of(tmp_path / "run")
     with pytest.raises(SystemExit) as missing:  # no folder is left of a run never begun
         cfg = train_lra.parse_config(["--task", "image", "--data-dir", str(tmp_path), "--out",

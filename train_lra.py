@@ -129,6 +129,8 @@ def main(cfg: TrainConfig) -> dict:
     data, notes = load_task(**data_args)
     if ddp and master:
         dist.barrier()
+    if cfg.max_len == (QUICK if cfg.preset == "quick" else TASKS[cfg.task])["max_len"]:
+        notes = [n for n in notes if not n.startswith("max_len ")]  # noted for a given --max-len
     for note in notes if master else ():
         print(note, flush=True)
     n_train = len(data["train"].y)
