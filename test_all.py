@@ -2385,6 +2385,27 @@ def test_train_lra_evaluates_every_eval_every_and_ties_keep_the_first_best(tmp_p
     assert n_test == 12 and tested == at_step_4 and tested != at_step_5
 
 
+def test_train_lra_text_reuses_the_validation_score_and_logs_each_evaluation(tmp_path):
+    """Text's test split is its validation split: the best weights' score there is their test
+    score, not evaluated again; a --max-len given far above the inputs is noted; when stderr is
+    no terminal (no bar), a line per evaluation."""
+    _lra_imdb(tmp_path, {"neg": ["bad", "awful film", "no"], "pos": ["good", "fine film", "ok"]})
+    argv = ["--task", "text", "--attention", "softmax", "--data-dir", str(tmp_path), "--out",
+            str(tmp_path / "run"), "--steps", "4", "--eval-every", "2", "--batch-size", "2",
+            "--max-len", "32", "--d-model", "16", "--d-ff", "32"]  # fmt: skip
+    printed, evaluate = io.StringIO(), mock.Mock(wraps=train_lra.evaluate)
+    with (
+        mock.patch.object(train_lra, "evaluate", evaluate), _one_thread(),
+        contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()),
+    ):
+        result = train_lra.main(train_lra.parse_config(argv))
+    assert evaluate.call_count == 2 and result["test_acc"] == result["val_acc"]
+    lines = printed.getvalue().splitlines()
+    assert lines[1].startswith("max_len 32 is more than twice the longest input (10 tokens)")
+    assert [line.split()[:2] for line in lines if line.startswith("step ")] == [
+        ["step", "2"], ["step", "4"]]  # fmt: skip
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_train_lra_and_train_uea_evaluate_is_one_pass_over_a_split_in_eval_mode(script):
     """evaluate() in batches of 2 (the last one short) equals one forward pass over all 5
@@ -2577,6 +2598,7 @@ def test_train_lra_and_train_uea_from_the_command_line(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     lines = run.stdout.strip().splitlines()
     assert json.loads(lines[0])["attention"] == "softmax" and lines[-1].startswith("RESULT ")
+    assert "step 2  lr" in run.stdout  # stdout a pipe, no bar: a line per evaluation instead
     assert "twice the longest input" not in run.stdout  # no note for the preset's own max_len
     assert json.loads(lines[-1][len("RESULT ") :]) == _result_of(tmp_path / "run")
     with pytest.raises(SystemExit) as missing:  # no folder is left of a run never begun

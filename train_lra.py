@@ -193,15 +193,19 @@ def main(cfg: TrainConfig) -> dict:
         if master:  # the checkpoint first: a crash in between loses a log line, not a step
             runs.save(out / "checkpoint.pt", runs.checkpoint(parts, state, **about))
             runs.save(out / "metrics.jsonl", record)
+            if bar.disable:  # no bar (not a terminal: a log file, CI, nohup): a line instead
+                print("  ".join(f"{k} {v:.4g}" for k, v in record.items()), flush=True)
     bar.close()
 
     # 5) test once (rank 0), with the weights that scored best on validation. A run stopped
-    # after its last checkpoint but before this ends here on --resume.
-    result = None
-    if master:
+    # after its last checkpoint but before this ends here on --resume. Text: the test split is
+    # the validation split (as officially), where those weights scored best_val_acc already.
+    result, test_acc = None, state["best_val_acc"]
+    if master and data["val"] is not data["test"]:
         model.load_state_dict(torch.load(out / "best.pt", map_location=device)["model"])
         # NOTE: differs from the official test loader (drop_last=True): every example counts.
         test_acc, _ = evaluate(fast, data["test"], cfg.batch_size, device, autocast)
+    if master:
         result = dict(
             task=cfg.task, attention=cfg.attention, seed=cfg.seed, preset=cfg.preset,
             protocol="test_acc of the weights with the best val_acc"
