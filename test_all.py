@@ -3355,6 +3355,10 @@ def test_diagnose_bad_input_gets_one_clear_line(uea_runs, tmp_path):
     assert "best.pt cannot be read as a checkpoint" in _diag_error([tmp_path / "best.pt"])
     message = _diag_error([uea_runs[0], "--data-dir", tmp_path])  # the data is not there
     assert "JapaneseVowels is not in" in message and "point --data-dir at its data" in message
+    denied = PermissionError(13, "Permission denied")  # a run folder one may only read
+    with mock.patch.object(pathlib.Path, "mkdir", side_effect=denied):
+        assert "(Permission denied): choose a folder to write to with --out" in _diag_error(
+            [uea_runs[0]])  # fmt: skip
     ckpt = torch.load(uea_runs[0] / "checkpoint.pt", weights_only=False)
     ckpt["model_config"]["n_layers"] = 3
     (tmp_path / "other").mkdir()
