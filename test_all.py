@@ -3466,7 +3466,7 @@ def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path)
     (["--warmup", -1], "argument --warmup: must be at least 0"),
     (["--batch", "x"], "argument --batch: invalid int value: 'x'"),
     (["--step-ns", 1024, 0], "argument --step-ns: must be at least 1"),
-    (["--ns", 512, 1024, "--fit-min", 2048], "--ns 1024 is below --fit-min 2048"),
+    (["--kinds", "primal+trans"], "--what layer measures none of --kinds primal+trans: primal+"),
     (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
     (["--kinds", "flash"], "argument --kinds: invalid choice: 'flash'"),
     *[(["--device", "cuda"], "--device cuda: this machine has no CUDA GPU")]
@@ -3478,6 +3478,19 @@ def test_bench_refuses_bad_flags_with_one_sentence(argv, said):
         with pytest.raises(SystemExit) as stop, contextlib.redirect_stderr(io.StringIO()) as err:
             parse([str(a) for a in argv])
         assert stop.value.code == 2 and said in err.getvalue().strip().splitlines()[-1]
+
+
+def test_bench_one_small_n_alone_and_a_csv_it_cannot_write(tmp_path):
+    """One N below --fit-min is measured, with no slope to fit; a --csv it cannot write: one
+    sentence, before anything is measured."""
+    argv = ["--kinds", "agf", "--ns", "32", "--repeats", "1", "--warmup", "0", "--csv"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert bench.main([*argv, str(tmp_path / "b.csv")]) == []
+    assert [r["N"] for r in csv.DictReader(open(tmp_path / "b.csv"))] == ["32"]
+    (tmp_path / "file").write_text("")
+    with mock.patch.object(bench, "run") as run, pytest.raises(SystemExit) as stop:
+        bench.main([*argv, str(tmp_path / "file" / "b.csv")])
+    assert stop.value.code.startswith("--csv: cannot write") and not run.called
 
 
 @pytest.mark.parametrize("argv, modes, gpu_modes", [  # gpu_modes: .ci/gpu_bench.py's
