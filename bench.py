@@ -175,12 +175,14 @@ def measure_row(row: dict, layer, args, compile_for=compile_for) -> None:
 
 
 class Rows:
-    """The rows measured, for the report; each also appended to the CSV as soon as it is
-    measured (a run cut off early keeps what it measured) and printed."""
+    """The rows measured; each printed and added to the CSV at once (a run cut off keeps it)."""
 
     def __init__(self, path: pathlib.Path, columns: tuple = COLUMNS):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(",".join(columns) + "\n")
+        try:  # before any time is spent measuring
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(",".join(columns) + "\n")
+        except OSError as e:
+            sys.exit(f"--csv: cannot write {path} ({e.strerror})")
         self.path, self.columns, self.rows = path, columns, []
 
     def add(self, row: dict) -> None:
@@ -317,8 +319,10 @@ def parse_args(argv=None, parser=None) -> argparse.Namespace:
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error(f"--device cuda: this machine has no CUDA GPU (torch {torch.__version__})")
     args.ns = args.ns or [256 * 2**i for i in range(8 if args.device == "cuda" else 6)]
-    if "layer" in args.what and max(args.ns) < args.fit_min:
-        p.error(f"--ns {max(args.ns)} is below --fit-min {args.fit_min}: no N to fit a slope to")
+    why = {"layer": "primal+trans is a model (--what step), not a layer", "step": "layers only"}
+    for what, kinds in (("layer", KINDS), ("step", STEP_KINDS)):
+        if what in args.what and not set(args.kinds) & set(kinds):  # not "nothing was measured"
+            p.error(f"--what {what} measures none of --kinds {' '.join(args.kinds)}: {why[what]}")
     args.compile = args.device == "cuda" if args.compile is None else args.compile
     args.modes = ["eager", "compiled"] if args.compile else ["eager"]
     return args

@@ -427,9 +427,12 @@ def main(argv: list | None = None) -> list:
         out = pathlib.Path(args.out, name) if args.out else run.folder / "diagnose"
         if run.weights.startswith("checkpoint.pt") and (run.folder / "best.pt").is_file():
             out = out / "last"  # beside the analysis of best.pt, the LRA default, not over it
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "summary.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-        paths = [f.name for f in save_figures(data, out, run.label)]
+        try:  # a run folder one may read but not write to (another's, read-only)
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "summary.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+            paths = [f.name for f in save_figures(data, out, run.label)]
+        except OSError as e:
+            _fail(f"cannot write to {out} ({e.strerror}): choose a folder to write to with --out")
         print(f"wrote summary.txt and {len(paths)} files to {out}: {' '.join(paths)}")
         cos = results["cosine"].tolist()
         row = dict(run=str(run.folder.resolve()), weights=run.weights, layers=len(cos) - 1,

@@ -19,6 +19,7 @@ import pickle
 import random
 import statistics
 import struct
+import uuid
 import zlib
 from dataclasses import dataclass
 
@@ -162,13 +163,17 @@ def write_listops(folder: pathlib.Path, settings: dict, progress: bool = True) -
     shards = settings.get("shards", 1)
     pairs = generate_listops(sum(sizes), settings["seed"], *limits, progress, shards)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "generator.json").write_text(json.dumps(settings) + "\n")  # first: no tsv lacks it
+    # Written whole under temporary names of this call's own, then renamed together at the end:
+    # no half files, and runs generating into one folder at once each rename their own files.
+    tmp = {name: folder / f"{name}.{uuid.uuid4().hex}.tmp"
+           for name in ["generator.json", *(f"basic_{split}.tsv" for split in SPLITS)]}  # fmt: skip
+    tmp["generator.json"].write_text(json.dumps(settings) + "\n")
     for split, start in zip(SPLITS, [0, sizes[0], sizes[0] + sizes[1]], strict=True):
-        tmp = folder / f"basic_{split}.tmp"  # written whole, then renamed: no half files
-        with open(tmp, "w", newline="") as f:  # as the release: csv, tabs, \r\n, a header
-            rows = [("Source", "Target"), *pairs[start : start + settings[split]]]
-            csv.writer(f, delimiter="\t").writerows(rows)
-        tmp.replace(folder / f"basic_{split}.tsv")
+        with open(tmp[f"basic_{split}.tsv"], "w", newline="") as f:
+            rows = [("Source", "Target"), *pairs[start : start + settings[split]]]  # a header
+            csv.writer(f, delimiter="\t").writerows(rows)  # as the release: tabs, \r\n
+    for name, path in tmp.items():  # generator.json first: no tsv lacks it
+        path.replace(folder / name)
 
 
 def pack(sequences: list, max_len: int, shift: int = 0) -> tuple:

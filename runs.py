@@ -135,17 +135,21 @@ def _open(cfg, out: pathlib.Path, script, unit, total, may_change):
     if found - WRITTEN and not cfg.resume:  # nothing a run did not write is ever deleted
         unknown = ", ".join(sorted(found - WRITTEN))
         raise SystemExit(f"{out} holds files that no run wrote ({unknown}): choose another --out")
-    if cfg.overwrite:
+    # A run is there once it has a checkpoint or a result; what a start stopped before its first
+    # checkpoint left (config.json, say) is no run: a fresh start replaces it, as --overwrite
+    held = found & {"checkpoint.pt", "result.json"}
+    if cfg.overwrite or not (held or cfg.resume):
         for name in found:
             shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
-    elif found and not cfg.resume:
+    elif not cfg.resume:
         raise SystemExit(f"{out} holds a run already: add --resume to continue it, --overwrite "
                          "to start it again (deleting its files), or choose another --out")
     if not cfg.resume:
         return None
     file = out / "checkpoint.pt"
     if not file.exists():
-        raise SystemExit(f"--resume: there is no checkpoint at {file}; start with --overwrite")
+        how = "with --overwrite" if held else "without --resume"
+        raise SystemExit(f"--resume: there is no checkpoint at {file}; start the run {how}")
     try:
         ckpt = torch.load(file, map_location="cpu", weights_only=False)
         then = ckpt["config"]
@@ -231,7 +235,8 @@ def run(main, cfg, unit: str, errors) -> None:
             done = torch.load(file, mmap=True, weights_only=False)["state"][unit]
             sys.stderr.write(f"\ninterrupted; continue from its {unit} {done} with --resume\n")
         elif RANK == 0:
-            sys.stderr.write("\ninterrupted; no checkpoint yet: --overwrite\n")
+            sys.stderr.write("\ninterrupted before the first checkpoint: the same command starts "
+                             "the run again\n")
         raise SystemExit(130) from None
     except errors as e:
         if RANK == 0 and out.is_dir() and os.listdir(out) == ["lock"]:  # a run that never began

@@ -17,6 +17,7 @@ at UEA_DIR, beside the project; the CUDA tests skip without a GPU.
 """
 
 import argparse
+import concurrent.futures
 import contextlib
 import copy
 import csv
@@ -1273,10 +1274,13 @@ def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
     (folder / "basic_val.tsv").unlink()
     with pytest.raises(lra_data.DataError, match=r"listops-tiny: incomplete"):
         lra_data.load_task("listops", tmp_path, 30, seed=5, listops=_LRA_TINY_LISTOPS)
-    lra_data.write_listops(tmp_path / "w", dict(_LRA_TINY_LISTOPS, seed=5), False)
-    written = (tmp_path / "w" / "basic_test.tsv").read_bytes()
-    assert written == (folder / "basic_test.tsv").read_bytes()
-    assert not list((tmp_path / "w").glob("*.tmp"))  # written whole, then renamed
+    # eight runs generating into one folder at once (quick runs side by side): each ends well,
+    # and the files are whole, as one writer's; no *.tmp is left
+    settings, w = dict(_LRA_TINY_LISTOPS, seed=5), tmp_path / "w"
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda _: lra_data.write_listops(w, settings, False), range(8)))
+    written = {p.name: p.read_bytes() for p in w.iterdir()}
+    assert sorted(written) == names and written["basic_train.tsv"] == train.read_bytes()
 
 
 def _lra_imdb(root: pathlib.Path, texts: dict) -> pathlib.Path:
@@ -2176,6 +2180,7 @@ _PRESETS = [  # (script, flags, settings they lead to): the official scripts' va
     ("train_lra.py", "--task retrieval --attention primal", dict(primal_rank=30)),
     ("train_lra.py", "--steps 500", dict(warmup=100)),  # the preset's warm-up fraction kept
     ("train_lra.py", "--steps 500 --warmup 7", dict(warmup=7)),
+    ("train_lra.py", "--task text --steps 2", dict(warmup=0)),  # 0.8 steps: none, not 1 or 2
     ("train_lra.py", "--preset quick", dict(listops_size=6000, max_len=100, steps=1000,
      d_model=64, out="runs/listops/agf-quick-seed0")),
     ("train_uea.py", "--dataset Heartbeat --attention agf", dict(agf_basis="chebyshev",
@@ -2427,6 +2432,27 @@ def test_train_lra_evaluates_every_eval_every_and_ties_keep_the_first_best(tmp_p
     assert n_test == 12 and tested == at_step_4 and tested != at_step_5
 
 
+def test_train_lra_text_reuses_the_validation_score_and_logs_each_evaluation(tmp_path):
+    """Text's test split is its validation split: the best weights' score there is their test
+    score, not evaluated again; a --max-len given far above the inputs is noted; when stderr is
+    no terminal (no bar), a line per evaluation."""
+    _lra_imdb(tmp_path, {"neg": ["bad", "awful film", "no"], "pos": ["good", "fine film", "ok"]})
+    argv = ["--task", "text", "--attention", "softmax", "--data-dir", str(tmp_path), "--out",
+            str(tmp_path / "run"), "--steps", "4", "--eval-every", "2", "--batch-size", "2",
+            "--max-len", "32", "--d-model", "16", "--d-ff", "32"]  # fmt: skip
+    printed, evaluate = io.StringIO(), mock.Mock(wraps=train_lra.evaluate)
+    with (
+        mock.patch.object(train_lra, "evaluate", evaluate), _one_thread(),
+        contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()),
+    ):
+        result = train_lra.main(train_lra.parse_config(argv))
+    assert evaluate.call_count == 2 and result["test_acc"] == result["val_acc"]
+    lines = printed.getvalue().splitlines()
+    assert lines[1].startswith("max_len 32 is more than twice the longest input (10 tokens)")
+    assert [line.split()[:2] for line in lines if line.startswith("step ")] == [
+        ["step", "2"], ["step", "4"]]  # fmt: skip
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_train_lra_and_train_uea_evaluate_is_one_pass_over_a_split_in_eval_mode(script):
     """evaluate() in batches of 2 (the last one short) equals one forward pass over all 5
@@ -2619,6 +2645,8 @@ def test_train_lra_and_train_uea_from_the_command_line(tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     lines = run.stdout.strip().splitlines()
     assert json.loads(lines[0])["attention"] == "softmax" and lines[-1].startswith("RESULT ")
+    assert "step 2  lr" in run.stdout  # stdout a pipe, no bar: a line per evaluation instead
+    assert "twice the longest input" not in run.stdout  # no note for the preset's own max_len
     assert json.loads(lines[-1][len("RESULT ") :]) == _result_of(tmp_path / "run")
     with pytest.raises(SystemExit) as missing:  # no folder is left of a run never begun
         cfg = train_lra.parse_config(["--task", "image", "--data-dir", str(tmp_path), "--out",
@@ -2762,7 +2790,8 @@ def test_runs_a_run_interrupted_and_resumed_continues_exactly(tmp_path, script):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_runs_ctrl_c_says_how_to_go_on(tmp_path, script):
-    """Ctrl-C: exit 130, one sentence: --overwrite before a checkpoint, else --resume from it."""
+    """Ctrl-C: exit 130, one sentence: before the first checkpoint, that the same command starts
+    again (what it left is no run: --resume says so too); after it, --resume from it."""
     module, unit = SCRIPTS[script]
     err = io.StringIO()
     with (
@@ -2770,8 +2799,12 @@ def test_runs_ctrl_c_says_how_to_go_on(tmp_path, script):
         pytest.raises(SystemExit) as stop,
     ):
         _train_both(tmp_path, script, tmp_path / "run", printed=err)
-    assert stop.value.code == 130
-    assert "interrupted; no checkpoint yet: --overwrite" in err.getvalue()
+    assert stop.value.code == 130 and os.listdir(tmp_path / "run") != ["lock"]
+    assert "before the first checkpoint: the same command starts the run again" in err.getvalue()
+    message = _stops(tmp_path, script, tmp_path / "run", "--resume")
+    assert message.endswith("checkpoint.pt; start the run without --resume")
+    _train_both(tmp_path, script, tmp_path / "run")  # the same command: a fresh run, all of it
+    assert len(_log(tmp_path / "run")) == 2
     _train_both(tmp_path, script, tmp_path / "done")
     cfg = module.parse_config(_argv(tmp_path, script, tmp_path / "done", "--resume"))
     with contextlib.redirect_stderr(io.StringIO()) as err, pytest.raises(SystemExit) as stop:
@@ -2799,12 +2832,12 @@ def test_runs_one_run_per_folder_checked_under_the_lock(tmp_path, script):
     real = fcntl.flock
 
     def meanwhile(file, how):  # another run writes its files while this one waits for the lock
-        (out / "config.json").write_text("{}")
+        (out / "checkpoint.pt").write_text("{}")
         return real(file, how)
 
     with mock.patch.object(runs.fcntl, "flock", meanwhile):
         assert "holds a run already" in _stops(tmp_path, script, out)
-    (out / "config.json").unlink()
+    (out / "checkpoint.pt").unlink()
     _train_both(tmp_path, script, out)
     before = _files(out)
     message = _stops(tmp_path, script, out, "--seed", "5")
@@ -3369,6 +3402,10 @@ def test_diagnose_bad_input_gets_one_clear_line(uea_runs, tmp_path):
     assert "best.pt cannot be read as a checkpoint" in _diag_error([tmp_path / "best.pt"])
     message = _diag_error([uea_runs[0], "--data-dir", tmp_path])  # the data is not there
     assert "JapaneseVowels is not in" in message and "point --data-dir at its data" in message
+    denied = PermissionError(13, "Permission denied")  # a run folder one may only read
+    with mock.patch.object(pathlib.Path, "mkdir", side_effect=denied):
+        assert "(Permission denied): choose a folder to write to with --out" in _diag_error(
+            [uea_runs[0]])  # fmt: skip
     ckpt = torch.load(uea_runs[0] / "checkpoint.pt", weights_only=False)
     ckpt["model_config"]["n_layers"] = 3
     (tmp_path / "other").mkdir()
@@ -3476,7 +3513,7 @@ def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path)
     (["--warmup", -1], "argument --warmup: must be at least 0"),
     (["--batch", "x"], "argument --batch: invalid int value: 'x'"),
     (["--step-ns", 1024, 0], "argument --step-ns: must be at least 1"),
-    (["--ns", 512, 1024, "--fit-min", 2048], "--ns 1024 is below --fit-min 2048"),
+    (["--kinds", "primal+trans"], "--what layer measures none of --kinds primal+trans: primal+"),
     (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
     (["--kinds", "flash"], "argument --kinds: invalid choice: 'flash'"),
     *[(["--device", "cuda"], "--device cuda: this machine has no CUDA GPU")]
@@ -3488,6 +3525,19 @@ def test_bench_refuses_bad_flags_with_one_sentence(argv, said):
         with pytest.raises(SystemExit) as stop, contextlib.redirect_stderr(io.StringIO()) as err:
             parse([str(a) for a in argv])
         assert stop.value.code == 2 and said in err.getvalue().strip().splitlines()[-1]
+
+
+def test_bench_one_small_n_alone_and_a_csv_it_cannot_write(tmp_path):
+    """One N below --fit-min is measured, with no slope to fit; a --csv it cannot write: one
+    sentence, before anything is measured."""
+    argv = ["--kinds", "agf", "--ns", "32", "--repeats", "1", "--warmup", "0", "--csv"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert bench.main([*argv, str(tmp_path / "b.csv")]) == []
+    assert [r["N"] for r in csv.DictReader(open(tmp_path / "b.csv"))] == ["32"]
+    (tmp_path / "file").write_text("")
+    with mock.patch.object(bench, "run") as run, pytest.raises(SystemExit) as stop:
+        bench.main([*argv, str(tmp_path / "file" / "b.csv")])
+    assert stop.value.code.startswith("--csv: cannot write") and not run.called
 
 
 @pytest.mark.parametrize("argv, modes, gpu_modes", [  # gpu_modes: .ci/gpu_bench.py's

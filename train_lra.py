@@ -129,6 +129,8 @@ def main(cfg: TrainConfig) -> dict:
     data, notes = load_task(**data_args)
     if ddp and master:
         dist.barrier()
+    if cfg.max_len == (QUICK if cfg.preset == "quick" else TASKS[cfg.task])["max_len"]:
+        notes = [n for n in notes if not n.startswith("max_len ")]  # noted for a given --max-len
     for note in notes if master else ():
         print(note, flush=True)
     n_train = len(data["train"].y)
@@ -191,15 +193,19 @@ def main(cfg: TrainConfig) -> dict:
         if master:  # the checkpoint first: a crash in between loses a log line, not a step
             runs.save(out / "checkpoint.pt", runs.checkpoint(parts, state, **about))
             runs.save(out / "metrics.jsonl", record)
+            if bar.disable:  # no bar (not a terminal: a log file, CI, nohup): a line instead
+                print("  ".join(f"{k} {v:.4g}" for k, v in record.items()), flush=True)
     bar.close()
 
     # 5) test once (rank 0), with the weights that scored best on validation. A run stopped
-    # after its last checkpoint but before this ends here on --resume.
-    result = None
-    if master:
+    # after its last checkpoint but before this ends here on --resume. Text: the test split is
+    # the validation split (as officially), where those weights scored best_val_acc already.
+    result, test_acc = None, state["best_val_acc"]
+    if master and data["val"] is not data["test"]:
         model.load_state_dict(torch.load(out / "best.pt", map_location=device)["model"])
         # NOTE: differs from the official test loader (drop_last=True): every example counts.
         test_acc, _ = evaluate(fast, data["test"], cfg.batch_size, device, autocast)
+    if master:
         result = dict(
             task=cfg.task, attention=cfg.attention, seed=cfg.seed, preset=cfg.preset,
             protocol="test_acc of the weights with the best val_acc"
@@ -286,7 +292,8 @@ def presets(given: dict, error) -> dict:
     values.update(QUICK if preset == "quick" else {})
     if "steps" in given and "warmup" not in given:  # keep the preset's warm-up fraction
         warmup = round(values["warmup"] * given["steps"] / values["steps"])
-        values["warmup"] = 2 if warmup == 1 else warmup  # OneCycleLR cannot warm up in 1 step
+        warmup = 2 if warmup == 1 else warmup  # OneCycleLR cannot warm up in 1 step
+        values["warmup"] = warmup if warmup < given["steps"] else 0  # too short to warm up
     warmup, steps = given.get("warmup", values["warmup"]), given.get("steps", values["steps"])
     if steps > 0 and (warmup == 1 or warmup >= steps):  # (--steps 0 is refused as it is)
         error(f"--warmup must be 0 or 2 .. --steps - 1 = {steps - 1}, got {warmup}")
