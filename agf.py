@@ -6,16 +6,16 @@ Paper:  H. Wi, J. Choi, N. Park, "Learning Advanced Self-Attention for Linear Tr
         the Singular Value Domain", IJCAI 2025, arXiv:2505.08516v1. The paper body is not
         available, so nothing here cites an equation number: sources are the AGF README and the
         official code (jeongwhanchoi/agf @ f338b5b, AGF_LRA/attention_svd.py, polyconv.py).
-Idea:   Attention is a directed graph filter H over tokens. AGF builds it in SVD form,
-            AGF(X) = H · X W_val,   H = U(X) Σ(X) V(X)ᵀ                     (AGF README)
+Idea:   Attention is a graph filter A over tokens (AGF README: H). AGF builds it in SVD form,
+            AGF(X) = A · X W_val,   A = U(X) Σ(X) V(X)ᵀ                     (AGF README)
         with "singular vectors" U = softmax over d (rows), V = softmax over tokens (columns),
         and token-wise "singular values" Σ_i = diag(g(sigmoid(x_i W_Σ))), where g is a learned
-        polynomial g(s) = Σ_k θ̃_k P_k^(α,β)(s) (polynomials.py). Negative θ̃_k let H pass high
+        polynomial g(s) = Σ_k θ̃_k P_k^(α,β)(s) (polynomials.py). Negative θ̃_k let A pass high
         frequencies too (README, Theorem 2). A penalty γ·(mean|UᵀU - I| + mean|VᵀV - I|)
         pushes U and V towards orthonormal columns. The paper's ablation compares two reduced
-        forms, here variant="uv" (H = U Vᵀ: no Σ, linear attention with softmax feature maps)
-        and variant="svd" (H = U Σ Vᵀ with Σ_i = diag(sigmoid(x_i W_Σ)) unfiltered).
-Cost:   O(N·d²) time and O(N·d) memory per head: Y = (U ⊙ g)·(Vᵀ·Val); H is never formed.
+        forms, here variant="uv" (A = U Vᵀ: no Σ, linear attention with softmax feature maps)
+        and variant="svd" (A = U Σ Vᵀ with Σ_i = diag(sigmoid(x_i W_Σ)) unfiltered).
+Cost:   O(N·d²) time and O(N·d) memory per head: Y = (U ⊙ g)·(Vᵀ·Val); A is never formed.
 
 Symbols (paper -> code -> shape):
     X          x                 (B, N, D)     input tokens
@@ -27,11 +27,11 @@ Symbols (paper -> code -> shape):
     V(X)       v                 (B, H, N, d)  softmax over N: each column sums to 1
     σ(X W_Σ)   s                 (B, H, N, d)  sigmoid, in (0, 1)
     g(Σ)       g                 (B, H, N, d)  filtered singular values, the d diagonals Σ_i
-    H          graph_filter      (B, H, N, N)  only in agf_dense_reference
+    A (H)      graph_filter      (B, H, N, N)  only in agf_dense_reference
     θ_k        poly_filter.theta (K,)          one set per layer, shared by heads
     γ          ortho_weight      float         weight of the orthogonality penalty
-Dims:   B batch, N tokens, D model width, H heads, d = D/H head width, r rank,
-        K polynomial order (legend: README). Here the rank r equals d.
+Dims:   B batch, N tokens, D model width, H heads, d = D/H head width (here also the rank),
+        K polynomial order (legend: README)
 
 Run:         python agf.py   -> shapes, fast path == dense N x N reference, a cost curve
 Depends on:  torch, polynomials.py (copy both)
@@ -72,7 +72,7 @@ def masked_token_softmax(logits: Tensor, mask: Optional[Tensor]) -> Tensor:
 def agf_apply(u: Tensor, g: Tensor, v: Tensor, values: Tensor) -> Tensor:
     """Y = U Σ Vᵀ Val with Σ_i = diag(g_i), evaluated right to left.      (AGF README)
 
-    Row i: Y_i = (u_i ⊙ g_i)ᵀ (Vᵀ Val), so the N x N filter H is never built.
+    Row i: Y_i = (u_i ⊙ g_i)ᵀ (Vᵀ Val), so the N x N filter A is never built.
 
     Args:
         u: U(X), rows sum to 1.                      (B, H, N, d)
@@ -122,8 +122,8 @@ class AGFAttention(nn.Module):
         alpha, beta: Jacobi α, β (basis "jacobi" only).
         ortho_weight: γ, weight of the orthogonality penalty (official --reg / --eta).
         fix_theta0: freeze θ̃_0 = 1 (LRA; UEA --fixI) instead of learning tanh(θ_0) from 0.
-        variant: "agf" (the full model), "uv" (H = U Vᵀ, no W_Σ and no filter) or "svd"
-            (H = U Σ Vᵀ, Σ = diag(sigmoid(X W_Σ)) as it is, no filter): the paper's ablation.
+        variant: "agf" (the full model), "uv" (A = U Vᵀ, no W_Σ and no filter) or "svd"
+            (A = U Σ Vᵀ, Σ = diag(sigmoid(X W_Σ)) as it is, no filter): the paper's ablation.
     Shapes:
         forward(x (B, N, D), mask (B, N) bool, True = real token) -> (y (B, N, D), aux_loss ())
         aux_loss = γ · penalty, averaged over the batch, in float32 (float64 for float64 x);
@@ -183,7 +183,7 @@ class AGFAttention(nn.Module):
             v = masked_token_softmax(v_logits.to(work), mask)  # (B, H, N, d), columns sum to 1
             if mask is not None:
                 # NOTE: differs from the official code: padded rows of U are zeroed, because
-                #       padding must not enter UᵀU (the aux loss) nor H. The official LRA code
+                #       padding must not enter UᵀU (the aux loss) nor A. The official LRA code
                 #       keeps them; its UEA code masks nothing at all.
                 u = u.masked_fill(~mask[:, None, :, None], 0.0)
             # 3) s = sigmoid(X W_Σ) ∈ (0, 1); 4) Σ_i = diag(g(s_i)), g(s) = Σ_k θ̃_k P_k(s);
@@ -236,24 +236,24 @@ DENSE_MAX_BYTES = 2**32  # 4 GiB: default cap on one (B, H, N, N) matrix of a de
 
 def agf_dense_reference(layer: AGFAttention, x: Tensor, mask: Optional[Tensor] = None, *,
                         max_bytes: int = DENSE_MAX_BYTES) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """Same output as layer(x, mask)[0], with the N x N graph filter H written out. Tests only.
+    """Same output as layer(x, mask)[0], with the N x N graph filter A written out. Tests only.
 
-    H_ij = Σ_c U_ic g_ic V_jc, i.e. H = U Σ Vᵀ with a token-wise diagonal Σ_i. Its rows do not sum
+    A_ij = Σ_c U_ic g_ic V_jc, i.e. A = U Σ Vᵀ with a token-wise diagonal Σ_i. Its rows do not sum
     to 1, and padded tokens have zero rows and columns.
 
     Args:
-        max_bytes: MemoryError, before allocating, if H would take more bytes (default 4 GiB).
+        max_bytes: MemoryError, before allocating, if A would take more bytes (default 4 GiB).
     Returns:
-        y (B, N, D), graph_filter H (B, H, N, N)
+        y (B, N, D), graph_filter A (B, H, N, N)
     """
     B, N, D = x.shape
-    work = torch.promote_types(x.dtype, torch.float32)  # the dtype of `factors`, hence of H
-    shape, gib = (B, layer.n_heads, N, N), 2**30  # refuse H before torch tries it (and swaps)
+    work = torch.promote_types(x.dtype, torch.float32)  # the dtype of `factors`, hence of A
+    shape, gib = (B, layer.n_heads, N, N), 2**30  # refuse A before torch tries it (and swaps)
     if (size := math.prod(shape) * work.itemsize) > max_bytes:
-        raise MemoryError(f"x: dense H {shape} {work}: {size / gib:.1f} GiB > {max_bytes=}")
+        raise MemoryError(f"x: dense A {shape} {work}: {size / gib:.1f} GiB > {max_bytes=}")
     u, g, v, values = layer.factors(x, mask)
     graph_filter = torch.einsum("bhic,bhjc->bhij", u * g, v)  # U diag(g_i) Vᵀ: (B, H, N, N)
-    y = graph_filter @ values  # H Val: (B,H,N,N) @ (B,H,N,d) -> (B,H,N,d)
+    y = graph_filter @ values  # A Val: (B,H,N,N) @ (B,H,N,d) -> (B,H,N,d)
     y = layer.W_o(y.transpose(1, 2).reshape(B, N, D).to(x.dtype))
     if mask is not None:
         y = y.masked_fill(~mask[..., None], 0.0)
@@ -275,10 +275,10 @@ if __name__ == "__main__":
     print(f"x {tuple(x.shape)} -> y {tuple(y.shape)}   aux_loss={aux.item():.4f}   {n_params=:,}")
     print(layer.poly_filter)
 
-    # Check: the O(N d²) path equals the explicit N x N filter H = U diag(g) Vᵀ.
+    # Check: the O(N d²) path equals the explicit N x N filter A = U diag(g) Vᵀ.
     y_dense, graph_filter = agf_dense_reference(layer, x, mask)
     same = torch.allclose(y, y_dense, atol=1e-12)
-    print(f"fast path == dense H (B, H, N, N) = {tuple(graph_filter.shape)}: {same}")
+    print(f"fast path == dense A (B, H, N, N) = {tuple(graph_filter.shape)}: {same}")
 
     # Cost: fwd+bwd time and memory saved for backward as N doubles (expect ~2x each: O(N d²)).
     layer, saved = AGFAttention(D, H), []

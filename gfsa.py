@@ -211,9 +211,6 @@ class GFSAttention(nn.Module):
         return y, x.new_zeros(())  # GFSA has no auxiliary loss
 
 
-# What the idea above calls: key masks, the linear kernel's features, the dense reference.
-
-
 def _real_keys(mask: Tensor) -> Tensor:
     """(B, N) bool: the keys a query may use; a sequence with no real token may use them all."""
     # An all-padding sequence would otherwise give an all-False row and softmax 0/0 = NaN on some

@@ -14,22 +14,22 @@ Idea:   Softmax attention o_i = Σ_j v(x_j) κ(x_i, x_j) is the *dual* form of a
             J = ½ Σ_i e_iᵀ Λ e_i + ½ Σ_j r_jᵀ Λ r_j − Tr(W_eᵀ W_r)          (poster, primal problem)
         is 0 at every stationary point (KKT), so η·J² joins the training loss and pushes each
         layer towards a KSVD solution without ever computing an SVD.
-Cost:   O(N·d·r) time and memory per head; no N x N tensor (the dual form needs O(N²)).
+Cost:   O(N·d·s) time and memory per head; no N x N tensor (the dual form needs O(N²)).
 
 Symbols (paper -> code -> shape):
     X                 x             (B, N, D)     layer input
     φ_q, φ_k          phi_q, phi_k  (B, H, N, d)  cosine feature maps of queries and keys
     f(X)              f_x           (B, H, m, d)  m sampled real tokens, head h = channels h·d..
-    W_e, W_r          We, Wr        (H, m, r)     base projection weights; (H, d, r) if causal
-    W_{e|X}, W_{r|X}  W_eX, W_rX    (B, H, d, r)  data-dependent projection weights
-    e, r              e, r          (B, H, N, r)  projection scores
-    Λ = diag(λ²)      Lambda = λ    (H, r)        KSVD regularisation coefficients (loss only)
+    W_e, W_r          We, Wr        (H, m, s)     base projection weights; (H, d, s) if causal
+    W_{e|X}, W_{r|X}  W_eX, W_rX    (B, H, d, s)  data-dependent projection weights
+    e, r              e, r          (B, H, N, s)  projection scores
+    Λ = diag(λ²)      Lambda = λ    (H, s)        KSVD regularisation coefficients (loss only)
     η                 ksvd_weight   float         weight of J² in the training loss
-    [e; r] -> o       W_er          Linear(2r, d) the "linear map to the output size" (poster),
+    [e; r] -> o       W_er          Linear(2s, d) the "linear map to the output size" (poster),
                                                   shared by heads; official `concate_weight`
-    H_e, H_r          h_e, h_r      (B, H, N, r)  dual variables (dense reference only)
-Dims:   B batch, N tokens, D model width, H heads, d = D / H head width, r rank = number of
-        KSVD components (the paper's s; not the r-scores), m = min(max_len, r·rank_multi)
+    H_e, H_r          h_e, h_r      (B, H, N, s)  dual variables (dense reference only)
+Dims:   B batch, N tokens, D model width, H heads, d = D / H head width, s rank = number of
+        KSVD components (the paper's s; r is only the r-scores), m = min(max_len, s·rank_multi)
         sampled tokens (legend: README)
 
 Run:         python ksvd_attention.py  -> shapes, primal == dual check, a cost curve (CPU, seconds)
@@ -97,22 +97,22 @@ def causal_running_mean(z: Tensor, mask: Tensor) -> Tensor:
 def primal_scores(
     phi_q: Tensor, phi_k: Tensor, f_x: Optional[Tensor], We: Tensor, Wr: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """Primal projection scores e = Φq W_{e|X}, r = Φk W_{r|X}, evaluated in O(N d r).  (Remark 3.3)
+    """Primal projection scores e = Φq W_{e|X}, r = Φk W_{r|X}, evaluated in O(N d s).  (Remark 3.3)
 
     Args:
         phi_q, phi_k: feature maps φ_q(x_i), φ_k(x_j).              (B, H, N, d)
         f_x:    sampled tokens f(X); None for the causal variant,   (B, H, m, d)
                 where W_e, W_r are used directly as W_{e|X}, W_{r|X}.
-        We, Wr: base weights, shared over the batch or one per      (H, m, r) or (B, H, m, r)
-                sequence ((H, d, r) when f_x is None).
+        We, Wr: base weights, shared over the batch or one per      (H, m, s) or (B, H, m, s)
+                sequence ((H, d, s) when f_x is None).
     Returns:
-        e, r                                                        (B, H, N, r) each
+        e, r                                                        (B, H, N, s) each
     """
-    if f_x is not None:
-        # W_{e|X} = f(X)ᵀ W_e first: O(m d r), and no (N, m)-sized Φq f(X)ᵀ is ever formed
-        We = f_x.transpose(-2, -1) @ We  # (B,H,d,m) @ (H,m,r) -> (B,H,d,r)
-        Wr = f_x.transpose(-2, -1) @ Wr  # (B,H,d,m) @ (H,m,r) -> (B,H,d,r)
-    return phi_q @ We, phi_k @ Wr  # (B,H,N,d) @ (B,H,d,r) -> (B,H,N,r)
+    W_eX, W_rX = We, Wr  # the causal variant (f_x None): the base weights themselves
+    if f_x is not None:  # W_{e|X} = f(X)ᵀ W_e first: O(m d s), no (N, m)-sized Φq f(X)ᵀ formed
+        W_eX = f_x.transpose(-2, -1) @ We  # (B,H,d,m) @ (H,m,s) -> (B,H,d,s)
+        W_rX = f_x.transpose(-2, -1) @ Wr  # (B,H,d,m) @ (H,m,s) -> (B,H,d,s)
+    return phi_q @ W_eX, phi_k @ W_rX  # (B,H,N,d) @ (B,H,d,s) -> (B,H,N,s)
 
 
 def ksvd_objective(
@@ -124,9 +124,9 @@ def ksvd_objective(
     (poster, primal problem, with Σ_i replaced by a mean as in the code; λ ⊙ e = Λ^{1/2} e).
 
     Args:
-        e, r:       projection scores.                                  (B, H, N, r)
-        Lambda:     λ, with Λ = diag(λ²).                               (H, r)
-        We, Wr:     base weights of the trace term.                     (H, m, r) or (H, d, r)
+        e, r:       projection scores.                                  (B, H, N, s)
+        Lambda:     λ, with Λ = diag(λ²).                               (H, s)
+        We, Wr:     base weights of the trace term.                     (H, m, s) or (H, d, s)
         mask:       True = real token; padded tokens do not count.      (B, N) bool
         per_sample: False: one J for the batch, means over all real tokens of all sequences
                     (LRA, ImageNet code). True: one J_b per sequence (UEA, D4RL, WikiText
@@ -135,7 +135,7 @@ def ksvd_objective(
         J () if not per_sample, else J_b (B,)
     """
     H = e.shape[1]
-    lam = Lambda[None, :, None, :]  # (1, H, 1, r)
+    lam = Lambda[None, :, None, :]  # (1, H, 1, s)
     energy = 0.5 * ((lam * e).pow(2).sum(-1) + (lam * r).pow(2).sum(-1))  # (B, H, N)
     # NOTE: differs from the official LRA loss (model_wrapper.py): it averages over all N
     #       positions, padding included. We skip padding, because junk must not change the loss.
@@ -185,16 +185,16 @@ def kkt_base_weights(
     (F = I when f_x is None). Then primal e = Φq Fᵀ W_e = K_X H_r and r = K_Xᵀ H_e (Remark 3.3).
 
     Args:
-        h_e, h_r: dual variables; rows of padded tokens are ignored.      (B, H, N, r)
+        h_e, h_r: dual variables; rows of padded tokens are ignored.      (B, H, N, s)
     Returns:
-        W_e, W_r, one pair per sequence: (B, H, m, r), or (B, H, d, r) when f_x is None
+        W_e, W_r, one pair per sequence: (B, H, m, s), or (B, H, d, s) when f_x is None
     """
     real = mask[:, None, :, None]  # (B, 1, N, 1)
-    W_e = phi_k.transpose(-2, -1) @ h_r.masked_fill(~real, 0.0)  # (B,H,d,N) @ (B,H,N,r)
-    W_r = phi_q.transpose(-2, -1) @ h_e.masked_fill(~real, 0.0)  # -> (B, H, d, r)
+    W_e = phi_k.transpose(-2, -1) @ h_r.masked_fill(~real, 0.0)  # (B,H,d,N) @ (B,H,N,s)
+    W_r = phi_q.transpose(-2, -1) @ h_e.masked_fill(~real, 0.0)  # -> (B, H, d, s)
     if f_x is None:
         return W_e, W_r
-    return f_x @ W_e, f_x @ W_r  # (B,H,m,d) @ (B,H,d,r) -> (B,H,m,r)
+    return f_x @ W_e, f_x @ W_r  # (B,H,m,d) @ (B,H,d,s) -> (B,H,m,s)
 
 
 def ksvd_dual_reference(phi_q: Tensor, phi_k: Tensor, f_x: Optional[Tensor], h_e: Tensor,
@@ -208,10 +208,10 @@ def ksvd_dual_reference(phi_q: Tensor, phi_k: Tensor, f_x: Optional[Tensor], h_e
     max_bytes: the cap on K_X, see `ksvd_kernel`.
 
     Returns:
-        e, r                                                         (B, H, N, r) each
+        e, r                                                         (B, H, N, s) each
     """
     kernel = ksvd_kernel(phi_q, phi_k, f_x, mask, max_bytes=max_bytes)  # (B, H, N, N)
-    return kernel @ h_r, kernel.transpose(-2, -1) @ h_e  # (B,H,N,N) @ (B,H,N,r) -> (B,H,N,r)
+    return kernel @ h_r, kernel.transpose(-2, -1) @ h_e  # (B,H,N,N) @ (B,H,N,s) -> (B,H,N,s)
 
 
 class PrimalAttention(nn.Module):
@@ -220,15 +220,15 @@ class PrimalAttention(nn.Module):
     Args:
         d_model:     D, token width.
         n_heads:     H; each head has width d = D / H.
-        rank:        r, KSVD components per head (paper s; official `low_rank`). Default 20 and
+        rank:        s, KSVD components per head (paper s; official `low_rank`). Default 20 and
                      the other defaults: LRA ListOps, Primal. (official PrimalFormer run_tasks.sh).
         rank_multi:  m = min(max_len, rank·rank_multi) sampled tokens (official `rank_multi`).
-        max_len:     caps m; set it to the longest sequence (UEA code: min(N_max, r·rank_multi)).
+        max_len:     caps m; set it to the longest sequence (UEA code: min(N_max, s·rank_multi)).
                      A longer input is allowed: m stays fixed, only the sample spacing grows.
                      rank_multi and max_len are unused when causal=True (no sampling).
         ksvd_weight: η, the weight of J² in the returned aux loss (LRA ListOps Primal.: 0.1).
         causal:      decoder variant of the official D4RL / WikiText code: running means of q
-                     and k, data-independent W_e, W_r of shape (H, d, r).
+                     and k, data-independent W_e, W_r of shape (H, d, s).
         ksvd_reduction: "batch": η·J² with J averaged over the whole batch (LRA, ImageNet code);
                      "sample": η·mean_b J_b² over per-sequence J_b (UEA, D4RL, WikiText code).
                      "sample" asks every sequence to sit at a stationary point; "batch" lets
@@ -252,13 +252,13 @@ class PrimalAttention(nn.Module):
         self.ksvd_weight, self.causal, self.ksvd_reduction = ksvd_weight, causal, ksvd_reduction
         self.W_q = nn.Linear(d_model, d_model)  # queries; there is no value projection
         self.W_k = nn.Linear(d_model, d_model)  # keys
-        # orthogonal_ flattens (H, m, r) to H x (m·r): the H rows are orthonormal, so each head's
+        # orthogonal_ flattens (H, m, s) to H x (m·s): the H rows are orthonormal, so each head's
         # block has unit Frobenius norm but is not itself orthogonal (as in the official code)
         rows = self.d_head if causal else self.n_samples
         self.We = nn.Parameter(nn.init.orthogonal_(torch.empty(n_heads, rows, rank)))
         self.Wr = nn.Parameter(nn.init.orthogonal_(torch.empty(n_heads, rows, rank)))
         self.Lambda = nn.Parameter(torch.rand(n_heads, rank))  # λ ~ U(0, 1); Λ = diag(λ²)
-        # W_er: the 2r -> d "linear map to the output size" (poster) of [e; r], shared by all heads
+        # W_er: the 2s -> d "linear map to the output size" (poster) of [e; r], shared by all heads
         # as in the official code, which calls it `concate_weight`
         self.W_er = nn.Linear(2 * rank, self.d_head)
         self.W_o = nn.Linear(d_model, d_model)  # output projection
@@ -291,7 +291,7 @@ class PrimalAttention(nn.Module):
         return f_x.view(x.shape[0], self.n_samples, self.n_heads, self.d_head).transpose(1, 2)
 
     def scores(self, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Steps 1-3 of forward: e, r (B, H, N, r) each, for x (B, N, D), mask (B, N) bool."""
+        """Steps 1-3 of forward: e, r (B, H, N, s) each, for x (B, N, D), mask (B, N) bool."""
         # zero the padding first: even inf / NaN junk then cannot reach a real position
         # (NaN · 0 is NaN, so masking later would not be enough for the backward pass)
         x = x.to(self.W_q.weight.dtype).masked_fill(~mask[..., None], 0.0)
@@ -309,9 +309,9 @@ class PrimalAttention(nn.Module):
         # squared scores in J and long running sums lose too much in fp16 / bf16.
         with torch.autocast(device_type=x.device.type, enabled=False):
             # 1-3) φ_q, φ_k; W_{e|X} = f(X)ᵀ W_e, W_{r|X}; e = Φq W_{e|X}, r = Φk W_{r|X}
-            e, r = self.scores(x, mask)  # (B, H, N, r) each                    (Remark 3.3)
+            e, r = self.scores(x, mask)  # (B, H, N, s) each                    (Remark 3.3)
             # 4) o_i = W_er [e_i ; r_i], 2r -> d, the same map for every head       (poster)
-            o = self.W_er(torch.cat([e, r], dim=-1))  # (B,H,N,2r) -> (B,H,N,d)
+            o = self.W_er(torch.cat([e, r], dim=-1))  # (B,H,N,2s) -> (B,H,N,d)
             # 5) merge heads, project, zero padded rows
             # NOTE: the official LRA code zeroes before the projection (padded rows = its bias)
             y = self.W_o(o.transpose(1, 2).reshape(B, N, D))  # (B, N, D)
@@ -342,8 +342,8 @@ def _check_inputs(x: Tensor, mask: Optional[Tensor], weight: Tensor) -> None:
 if __name__ == "__main__":
     # `python ksvd_attention.py`: a few-second tour of this file; CPU is fine.
     torch.manual_seed(0)
-    B, N, D, H, r = 2, 64, 32, 4, 8
-    layer = PrimalAttention(D, H, rank=r, rank_multi=4, max_len=N)  # m = min(64, 8·4) = 32
+    B, N, D, H, s = 2, 64, 32, 4, 8
+    layer = PrimalAttention(D, H, rank=s, rank_multi=4, max_len=N)  # m = min(64, 8·4) = 32
     x = torch.randn(B, N, D)
     mask = torch.ones(B, N, dtype=torch.bool)
     mask[1, 48:] = False  # 2nd sequence: last 16 tokens are padding
@@ -357,17 +357,17 @@ if __name__ == "__main__":
     with torch.no_grad():
         phi_q, phi_k = layer.feature_maps(x, mask)
         f_x = layer.sampled_tokens(x, mask)
-        h_e, h_r = torch.randn(2, B, H, N, r, dtype=torch.float64)
-        W_e, W_r = kkt_base_weights(phi_q, phi_k, f_x, h_e, h_r, mask)  # (B, H, m, r)
-        e, r_scores = primal_scores(phi_q, phi_k, f_x, W_e, W_r)
+        h_e, h_r = torch.randn(2, B, H, N, s, dtype=torch.float64)
+        W_e, W_r = kkt_base_weights(phi_q, phi_k, f_x, h_e, h_r, mask)  # (B, H, m, s)
+        e, r = primal_scores(phi_q, phi_k, f_x, W_e, W_r)
         e_dual, r_dual = ksvd_dual_reference(phi_q, phi_k, f_x, h_e, h_r, mask)
     real = mask[:, None, :, None]  # compare at real tokens; the dual form is 0 at padding
     same = torch.allclose(e.masked_fill(~real, 0.0), e_dual)
-    same &= torch.allclose(r_scores.masked_fill(~real, 0.0), r_dual)
+    same &= torch.allclose(r.masked_fill(~real, 0.0), r_dual)
     print("primal scores == dual (N x N kernel) scores:", same)
 
-    # Cost: one forward + backward as N doubles (expect ~2x per doubling: O(N d r)).
-    layer = PrimalAttention(D, H, rank=r, rank_multi=4, max_len=N)
+    # Cost: one forward + backward as N doubles (expect ~2x per doubling: O(N d s)).
+    layer = PrimalAttention(D, H, rank=s, rank_multi=4, max_len=N)
     for n in (1024, 2048, 4096, 8192):
         xn, times = torch.randn(4, n, D, requires_grad=True), []
         for _ in range(3):  # best of 3: the first call pays one-off allocation costs

@@ -11,9 +11,7 @@ Two model styles, because the official code of the three papers uses two:
 
 The attention of each layer is chosen by name (ATTENTION below); a list gives one kind per layer,
 and "primal+trans" is the papers' hybrid (softmax layers, Primal last). Every attention has one
-interface and checks its inputs the same way (TypeError: a dtype other than the layer's outside
-autocast; ValueError: a wrong shape, N = 0, a mask on another device). Padding is never read, NaN
-included, and an empty batch (B = 0) gives a zero aux loss:
+interface and input checks; padding is never read, NaN included; a batch of 0 has aux loss 0:
     forward(x (B, N, D), mask (B, N) bool, True = real token) -> (y (B, N, D), aux_loss ())
 `Classifier.forward` returns (logits (B, C), aux_loss ()), where aux_loss is the mean over the
 layers whose mechanism has an auxiliary loss (AGF, Primal), as in the official code.
@@ -33,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from agf import AGFAttention
-from gfsa import GFSAttention, attention_keep_mask
+from gfsa import GFSAttention
 from ksvd_attention import PrimalAttention
 
 
@@ -66,8 +64,12 @@ class SoftmaxAttention(nn.Module):
             x = x.masked_fill(~mask[..., None], 0.0)
         # 1) project, split heads: (B, N, 3D) -> 3 x (B, H, N, d)
         q, k, v = self.W_qkv(x).view(B, N, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
-        # 2) boolean mask, True = may attend: not padded keys, nor future ones if causal (gfsa.py)
-        allowed = attention_keep_mask(mask, N, self.causal, x.device)
+        # 2) boolean mask, True = may attend: real keys (a sequence with none may use all: its
+        #    rows are zeroed below); if causal, no future key (the diagonal keeps rows non-empty)
+        allowed = None if mask is None else (mask | ~mask.any(1, keepdim=True))[:, None, None]
+        if self.causal:
+            tril = torch.ones(N, N, dtype=torch.bool, device=x.device).tril()  # (N, N)
+            allowed = tril if mask is None else (allowed | tril & tril.mT) & tril  # tril&trilᵀ = I
         # 3) Y = softmax(QKᵀ/√d) V, fused: (B, H, N, d)
         dropout_p = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
@@ -121,9 +123,8 @@ class ModelConfig:
     attention: Union[str, list] = "softmax"  # a kind, "primal+trans", or one kind per layer
     attention_kwargs: dict = field(default_factory=dict)  # per kind, e.g. {"agf": {"order": 5}}
     two_tower: bool = False  # LRA Retrieval: shared encoder, head on [a, b, a*b, a-b]
-    # False = the official UEA code: the attention gets no mask, so padded steps (read as 0, as
-    # the official loaders pad) are keys and queries; pooling still drops them. True (default):
-    # padding is kept out of the attention too.
+    # False = the official UEA code: no mask reaches the attention, so padded steps (read as 0)
+    # are keys and queries; pooling still drops them. True: padding stays out of attention too.
     attention_mask: bool = True
     head_hidden: int = 128  # LRA MLP head width
 

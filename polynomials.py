@@ -19,7 +19,7 @@ Symbols (paper -> code -> shape):
     θ_k          theta         (K,)           raw coefficients of P_1..P_K, θ̃_k = tanh(θ_k)
     θ_0          theta0        ()             raw constant coefficient (only if not frozen)
     g(s)         PolynomialFilter(s)  shape of s
-Dims:   B batch, N tokens, D model width, H heads, d = D/H head width, r rank,
+Dims:   B batch, N tokens, D model width, H heads, d = D/H head width,
         K polynomial order (legend: README)
 
 Run:         python polynomials.py   -> basis checks, a frequency response, a cost curve
@@ -133,8 +133,8 @@ def _buffer(s: Tensor, fill: Optional[float] = None) -> Tensor:
 
 
 class FilterSum(torch.autograd.Function):
-    """g(s) = Σ_k θ̃_k P_k(s) as `filter_sum_reference`, keeping two tensors the size of s for
-    backward, not K + 1 or more.
+    """Skip on a first read: `filter_sum_reference` is the same g(s) = Σ_k θ̃_k P_k(s), plainly.
+    This one keeps two tensors the size of s for backward, not K + 1 or more.
 
     Autograd through the recurrence would keep every P_k and every intermediate product. Here the
     forward pass also runs the derivative of the recurrence,

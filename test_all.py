@@ -782,7 +782,7 @@ def test_model_dense_references_refuse_an_n_by_n_matrix_too_large():
     layer, x, at_cap, s = AGFAttention(4, H), torch.randn(1, 64, 4), 2 * 64 * 64 * 4, q[:, :, :64]
     official = GFSAttention(8, H, evaluation="official")
     cases = [
-        ("^x: dense H" + big, lambda: agf_dense_reference(layer, torch.randn(1, N, 4))),
+        ("^x: dense A" + big, lambda: agf_dense_reference(layer, torch.randn(1, N, 4))),
         ("^phi_q: dense K_X" + big, lambda: ksvd_kernel(q, q, None, mask)),
         ("^phi_q: dense K_X" + big, lambda: ksvd_dual_reference(q, q, None, q, q, mask)),
         ("^q: dense Ā" + big, lambda: attention_matrix(q, q, None, False, "softmax")),

@@ -3,7 +3,7 @@ figures/attentions.py: draw attentions.png, the four attentions side by side (RE
 
 Each column runs top to bottom in the order the code multiplies, one head, batch left out: the
 boxes are what is formed, the arrows carry the shapes. The matrix in the middle is the one that
-sets the cost: N×N for softmax and GFSA (red), d×d or d×r for AGF and Primal (green).
+sets the cost: N×N for softmax and GFSA (red), d×d or d×s for AGF and Primal (green).
 
     python figures/attentions.py      # needs matplotlib (not a dependency of the project)
 """
@@ -38,11 +38,11 @@ COLUMNS = [
         ("Vᵀ(X W_val)", LINEAR, "d×d"),
         ("Y = (U ⊙ g(s)) (Vᵀ X W_val)\n= U Σ Vᵀ X W_val", PLAIN, "N×d"),
     ]),
-    ("Primal-Attention", "ksvd_attention.py:PrimalAttention", "O(N d r)", [
+    ("Primal-Attention", "ksvd_attention.py:PrimalAttention", "O(N d s)", [
         ("X", PLAIN, "N×D"),
         ("φ_q(x), φ_k(x) = cosine features\nf(X) = m real tokens", PLAIN, "N×d, m×d"),
-        ("W_e(X) = f(X)ᵀW_e,  W_r(X) = f(X)ᵀW_r", LINEAR, "d×r  each"),
-        ("e = φ_q W_e(X),  r = φ_k W_r(X)\n(+ KSVD loss η J²)", PLAIN, "N×r  each"),
+        ("W_e(X) = f(X)ᵀW_e,  W_r(X) = f(X)ᵀW_r", LINEAR, "d×s  each"),
+        ("e = φ_q W_e(X),  r = φ_k W_r(X)\n(+ KSVD loss η J²)", PLAIN, "N×s  each"),
         ("Y = Linear([e; r])", PLAIN, "N×d"),
     ]),
 ]
@@ -65,8 +65,8 @@ def draw(path: pathlib.Path) -> None:
                 ax.annotate("", (0.5, ys[i + 1] + 0.05), (0.5, y - gap), arrowprops=arrow)
                 ax.text(0.53, (y + ys[i + 1]) / 2, shape, fontsize=9, color="#1f4e9a",
                         va="center", style="italic")
-    fig.text(0.5, 0.02, "N tokens, D model width, d head width, r rank, m sampled tokens; "
-             "red: an N×N matrix is formed, green: only d×d or d×r in the middle",
+    fig.text(0.5, 0.02, "N tokens, D model width, d head width, s rank, m sampled tokens; "
+             "red: an N×N matrix is formed, green: only d×d or d×s in the middle",
              ha="center", fontsize=9.5)
     fig.savefig(path, dpi=110, bbox_inches="tight")
 
