@@ -16,7 +16,6 @@ import os
 import pathlib
 import shutil
 import sys
-import time
 
 import torch
 import torch.distributed as dist
@@ -58,8 +57,9 @@ def parse(Config, doc: str, choices: dict, presets, out: str, argv=None):
     out: the run folder's pattern, filled with the settings, where --out is not given."""
     p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
 
-    def quietly(message):  # rank 0 says it and exits first: torchrun then ends the others
-        time.sleep(10)
+    def quietly(message):  # rank 0 says it and exits: torchrun then ends the others, which
+        with contextlib.suppress(Exception):  # meanwhile wait where rank 0 would meet them
+            dist.init_process_group("gloo")
         raise SystemExit(2)
 
     if RANK:  # every process parses the same flags: rank 0 alone says what is wrong

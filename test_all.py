@@ -2275,7 +2275,8 @@ def test_train_lra_and_train_uea_bad_flags_are_one_sentence_before_anything_is_w
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_train_lra_and_train_uea_refusals_of_processes_and_devices(script):
     """A batch the processes cannot share, --device cuda without CUDA: refused when parsed;
-    under torchrun, a rank other than 0 refuses without a word (rank 0 says it)."""
+    under torchrun, a rank other than 0 refuses without a word (rank 0 says it): it waits where
+    rank 0 would meet it, which torchrun ends when rank 0 has exited."""
     module = SCRIPTS[script][0]
     cases = [(["--batch-size", "3"], "--batch-size 3 is not divisible by 2 processes", 2)]
     if not torch.cuda.is_available():
@@ -2284,12 +2285,13 @@ def test_train_lra_and_train_uea_refusals_of_processes_and_devices(script):
         for rank, said_by in ((0, True), (1, False)):
             with (
                 mock.patch.multiple(runs, RANK=rank, WORLD=world),
-                mock.patch.object(runs.time, "sleep"),
+                mock.patch.object(runs.dist, "init_process_group") as meet,
                 contextlib.redirect_stderr(io.StringIO()) as err,
                 pytest.raises(SystemExit) as stop,
             ):
                 module.parse_config(flags)
             assert stop.value.code == 2 and (message in err.getvalue()) is said_by, err.getvalue()
+            assert meet.call_count == (not said_by)
             assert said_by or err.getvalue() == ""
 
 
