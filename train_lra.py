@@ -70,45 +70,6 @@ class TrainConfig(runs.Settings):  # and --out --resume --overwrite --device --a
     listops_eval_size: int = flag(2000, "generated ListOps: validation, test examples each", 1)
 
 
-# The schedule of the PyTorch LRA code that all three papers use (mlpen/Nystromformer
-# LRA/code/lra_config.py, reused by PrimalAttention and AGF_LRA). Text: 1000 tokens as LRA's
-# base_tc_config; `--max-len 4000` is the "4K" setting of Primal-Attention's Text numbers.
-TASKS = {
-    "listops": dict(max_len=2000, batch_size=32, warmup=1000, steps=5000, eval_every=50),
-    "text": dict(max_len=1000, batch_size=32, warmup=8000, steps=20000, eval_every=500),
-    "retrieval": dict(max_len=4000, batch_size=32, warmup=800, steps=30000, eval_every=300),
-    "image": dict(max_len=1024, batch_size=256, warmup=175, steps=35000, eval_every=175),
-    "pathfinder": dict(max_len=1024, batch_size=256, warmup=312, steps=62400, eval_every=312),
-}
-# Per attention and task, from the official run scripts: jeongwhanchoi/agf AGF_LRA/best_agf.sh;
-# yingyichen-cyy/PrimalAttention LRA/bashes/run_tasks.sh (and Primal.+Trans./ for primal+trans).
-# GFSA publishes no LRA scripts: K = 2 (exactly Ā²) is our choice, attention dropout 0.1.
-MECHANISMS = {
-    ("agf", "listops"): dict(agf_order=5, agf_alpha=2.0, agf_beta=-1.0, agf_gamma=0.01),
-    ("agf", "text"): dict(agf_order=5, agf_alpha=2.0, agf_beta=-2.0, agf_gamma=0.01),
-    ("agf", "retrieval"): dict(agf_order=5, agf_alpha=2.0, agf_beta=-1.5, agf_gamma=1e-4),
-    ("agf", "image"): dict(agf_order=6, agf_alpha=1.5, agf_beta=2.0, agf_gamma=0.1),
-    ("agf", "pathfinder"): dict(agf_order=4, agf_alpha=1.5, agf_beta=-1.0, agf_gamma=1e-4),
-    ("primal", "listops"): dict(primal_rank=20, primal_eta=0.1),
-    ("primal", "text"): dict(primal_rank=20, primal_eta=0.05),
-    ("primal", "retrieval"): dict(primal_rank=30, primal_eta=0.0),
-    ("primal", "image"): dict(primal_rank=30, primal_eta=0.1),
-    ("primal", "pathfinder"): dict(primal_rank=30, primal_eta=0.1),
-    ("primal+trans", "listops"): dict(primal_rank=30, primal_eta=0.05),
-    ("primal+trans", "text"): dict(primal_rank=30, primal_eta=0.1),
-    ("primal+trans", "retrieval"): dict(primal_rank=20, primal_eta=0.05),
-    ("primal+trans", "image"): dict(primal_rank=30, primal_eta=0.1),
-    ("primal+trans", "pathfinder"): dict(primal_rank=20, primal_eta=0.05),
-}
-# --preset quick: a small ListOps of short expressions (depth <= 3) that a CPU learns in minutes.
-QUICK = dict(listops_size=6000, listops_eval_size=500, max_len=100, lr=1e-3, steps=1000, warmup=100)
-# ListOps generator bounds (LRA lra_benchmarks/data/listops.py); 16 seeded shards, in parallel
-LISTOPS = {
-    "paper": dict(LISTOPS_PAPER, shards=16),  # listops-1000, 500 < tokens < 2000, depth 10
-    "quick": dict(folder="listops-quick", min_length=20, max_length=100, max_depth=3, max_args=5),
-}
-
-
 def main(cfg: TrainConfig) -> dict:
     """Train, keep the weights that score best on validation, test them -> the result dict."""
     # 1) the run folder, locked and checked before anything is read or written; then the
@@ -281,6 +242,45 @@ def evaluate(model, split: Split, batch_size: int, device, autocast) -> tuple:
         sums += torch.stack([(logits.argmax(-1) == batch["y"]).sum().double(), loss.double()])
     model.train()
     return tuple((sums / n).tolist())  # (accuracy, mean loss)
+
+
+# The schedule of the PyTorch LRA code that all three papers use (mlpen/Nystromformer
+# LRA/code/lra_config.py, reused by PrimalAttention and AGF_LRA). Text: 1000 tokens as LRA's
+# base_tc_config; `--max-len 4000` for Primal-Attention's "Text (4K)" label (NOTES.md says more).
+TASKS = {
+    "listops": dict(max_len=2000, batch_size=32, warmup=1000, steps=5000, eval_every=50),
+    "text": dict(max_len=1000, batch_size=32, warmup=8000, steps=20000, eval_every=500),
+    "retrieval": dict(max_len=4000, batch_size=32, warmup=800, steps=30000, eval_every=300),
+    "image": dict(max_len=1024, batch_size=256, warmup=175, steps=35000, eval_every=175),
+    "pathfinder": dict(max_len=1024, batch_size=256, warmup=312, steps=62400, eval_every=312),
+}
+# Per attention and task, from the official run scripts: jeongwhanchoi/agf AGF_LRA/best_agf.sh;
+# yingyichen-cyy/PrimalAttention LRA/bashes/run_tasks.sh (and Primal.+Trans./ for primal+trans).
+# GFSA publishes no LRA scripts: K = 2 (exactly Ā²) is our choice, attention dropout 0.1.
+MECHANISMS = {
+    ("agf", "listops"): dict(agf_order=5, agf_alpha=2.0, agf_beta=-1.0, agf_gamma=0.01),
+    ("agf", "text"): dict(agf_order=5, agf_alpha=2.0, agf_beta=-2.0, agf_gamma=0.01),
+    ("agf", "retrieval"): dict(agf_order=5, agf_alpha=2.0, agf_beta=-1.5, agf_gamma=1e-4),
+    ("agf", "image"): dict(agf_order=6, agf_alpha=1.5, agf_beta=2.0, agf_gamma=0.1),
+    ("agf", "pathfinder"): dict(agf_order=4, agf_alpha=1.5, agf_beta=-1.0, agf_gamma=1e-4),
+    ("primal", "listops"): dict(primal_rank=20, primal_eta=0.1),
+    ("primal", "text"): dict(primal_rank=20, primal_eta=0.05),
+    ("primal", "retrieval"): dict(primal_rank=30, primal_eta=0.0),
+    ("primal", "image"): dict(primal_rank=30, primal_eta=0.1),
+    ("primal", "pathfinder"): dict(primal_rank=30, primal_eta=0.1),
+    ("primal+trans", "listops"): dict(primal_rank=30, primal_eta=0.05),
+    ("primal+trans", "text"): dict(primal_rank=30, primal_eta=0.1),
+    ("primal+trans", "retrieval"): dict(primal_rank=20, primal_eta=0.05),
+    ("primal+trans", "image"): dict(primal_rank=30, primal_eta=0.1),
+    ("primal+trans", "pathfinder"): dict(primal_rank=20, primal_eta=0.05),
+}
+# --preset quick: a small ListOps of short expressions (depth <= 3) that a CPU learns in minutes.
+QUICK = dict(listops_size=6000, listops_eval_size=500, max_len=100, lr=1e-3, steps=1000, warmup=100)
+# ListOps generator bounds (LRA lra_benchmarks/data/listops.py); 16 seeded shards, in parallel
+LISTOPS = {
+    "paper": dict(LISTOPS_PAPER, shards=16),  # listops-1000, 500 < tokens < 2000, depth 10
+    "quick": dict(folder="listops-quick", min_length=20, max_length=100, max_depth=3, max_args=5),
+}
 
 
 def presets(given: dict, error) -> dict:

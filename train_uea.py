@@ -78,54 +78,6 @@ class TrainConfig(runs.Settings):  # and --out --resume --overwrite --device --a
     gfsa_learn_w1: bool = flag(False, "GFSA: learn w1 (official: fixed at 1)")
 
 
-# 100 epochs of RAdam but for these two (thuml/Flowformer scripts, PrimalAttention TimeSeries
-# run_*.sh, agf AGF_UEA). AGF: run_agf_best.sh; no --alpha/--beta there: options.py's 1.0 / 0.2.
-DATASETS = {"PEMS-SF": dict(epochs=400), "SpokenArabicDigits": dict(optimizer="adam")}
-JACOBI = dict(agf_basis="jacobi", agf_gamma=0.1, agf_fix_theta0=True)  # shared by 7 of the 10
-AGF = {
-    "EthanolConcentration": dict(JACOBI, agf_order=6, agf_alpha=1.5, agf_beta=-1.5),
-    "FaceDetection": dict(JACOBI, agf_order=9, agf_alpha=2.0, agf_beta=0.5),
-    "Handwriting": dict(agf_basis="jacobi", agf_order=3, agf_gamma=0.01),
-    "Heartbeat": dict(agf_basis="chebyshev", agf_order=6, agf_gamma=0.01),
-    "JapaneseVowels": dict(agf_basis="legendre", agf_order=4, agf_gamma=0.01),
-    "PEMS-SF": dict(JACOBI, agf_order=5, agf_alpha=1.5, agf_beta=2.0),
-    "SelfRegulationSCP1": dict(JACOBI, agf_order=9, agf_alpha=1.5, agf_beta=1.0),
-    "SelfRegulationSCP2": dict(JACOBI, agf_order=7, agf_alpha=2.0, agf_beta=1.5),
-    "SpokenArabicDigits": dict(JACOBI, agf_order=4, agf_alpha=1.0, agf_beta=0.0, agf_gamma=0.5),
-    "UWaveGestureLibrary": dict(JACOBI, agf_order=10, agf_alpha=2.0, agf_beta=1.5),
-}
-# Primal-Attention: PrimalAttention TimeSeries run_primalformer.sh ("primal") and
-# run_primal_trans.sh ("primal+trans"): s = --low_rank, η = --eta (0 = no KSVD loss), rank_multi.
-PRIMAL = {
-    "primal": {
-        "EthanolConcentration": dict(primal_rank=30, primal_eta=0.1, primal_rank_multi=10),
-        "FaceDetection": dict(primal_rank=20, primal_eta=0.1, primal_rank_multi=5),
-        "Handwriting": dict(primal_rank=30, primal_eta=0.2, primal_rank_multi=5),
-        "Heartbeat": dict(primal_rank=30, primal_eta=0.5, primal_rank_multi=10),
-        "JapaneseVowels": dict(primal_rank=40, primal_eta=0.5, primal_rank_multi=5),
-        "PEMS-SF": dict(primal_rank=40, primal_eta=0.1, primal_rank_multi=5),
-        "SelfRegulationSCP1": dict(primal_rank=30, primal_eta=0.5, primal_rank_multi=10),
-        "SelfRegulationSCP2": dict(primal_rank=20, primal_eta=0.0, primal_rank_multi=10),
-        "SpokenArabicDigits": dict(primal_rank=20, primal_eta=0.1, primal_rank_multi=5),
-        "UWaveGestureLibrary": dict(primal_rank=20, primal_eta=0.0, primal_rank_multi=10),
-    },
-    "primal+trans": {
-        "EthanolConcentration": dict(primal_rank=40, primal_eta=0.2, primal_rank_multi=10),
-        "FaceDetection": dict(primal_rank=40, primal_eta=0.2, primal_rank_multi=5),
-        "Handwriting": dict(primal_rank=20, primal_eta=0.5, primal_rank_multi=5),
-        "Heartbeat": dict(primal_rank=40, primal_eta=0.5, primal_rank_multi=10),
-        "JapaneseVowels": dict(primal_rank=30, primal_eta=0.2, primal_rank_multi=5),
-        "PEMS-SF": dict(primal_rank=40, primal_eta=0.0, primal_rank_multi=5),
-        "SelfRegulationSCP1": dict(primal_rank=30, primal_eta=0.2, primal_rank_multi=10),
-        "SelfRegulationSCP2": dict(primal_rank=20, primal_eta=0.2, primal_rank_multi=10),
-        "SpokenArabicDigits": dict(primal_rank=30, primal_eta=0.2, primal_rank_multi=5),
-        "UWaveGestureLibrary": dict(primal_rank=40, primal_eta=0.1, primal_rank_multi=10),
-    },
-}
-# GFSA has no UEA scripts: the gfsa_* defaults (only wK learned, K = 3) are ours. --preset quick:
-QUICK = dict(d_model=64, n_heads=2, d_ff=128, epochs=10)
-
-
 def main(cfg: TrainConfig) -> dict:
     """Train, evaluate on TEST under both protocols, write the run folder -> the result dict."""
     # 1) the run folder, locked and checked before anything is read or written (--resume may
@@ -284,6 +236,54 @@ def evaluate(model, data: uea_data.UEAData, batch_size: int, device, autocast) -
     model.train()
     loss, correct = sums.tolist()
     return correct / n, loss / n
+
+
+# 100 epochs of RAdam but for these two (thuml/Flowformer scripts, PrimalAttention TimeSeries
+# run_*.sh, agf AGF_UEA). AGF: run_agf_best.sh; no --alpha/--beta there: options.py's 1.0 / 0.2.
+DATASETS = {"PEMS-SF": dict(epochs=400), "SpokenArabicDigits": dict(optimizer="adam")}
+JACOBI = dict(agf_basis="jacobi", agf_gamma=0.1, agf_fix_theta0=True)  # shared by 7 of the 10
+AGF = {
+    "EthanolConcentration": dict(JACOBI, agf_order=6, agf_alpha=1.5, agf_beta=-1.5),
+    "FaceDetection": dict(JACOBI, agf_order=9, agf_alpha=2.0, agf_beta=0.5),
+    "Handwriting": dict(agf_basis="jacobi", agf_order=3, agf_gamma=0.01),
+    "Heartbeat": dict(agf_basis="chebyshev", agf_order=6, agf_gamma=0.01),
+    "JapaneseVowels": dict(agf_basis="legendre", agf_order=4, agf_gamma=0.01),
+    "PEMS-SF": dict(JACOBI, agf_order=5, agf_alpha=1.5, agf_beta=2.0),
+    "SelfRegulationSCP1": dict(JACOBI, agf_order=9, agf_alpha=1.5, agf_beta=1.0),
+    "SelfRegulationSCP2": dict(JACOBI, agf_order=7, agf_alpha=2.0, agf_beta=1.5),
+    "SpokenArabicDigits": dict(JACOBI, agf_order=4, agf_alpha=1.0, agf_beta=0.0, agf_gamma=0.5),
+    "UWaveGestureLibrary": dict(JACOBI, agf_order=10, agf_alpha=2.0, agf_beta=1.5),
+}
+# Primal-Attention: PrimalAttention TimeSeries run_primalformer.sh ("primal") and
+# run_primal_trans.sh ("primal+trans"): s = --low_rank, η = --eta (0 = no KSVD loss), rank_multi.
+PRIMAL = {
+    "primal": {
+        "EthanolConcentration": dict(primal_rank=30, primal_eta=0.1, primal_rank_multi=10),
+        "FaceDetection": dict(primal_rank=20, primal_eta=0.1, primal_rank_multi=5),
+        "Handwriting": dict(primal_rank=30, primal_eta=0.2, primal_rank_multi=5),
+        "Heartbeat": dict(primal_rank=30, primal_eta=0.5, primal_rank_multi=10),
+        "JapaneseVowels": dict(primal_rank=40, primal_eta=0.5, primal_rank_multi=5),
+        "PEMS-SF": dict(primal_rank=40, primal_eta=0.1, primal_rank_multi=5),
+        "SelfRegulationSCP1": dict(primal_rank=30, primal_eta=0.5, primal_rank_multi=10),
+        "SelfRegulationSCP2": dict(primal_rank=20, primal_eta=0.0, primal_rank_multi=10),
+        "SpokenArabicDigits": dict(primal_rank=20, primal_eta=0.1, primal_rank_multi=5),
+        "UWaveGestureLibrary": dict(primal_rank=20, primal_eta=0.0, primal_rank_multi=10),
+    },
+    "primal+trans": {
+        "EthanolConcentration": dict(primal_rank=40, primal_eta=0.2, primal_rank_multi=10),
+        "FaceDetection": dict(primal_rank=40, primal_eta=0.2, primal_rank_multi=5),
+        "Handwriting": dict(primal_rank=20, primal_eta=0.5, primal_rank_multi=5),
+        "Heartbeat": dict(primal_rank=40, primal_eta=0.5, primal_rank_multi=10),
+        "JapaneseVowels": dict(primal_rank=30, primal_eta=0.2, primal_rank_multi=5),
+        "PEMS-SF": dict(primal_rank=40, primal_eta=0.0, primal_rank_multi=5),
+        "SelfRegulationSCP1": dict(primal_rank=30, primal_eta=0.2, primal_rank_multi=10),
+        "SelfRegulationSCP2": dict(primal_rank=20, primal_eta=0.2, primal_rank_multi=10),
+        "SpokenArabicDigits": dict(primal_rank=30, primal_eta=0.2, primal_rank_multi=5),
+        "UWaveGestureLibrary": dict(primal_rank=40, primal_eta=0.1, primal_rank_multi=10),
+    },
+}
+# GFSA has no UEA scripts: the gfsa_* defaults (only wK learned, K = 3) are ours. --preset quick:
+QUICK = dict(d_model=64, n_heads=2, d_ff=128, epochs=10)
 
 
 def presets(given: dict, error) -> dict:
