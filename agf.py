@@ -49,26 +49,6 @@ from torch import Tensor
 from polynomials import PolynomialFilter
 
 
-def masked_token_softmax(logits: Tensor, mask: Optional[Tensor]) -> Tensor:
-    """V(X): softmax over the token axis N, with padded tokens getting exactly zero weight.
-
-    Args:
-        logits: X W_V, split into heads.            (B, H, N, d)
-        mask: True = real token, or None.           (B, N)
-    Returns:
-        V, each column a distribution over the real tokens (all zero if none). (B, H, N, d)
-    """
-    if mask is None:
-        return logits.softmax(dim=-2)
-    keep = mask[:, None, :, None]  # (B, 1, N, 1)
-    # finfo.min, not -inf: a column whose tokens are all padding stays finite (softmax of all
-    # -inf is NaN); otherwise exp(finfo.min - max) underflows to exactly 0 at padded tokens.
-    # NOTE: the official code subtracts 1e9 (not fp16-safe); same result in float32.
-    logits = logits.masked_fill(~keep, torch.finfo(logits.dtype).min)
-    # All-padding sample: the softmax is uniform over padding; refill with 0 so V is exactly 0.
-    return logits.softmax(dim=-2).masked_fill(~keep, 0.0)
-
-
 def agf_apply(u: Tensor, g: Tensor, v: Tensor, values: Tensor) -> Tensor:
     """Y = U Σ Vᵀ Val with Σ_i = diag(g_i), evaluated right to left.      (AGF README)
 
@@ -214,6 +194,26 @@ class AGFAttention(nn.Module):
             #       values plus W_o's bias) and then nothing downstream can pick them up.
             y = y.masked_fill(~mask[..., None], 0.0)
         return y.to(x.dtype), aux
+
+
+def masked_token_softmax(logits: Tensor, mask: Optional[Tensor]) -> Tensor:
+    """V(X): softmax over the token axis N, with padded tokens getting exactly zero weight.
+
+    Args:
+        logits: X W_V, split into heads.            (B, H, N, d)
+        mask: True = real token, or None.           (B, N)
+    Returns:
+        V, each column a distribution over the real tokens (all zero if none). (B, H, N, d)
+    """
+    if mask is None:
+        return logits.softmax(dim=-2)
+    keep = mask[:, None, :, None]  # (B, 1, N, 1)
+    # finfo.min, not -inf: a column whose tokens are all padding stays finite (softmax of all
+    # -inf is NaN); otherwise exp(finfo.min - max) underflows to exactly 0 at padded tokens.
+    # NOTE: the official code subtracts 1e9 (not fp16-safe); same result in float32.
+    logits = logits.masked_fill(~keep, torch.finfo(logits.dtype).min)
+    # All-padding sample: the softmax is uniform over padding; refill with 0 so V is exactly 0.
+    return logits.softmax(dim=-2).masked_fill(~keep, 0.0)
 
 
 def _check_inputs(x: Tensor, mask: Optional[Tensor], weight: Tensor) -> None:

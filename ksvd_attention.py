@@ -46,54 +46,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def sample_real_tokens(x: Tensor, mask: Tensor, m: int) -> Tensor:
-    """f(X): m evenly spaced *real* tokens of each sequence.
-
-    idx = floor(linspace(0, n_real - 1, m)) over the real positions of each sequence, so left,
-    right or scattered padding never enters f(X). With n_real < m some tokens repeat, which is
-    harmless (their rows of W_e simply add up).
-
-    Args:
-        x:    layer input.                                         (B, N, D)
-        mask: True = real token.                                   (B, N) bool
-        m:    number of samples.
-    Returns:
-        f(X)                                                       (B, m, D)
-    """
-    B, N, D = x.shape
-    # NOTE: differs from the official code (LRA attention.py, UEA Primal_Attention.py): it
-    #       samples linspace(0, N - 1, m) over all N positions, padding included. We sample real
-    #       tokens only, because padding must change neither f(X) nor, through it, any output.
-    #       Same positions when nothing is padded.
-    real_first = torch.argsort(~mask, dim=1, stable=True)  # (B, N) real positions first, in order
-    n_real = mask.sum(dim=1, keepdim=True)  # (B, 1)
-    j = torch.arange(m, device=x.device)  # (m,)
-    # floor(j (n_real - 1) / (m - 1)) in integers: exact, where a float linspace can land on
-    # 4.999… instead of 5. max(·, 1) covers m = 1; clamp covers a sequence with no real token.
-    k_th = j * (n_real - 1).clamp(min=0) // max(m - 1, 1)  # (B, m) ranks among the real tokens
-    positions = real_first.gather(1, k_th)  # (B, m) positions in the sequence
-    return x.gather(1, positions[..., None].expand(B, m, D))  # (B, m, D)
-
-
-def causal_running_mean(z: Tensor, mask: Tensor) -> Tensor:
-    """z̄_t = mean of z_τ over the real positions τ ≤ t (official D4RL / WikiText code).
-
-    Args:
-        z:    queries or keys.                                     (B, H, N, d)
-        mask: True = real token.                                   (B, N) bool
-    Returns:
-        z̄                                                          (B, H, N, d)
-    """
-    real = mask[:, None, :, None]  # (B, 1, N, 1)
-    # NOTE: differs from the official causal code (D4RL / WikiText primal_attention.py): it
-    #       divides cumsum(z) by t + 1 and ignores the mask. We count real tokens only, because
-    #       a padded token would otherwise leak into every later position.
-    z_sum = z.masked_fill(~real, 0.0).cumsum(dim=2)  # Σ_{τ ≤ t, real} z_τ
-    # clamp: before the first real token (left padding) the count is 0; 0 / 1 = 0 instead of NaN
-    count = real.to(z.dtype).cumsum(dim=2).clamp(min=1)  # (B, 1, N, 1)
-    return z_sum / count
-
-
 def primal_scores(
     phi_q: Tensor, phi_k: Tensor, f_x: Optional[Tensor], We: Tensor, Wr: Tensor
 ) -> tuple[Tensor, Tensor]:
@@ -146,72 +98,6 @@ def ksvd_objective(
     if per_sample:
         return energy.sum(dim=(1, 2)) / (H * mask.sum(dim=1)).clamp(min=1) - trace  # (B,)
     return energy.sum() / (H * mask.sum()).clamp(min=1) - trace  # ()
-
-
-DENSE_MAX_BYTES = 2**32  # 4 GiB: default cap on one (B, H, N, N) matrix of the dense dual form
-
-
-def ksvd_kernel(phi_q: Tensor, phi_k: Tensor, f_x: Optional[Tensor], mask: Tensor, *,
-                max_bytes: int = DENSE_MAX_BYTES) -> Tensor:  # fmt: skip
-    """The N x N asymmetric kernel the primal form never builds. Tests and teaching only.
-
-        κ(x_i, x_j) = φ_q(x_i)ᵀ f(X)ᵀ f(X) φ_k(x_j),   K_X = Φq Fᵀ F Φkᵀ
-    With f_x None (causal variant: W_{e|X} is the free variable) F = I and K = Φq Φkᵀ.
-    Rows and columns of padded tokens are 0: they are not data points of the KSVD.
-
-    Args:
-        max_bytes: MemoryError, before allocating, if K_X would take more bytes (default 4 GiB).
-    Returns:
-        K_X                                                          (B, H, N, N)
-    """
-    B, H, N, _ = phi_q.shape
-    shape, gib = (B, H, N, N), 2**30  # refuse K_X before torch tries it (and swaps)
-    if (size := math.prod(shape) * phi_q.dtype.itemsize) > max_bytes:
-        raise MemoryError(f"phi_q: dense K_X {shape}: {size / gib:.1f} GiB > {max_bytes=}")
-    if f_x is not None:
-        phi_k = phi_k @ (f_x.transpose(-2, -1) @ f_x)  # Φk Fᵀ F: (B,H,N,d) @ (B,H,d,d)
-    kernel = phi_q @ phi_k.transpose(-2, -1)  # (B,H,N,d) @ (B,H,d,N) -> (B,H,N,N)
-    pair_is_real = mask[:, None, :, None] & mask[:, None, None, :]  # (B, 1, N, N)
-    return kernel.masked_fill(~pair_is_real, 0.0)
-
-
-def kkt_base_weights(
-    phi_q: Tensor, phi_k: Tensor, f_x: Optional[Tensor], h_e: Tensor, h_r: Tensor, mask: Tensor
-) -> tuple[Tensor, Tensor]:
-    """Base weights given by dual variables through the KKT conditions of the primal problem.
-
-        ∂L/∂W_r = 0:  W_e = F Σ_j φ_k(x_j) h_{r_j}ᵀ = F Φkᵀ H_r
-        ∂L/∂W_e = 0:  W_r = F Σ_i φ_q(x_i) h_{e_i}ᵀ = F Φqᵀ H_e
-    (F = I when f_x is None). Then primal e = Φq Fᵀ W_e = K_X H_r and r = K_Xᵀ H_e (Remark 3.3).
-
-    Args:
-        h_e, h_r: dual variables; rows of padded tokens are ignored.      (B, H, N, s)
-    Returns:
-        W_e, W_r, one pair per sequence: (B, H, m, s), or (B, H, d, s) when f_x is None
-    """
-    real = mask[:, None, :, None]  # (B, 1, N, 1)
-    W_e = phi_k.transpose(-2, -1) @ h_r.masked_fill(~real, 0.0)  # (B,H,d,N) @ (B,H,N,s)
-    W_r = phi_q.transpose(-2, -1) @ h_e.masked_fill(~real, 0.0)  # -> (B, H, d, s)
-    if f_x is None:
-        return W_e, W_r
-    return f_x @ W_e, f_x @ W_r  # (B,H,m,d) @ (B,H,d,s) -> (B,H,m,s)
-
-
-def ksvd_dual_reference(phi_q: Tensor, phi_k: Tensor, f_x: Optional[Tensor], h_e: Tensor,
-                        h_r: Tensor, mask: Tensor, *,
-                        max_bytes: int = DENSE_MAX_BYTES) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """Dual form of the scores with the N x N kernel written out. Tests and teaching only.
-
-        e(x_i) = Σ_j h_{r_j} κ(x_i, x_j)   ->  E = K_X H_r                        (Remark 3.3)
-        r(x_j) = Σ_i h_{e_i} κ(x_i, x_j)   ->  R = K_Xᵀ H_e                        (Remark 3.3)
-    Equals `primal_scores` at the real tokens when W_e, W_r come from `kkt_base_weights`.
-    max_bytes: the cap on K_X, see `ksvd_kernel`.
-
-    Returns:
-        e, r                                                         (B, H, N, s) each
-    """
-    kernel = ksvd_kernel(phi_q, phi_k, f_x, mask, max_bytes=max_bytes)  # (B, H, N, N)
-    return kernel @ h_r, kernel.transpose(-2, -1) @ h_e  # (B,H,N,N) @ (B,H,N,s) -> (B,H,N,s)
 
 
 class PrimalAttention(nn.Module):
@@ -322,6 +208,120 @@ class PrimalAttention(nn.Module):
             # an empty batch (B = 0) has no KSVD to fit: 0, not NaN (or η·Tr² for "batch")
             aux_loss = self.ksvd_weight * J.pow(2).mean() if B > 0 else J.new_zeros(())
         return y.to(x.dtype), aux_loss
+
+
+def sample_real_tokens(x: Tensor, mask: Tensor, m: int) -> Tensor:
+    """f(X): m evenly spaced *real* tokens of each sequence.
+
+    idx = floor(linspace(0, n_real - 1, m)) over the real positions of each sequence, so left,
+    right or scattered padding never enters f(X). With n_real < m some tokens repeat, which is
+    harmless (their rows of W_e simply add up).
+
+    Args:
+        x:    layer input.                                         (B, N, D)
+        mask: True = real token.                                   (B, N) bool
+        m:    number of samples.
+    Returns:
+        f(X)                                                       (B, m, D)
+    """
+    B, N, D = x.shape
+    # NOTE: differs from the official code (LRA attention.py, UEA Primal_Attention.py): it
+    #       samples linspace(0, N - 1, m) over all N positions, padding included. We sample real
+    #       tokens only, because padding must change neither f(X) nor, through it, any output.
+    #       Same positions when nothing is padded.
+    real_first = torch.argsort(~mask, dim=1, stable=True)  # (B, N) real positions first, in order
+    n_real = mask.sum(dim=1, keepdim=True)  # (B, 1)
+    j = torch.arange(m, device=x.device)  # (m,)
+    # floor(j (n_real - 1) / (m - 1)) in integers: exact, where a float linspace can land on
+    # 4.999… instead of 5. max(·, 1) covers m = 1; clamp covers a sequence with no real token.
+    k_th = j * (n_real - 1).clamp(min=0) // max(m - 1, 1)  # (B, m) ranks among the real tokens
+    positions = real_first.gather(1, k_th)  # (B, m) positions in the sequence
+    return x.gather(1, positions[..., None].expand(B, m, D))  # (B, m, D)
+
+
+def causal_running_mean(z: Tensor, mask: Tensor) -> Tensor:
+    """z̄_t = mean of z_τ over the real positions τ ≤ t (official D4RL / WikiText code).
+
+    Args:
+        z:    queries or keys.                                     (B, H, N, d)
+        mask: True = real token.                                   (B, N) bool
+    Returns:
+        z̄                                                          (B, H, N, d)
+    """
+    real = mask[:, None, :, None]  # (B, 1, N, 1)
+    # NOTE: differs from the official causal code (D4RL / WikiText primal_attention.py): it
+    #       divides cumsum(z) by t + 1 and ignores the mask. We count real tokens only, because
+    #       a padded token would otherwise leak into every later position.
+    z_sum = z.masked_fill(~real, 0.0).cumsum(dim=2)  # Σ_{τ ≤ t, real} z_τ
+    # clamp: before the first real token (left padding) the count is 0; 0 / 1 = 0 instead of NaN
+    count = real.to(z.dtype).cumsum(dim=2).clamp(min=1)  # (B, 1, N, 1)
+    return z_sum / count
+
+
+DENSE_MAX_BYTES = 2**32  # 4 GiB: default cap on one (B, H, N, N) matrix of the dense dual form
+
+
+def ksvd_kernel(phi_q: Tensor, phi_k: Tensor, f_x: Optional[Tensor], mask: Tensor, *,
+                max_bytes: int = DENSE_MAX_BYTES) -> Tensor:  # fmt: skip
+    """The N x N asymmetric kernel the primal form never builds. Tests and teaching only.
+
+        κ(x_i, x_j) = φ_q(x_i)ᵀ f(X)ᵀ f(X) φ_k(x_j),   K_X = Φq Fᵀ F Φkᵀ
+    With f_x None (causal variant: W_{e|X} is the free variable) F = I and K = Φq Φkᵀ.
+    Rows and columns of padded tokens are 0: they are not data points of the KSVD.
+
+    Args:
+        max_bytes: MemoryError, before allocating, if K_X would take more bytes (default 4 GiB).
+    Returns:
+        K_X                                                          (B, H, N, N)
+    """
+    B, H, N, _ = phi_q.shape
+    shape, gib = (B, H, N, N), 2**30  # refuse K_X before torch tries it (and swaps)
+    if (size := math.prod(shape) * phi_q.dtype.itemsize) > max_bytes:
+        raise MemoryError(f"phi_q: dense K_X {shape}: {size / gib:.1f} GiB > {max_bytes=}")
+    if f_x is not None:
+        phi_k = phi_k @ (f_x.transpose(-2, -1) @ f_x)  # Φk Fᵀ F: (B,H,N,d) @ (B,H,d,d)
+    kernel = phi_q @ phi_k.transpose(-2, -1)  # (B,H,N,d) @ (B,H,d,N) -> (B,H,N,N)
+    pair_is_real = mask[:, None, :, None] & mask[:, None, None, :]  # (B, 1, N, N)
+    return kernel.masked_fill(~pair_is_real, 0.0)
+
+
+def kkt_base_weights(
+    phi_q: Tensor, phi_k: Tensor, f_x: Optional[Tensor], h_e: Tensor, h_r: Tensor, mask: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Base weights given by dual variables through the KKT conditions of the primal problem.
+
+        ∂L/∂W_r = 0:  W_e = F Σ_j φ_k(x_j) h_{r_j}ᵀ = F Φkᵀ H_r
+        ∂L/∂W_e = 0:  W_r = F Σ_i φ_q(x_i) h_{e_i}ᵀ = F Φqᵀ H_e
+    (F = I when f_x is None). Then primal e = Φq Fᵀ W_e = K_X H_r and r = K_Xᵀ H_e (Remark 3.3).
+
+    Args:
+        h_e, h_r: dual variables; rows of padded tokens are ignored.      (B, H, N, s)
+    Returns:
+        W_e, W_r, one pair per sequence: (B, H, m, s), or (B, H, d, s) when f_x is None
+    """
+    real = mask[:, None, :, None]  # (B, 1, N, 1)
+    W_e = phi_k.transpose(-2, -1) @ h_r.masked_fill(~real, 0.0)  # (B,H,d,N) @ (B,H,N,s)
+    W_r = phi_q.transpose(-2, -1) @ h_e.masked_fill(~real, 0.0)  # -> (B, H, d, s)
+    if f_x is None:
+        return W_e, W_r
+    return f_x @ W_e, f_x @ W_r  # (B,H,m,d) @ (B,H,d,s) -> (B,H,m,s)
+
+
+def ksvd_dual_reference(phi_q: Tensor, phi_k: Tensor, f_x: Optional[Tensor], h_e: Tensor,
+                        h_r: Tensor, mask: Tensor, *,
+                        max_bytes: int = DENSE_MAX_BYTES) -> tuple[Tensor, Tensor]:  # fmt: skip
+    """Dual form of the scores with the N x N kernel written out. Tests and teaching only.
+
+        e(x_i) = Σ_j h_{r_j} κ(x_i, x_j)   ->  E = K_X H_r                        (Remark 3.3)
+        r(x_j) = Σ_i h_{e_i} κ(x_i, x_j)   ->  R = K_Xᵀ H_e                        (Remark 3.3)
+    Equals `primal_scores` at the real tokens when W_e, W_r come from `kkt_base_weights`.
+    max_bytes: the cap on K_X, see `ksvd_kernel`.
+
+    Returns:
+        e, r                                                         (B, H, N, s) each
+    """
+    kernel = ksvd_kernel(phi_q, phi_k, f_x, mask, max_bytes=max_bytes)  # (B, H, N, N)
+    return kernel @ h_r, kernel.transpose(-2, -1) @ h_e  # (B,H,N,N) @ (B,H,N,s) -> (B,H,N,s)
 
 
 def _check_inputs(x: Tensor, mask: Optional[Tensor], weight: Tensor) -> None:
