@@ -927,6 +927,9 @@ def test_model_attention_mask_false_is_the_official_uea_model():
 
 def test_model_layer_kinds_expands_a_name_and_checks_a_list():
     """A name expands ("primal+trans": Primal last), a list is kept, a bad one is refused."""
+    kwargs = {"softmax": {"dropout": 0.3}, "primal": {"max_len": 7}}  # these, not the config's
+    blocks = Classifier(_tiny("lra", ["softmax", "primal"], attention_kwargs=kwargs)).blocks
+    assert (blocks[0].attn.dropout, blocks[1].attn.n_samples) == (0.3, 7)
     assert layer_kinds("primal+trans", 3) == ["softmax", "softmax", "primal"]
     assert layer_kinds(["softmax", "agf"], 2) == ["softmax", "agf"]
     with pytest.raises(ValueError, match="entries for 2 layers"):
@@ -2075,9 +2078,9 @@ def _toy_uea(root: pathlib.Path, name="Toy", n=12, length=6) -> pathlib.Path:
     return folder
 
 
-def _uea_dummy_data() -> uea_data.UEAData:
-    """Two cases of 5 steps and 3 features per split, 2 classes: enough to build a model."""
-    x, mask, y = np.zeros((2, 5, 3), np.float32), np.ones((2, 5), bool), np.zeros(2, np.int64)
+def _uea_dummy_data(n=5) -> uea_data.UEAData:
+    """Two cases of n steps and 3 features per split, 2 classes: enough to build a model."""
+    x, mask, y = np.zeros((2, n, 3), np.float32), np.ones((2, n), bool), np.zeros(2, np.int64)
     return uea_data.UEAData(x, mask, y, x, mask, y, ["a", "b"], np.zeros(3), np.ones(3), 0, 0)
 
 
@@ -2131,16 +2134,6 @@ _PRESETS = [  # (script, flags, settings they lead to): the official scripts' va
     ("train_lra.py", "--steps 500 --warmup 7", dict(warmup=7)),
     ("train_lra.py", "--preset quick", dict(listops_size=6000, max_len=100, steps=1000,
      d_model=64, out="runs/listops/agf-quick-seed0")),
-    ("train_uea.py", "--dataset Heartbeat --attention agf", dict(agf_basis="chebyshev",
-     agf_order=6, agf_gamma=0.01, agf_fix_theta0=False)),
-    ("train_uea.py", "--dataset EthanolConcentration", dict(agf_basis="jacobi", agf_order=6,
-     agf_alpha=1.5, agf_beta=-1.5, agf_fix_theta0=True)),
-    ("train_uea.py", "--dataset SpokenArabicDigits", dict(agf_gamma=0.5, optimizer="adam")),
-    ("train_uea.py", "--attention primal", dict(primal_rank=40, primal_eta=0.5,
-     primal_rank_multi=5)),
-    ("train_uea.py", "--attention primal+trans", dict(primal_rank=30, primal_eta=0.2)),
-    ("train_uea.py", "--dataset PEMS-SF --attention primal+trans", dict(epochs=400,
-     primal_eta=0.0, optimizer="radam")),
     ("train_uea.py", "", dict(d_model=512, n_heads=8, d_ff=2048, batch_size=16, seed=666,
      out="runs/JapaneseVowels/softmax-paper-seed666")),
     ("train_uea.py", "--preset quick --dataset PEMS-SF --epochs 3", dict(d_model=64, epochs=3,
@@ -2264,18 +2257,9 @@ def test_train_uea_torch_radam_is_the_official_rectified_adam():
 
 
 def test_train_uea_every_preset_builds_a_model_and_the_flags_reach_it():
-    """The preset keyword arguments fit the real constructors, for every dataset and kind; the
-    mask flag and both scripts' ablation flags reach the modules they name."""
+    """The mask flag and both scripts' ablation flags reach the modules they name (every preset:
+    test_train_lra_and_train_uea_flags_alone_build_the_promised_layers)."""
     data = _uea_dummy_data()
-    for name in train_uea.AGF:
-        for kind in KINDS:
-            cfg = train_uea.parse_config(["--dataset", name, "--attention", kind, *TINY])
-            model, opt, scaler = train_uea.build(cfg, data, torch.device("cpu"))
-            logits, aux = model(torch.from_numpy(data.x_train), torch.from_numpy(data.mask_train))
-            assert logits.shape == (2, 2) and torch.isfinite(aux), (name, kind)
-            assert isinstance(
-                opt, torch.optim.Adam if name == "SpokenArabicDigits" else torch.optim.RAdam
-            )
     for flag, expected in (([], True), (["--no-attention-mask"], False)):
         cfg = train_uea.parse_config([*TINY, *flag])
         assert train_uea.build(cfg, data, torch.device("cpu"))[0].cfg.attention_mask is expected
@@ -2289,6 +2273,67 @@ def test_train_uea_every_preset_builds_a_model_and_the_flags_reach_it():
             model2 = train_lra.build(cfg, torch.device("cpu"))[0]
             for m in (model, model2):
                 assert {getattr(b.attn, check) for b in m.blocks} == {want}, (attention, want)
+
+
+# What --task/--dataset, --attention, --preset build (official: LRA lra_config.py, agf AGF_LRA/
+# best_agf.sh, AGF_UEA/run_agf_best.sh, PrimalAttention LRA/*/bashes, TimeSeries/*/bashes; no
+# preset: the defaults): name C N; AGF basis K α β γ θ̃_0-frozen; Primal s η m = min(N, s ·
+# rank_multi); Primal+Trans s η m; batch, steps or epochs, lr, optimizer. LRA, then UEA (N = 500):
+_BUILT = """
+listops 10 2000 jacobi 5 2.0 -1.0 0.01 1 20 0.1 200 30 0.05 300 32 5000 1e-4 adamw
+listops-quick 10 100 jacobi 5 2.0 -1.0 0.01 1 20 0.1 100 30 0.05 100 32 1000 1e-3 adamw
+text 2 1000 jacobi 5 2.0 -2.0 0.01 1 20 0.05 200 30 0.1 300 32 20000 1e-4 adamw
+retrieval 2 4000 jacobi 5 2.0 -1.5 1e-4 1 30 0.0 300 20 0.05 200 32 30000 1e-4 adamw
+image 10 1024 jacobi 6 1.5 2.0 0.1 1 30 0.1 300 30 0.1 300 256 35000 1e-4 adamw
+pathfinder 2 1024 jacobi 4 1.5 -1.0 1e-4 1 30 0.1 300 20 0.05 200 256 62400 1e-4 adamw
+
+EthanolConcentration 2 500 jacobi 6 1.5 -1.5 0.1 1 30 0.1 300 40 0.2 400 16 100 1e-3 radam
+FaceDetection 2 500 jacobi 9 2.0 0.5 0.1 1 20 0.1 100 40 0.2 200 16 100 1e-3 radam
+Handwriting 2 500 jacobi 3 1.0 0.2 0.01 0 30 0.2 150 20 0.5 100 16 100 1e-3 radam
+Heartbeat 2 500 chebyshev 6 1.0 0.2 0.01 0 30 0.5 300 40 0.5 400 16 100 1e-3 radam
+JapaneseVowels 2 500 legendre 4 1.0 0.2 0.01 0 40 0.5 200 30 0.2 150 16 100 1e-3 radam
+PEMS-SF 2 500 jacobi 5 1.5 2.0 0.1 1 40 0.1 200 40 0.0 200 16 400 1e-3 radam
+SelfRegulationSCP1 2 500 jacobi 9 1.5 1.0 0.1 1 30 0.5 300 30 0.2 300 16 100 1e-3 radam
+SelfRegulationSCP2 2 500 jacobi 7 2.0 1.5 0.1 1 20 0.0 200 20 0.2 200 16 100 1e-3 radam
+SpokenArabicDigits 2 500 jacobi 4 1.0 0.0 0.5 1 20 0.1 100 30 0.2 150 16 100 1e-3 adam
+UWaveGestureLibrary 2 500 jacobi 10 2.0 1.5 0.1 1 20 0.0 200 40 0.1 400 16 100 1e-3 radam
+BasicMotions 2 500 legendre 4 1.0 0.2 0.01 0 40 0.5 200 40 0.5 200 16 100 1e-3 radam"""
+_LAYER = {  # what reaches a layer, read off the built module
+    SoftmaxAttention: lambda a: (a.dropout,), AGFAttention: lambda a: (*(getattr(a.poly_filter, k)
+    for k in ("basis", "order", "alpha", "beta")), a.ortho_weight, a.poly_filter.theta0 is None,
+    a.variant), PrimalAttention: lambda a: (a.We.shape[-1], a.ksvd_weight, a.n_samples,
+    a.ksvd_reduction, a.causal), GFSAttention: lambda a: (a.order, a.dropout, a.high_order,
+    a.w0.unique().tolist(), a.w1.unique().tolist(), a.w0.requires_grad, a.w1.requires_grad)}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("attention", KINDS)
+def test_train_lra_and_train_uea_flags_alone_build_the_promised_layers(script, attention):
+    """Each row of _BUILT from its flags alone, UEA's with --preset quick too (D 64, H 2, d_ff 128,
+    10 epochs); quick with --dropout 0.2 (UEA: --attn-dropout 0.3). GFSA K = 2 or 3: ours."""
+    lra, cpu, data = script == "train_lra.py", torch.device("cpu"), _uea_dummy_data(500)
+    quick_flags = "--preset quick --dropout 0.2 --attn-dropout 0.3".split()[: 6 - 2 * lra]
+    trans, rows = attention == "primal+trans", _BUILT.strip().split("\n\n")[not lra].split("\n")
+    kinds = [ATTENTION[k] for k in (["softmax", "primal"] if trans else [attention] * 2)]
+    for row, quick in ((r, q) for r in rows for q in (0, 1) if not lra or q == ("-q" in r)):
+        name, C, N, basis, *v, optimizer = row.split()
+        K, a, b, g, frozen, s, eta, m, s2, eta2, m2, batch, length, lr = map(float, v)
+        flags = ["--task" if lra else "--dataset", name.removesuffix("-quick"), "--attention"]
+        cfg = SCRIPTS[script][0].parse_config([*flags, attention, *quick_flags * quick])
+        model, opt = (train_lra.build(cfg, cpu) if lra else train_uea.build(cfg, data, cpu))[:2]
+        D, H, d_ff = (64, 2, 128) if lra or quick else (512, 8, 2048)
+        p, pa = (0.2, 0.2 if lra else 0.3) if quick else (0.1, 0.1)  # blocks, attention weights
+        want = {SoftmaxAttention: (pa,), AGFAttention: (basis, K, a, b, g, frozen, "agf"),
+                PrimalAttention: (*[(s, eta, m), (s2, eta2, m2)][trans], "batch" * lra or "sample",
+                                  False),
+                GFSAttention: (3 - lra, pa, "taylor", [0.0], [1.0], False, False)}
+        got = [(type(at), _LAYER[type(at)](at), at.d_model, at.n_heads, blk.mlp[0].out_features,
+                blk.drop.p) for blk in model.blocks for at in [blk.attn]]  # fmt: skip
+        assert got == [(k, want[k], D, H, d_ff, p) for k in kinds], (name, attention, quick)
+        got = (len(model.pos), model.cfg.n_classes, model.cfg.two_tower, opt.defaults["lr"],
+               type(opt).__name__.lower(), cfg.batch_size, cfg.steps if lra else cfg.epochs)
+        assert got == (float(N), float(C), name == "retrieval", lr, optimizer, batch,
+                       10 if quick and not lra else length), (name, attention, quick)
 
 
 @pytest.mark.parametrize("kind", KINDS)
