@@ -2168,11 +2168,20 @@ def test_train_lra_and_train_uea_every_flag_reaches_its_setting(script):
             continue
         value = _VALUES.get(f.name, {str: "some/where", int: 8, float: 0.25}[f.type])
         assert getattr(module.parse_config([name, str(value)]), f.name) == value, name
+        low, high, step = f.metadata["low"], f.metadata["high"], 1 if f.type is int else 1e-6
+        # its range [low, high) at both edges: low and high - step accepted, the others refused
+        edges = [] if low is None else [(low, True), (low - step, False)]
+        for value, ok in edges + ([] if high is None else [(high - step, True), (high, False)]):
+            refused = contextlib.nullcontext() if ok else pytest.raises(SystemExit)
+            with contextlib.redirect_stderr(io.StringIO()) as said, refused:
+                cfg = module.parse_config(["--n-heads=1", f"{name}={value}"])
+            assert getattr(cfg, f.name) == value if ok else f"{name} must be " in said.getvalue()
 
 
 _BAD_FLAGS = [  # (flags, a fragment of the one sentence); each refused at parse time, exit 2
     (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
     (["--lr", "-0.1"], "--lr must be positive"),
+    (["--lr", "0"], "--lr must be positive, got 0.0"),
     (["--lr", "nan"], "--lr must be a finite number, got nan"),
     (["--dropout", "inf"], "--dropout must be a finite number"),
     (["--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
