@@ -2468,6 +2468,28 @@ def test_train_lra_and_train_uea_evaluate_is_one_pass_over_a_split_in_eval_mode(
     assert modes == [False, False, False] and model.training
 
 
+@pytest.mark.parametrize("script, size", [("train_lra.py", "8"), ("train_uea.py", "1"),
+                                          ("train_uea.py", "11")])  # fmt: skip
+def test_train_lra_and_train_uea_logged_numbers_are_recomputed(tmp_path, script, size):
+    """--lr 1e-12 keeps the first weights: logged losses (+ aux) are their cross-entropy per
+    example, accuracies counted ones; batches: LRA all 8 in one, UEA 12 cases 1 x 12 or 11 + 1."""
+    out, lra = tmp_path / "run", script == "train_lra.py"
+    more = ["--batch-size", size, *(["--listops-size", "8"] if lra else ["--attention", "agf"])]
+    _train_both(tmp_path, script, out, "--lr", "1e-12", "--dropout", "0", *more)
+    ckpt, want = torch.load(out / "checkpoint.pt", weights_only=False), {}
+    (model := Classifier(ModelConfig(**ckpt["model_config"]))).load_state_dict(ckpt["model"])
+    data = lra_data.load_task(**ckpt["data"])[0] if lra else uea_data.load_uea(**ckpt["data"])
+    for split in ("train", "val") if lra else ("train", "test"):
+        idx = np.arange(8 if lra and split == "train" else 12)
+        x, mask, y = ([train_lra.to_batch(data[split], idx, "cpu")[k] for k in ("x", "mask", "y")]
+                      if lra else train_uea.to_batch(data, split, idx, "cpu"))  # fmt: skip
+        logits, aux = model(x, mask)
+        want[f"{split}_loss"] = (F.cross_entropy(logits, y) + aux * (split == "train")).item()
+        want[f"{split}_acc"] = (logits.argmax(-1) == y).sum().item() / len(idx)
+        want |= {"train_aux": aux.item()} if split == "train" and not lra else {}
+    assert [{k: r[k] for k in want} for r in _log(out)] == [pytest.approx(want, abs=2e-5)] * 2
+
+
 def _as_rank(module, rank: int) -> contextlib.ExitStack:
     """torch.distributed as torchrun's process `rank` of 2 sees it, with nothing to talk to."""
     calls = dict(get_rank=lambda: rank, get_world_size=lambda: 2, is_initialized=lambda: False)
@@ -2491,7 +2513,7 @@ def test_train_lra_and_train_uea_batches_follow_the_documented_order(tmp_path, s
     n, size, seed = (48, 8, 0) if lra else (12, 5, 3)  # one process: batches of `size`
     more = ["--steps", "12"] if lra else ["--seed", "3"]
     seen, real = {}, module.to_batch
-    for rank, batch in ((None, size), (0, 6 + 2 * lra), (1, 6 + 2 * lra)):
+    for rank, batch in ((None, size), (0, 10 - 2 * lra), (1, 10 - 2 * lra)):
         taken = seen.setdefault(rank, [])
 
         def recording(*args, taken=taken):
@@ -2510,8 +2532,8 @@ def test_train_lra_and_train_uea_batches_follow_the_documented_order(tmp_path, s
     per_epoch = range(0, n - size + 1 if lra else n, size)
     assert seen[None] == [o[k : k + size] for o in orders for k in per_epoch]
     assert orders[0] != orders[1]
-    batch = 6 + 2 * lra
-    wholes = [o[k : k + batch] for o in orders for k in range(0, n - batch + 1, batch)]
+    batch = 10 - 2 * lra  # UEA: 10 cases, then the last 2, one for each process
+    wholes = [o[k : k + batch] for o in orders for k in range(0, n, batch)]  # 48 = 6 x 8
     for whole, a, b in zip(wholes, seen[0], seen[1], strict=True):
         assert not set(a) & set(b) and sorted(a + b) == sorted(whole) and a == whole[0::2]
 
