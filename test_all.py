@@ -32,8 +32,10 @@ import os
 import pathlib
 import pickle
 import re
+import resource
 import shlex
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -2940,6 +2942,16 @@ def test_runs_a_failed_write_is_one_sentence_and_leaves_no_partial_file(tmp_path
     assert first[SCRIPTS[script][1]] == (2 if script == "train_lra.py" else 1)
     _train_both(tmp_path, script, out, "--resume")
     assert _result_of(out)
+    log, limits = (out / "metrics.jsonl").read_bytes(), resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not a signal ending pytest
+    try:  # a disk full 20 bytes on, half way through the next log line: whole lines stay
+        resource.setrlimit(resource.RLIMIT_FSIZE, (len(log) + 20, limits[1]))
+        with pytest.raises(SystemExit, match="cannot write .*metrics.jsonl .File too large"):
+            runs.save(out / "metrics.jsonl", dict(step=99, note="a line longer than 20 bytes"))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, handler)
+    assert (out / "metrics.jsonl").read_bytes() == log
     real_write = pathlib.Path.write_text
 
     def no_permission(path, *args, **kwargs):
