@@ -2012,6 +2012,10 @@ def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
         assert (data_dir / "Toy" / p.name).read_bytes() == p.read_bytes()
     assert not (tmp_path / "evil.txt").exists() and not (data_dir / "evil.txt").exists()
     assert load_uea(str(data_dir), "Toy").y_train.tolist() == [0, 1, 0]
+    for p in source.iterdir():  # one of the two files there: both fetched again
+        (data_dir / "Toy" / p.name).unlink()
+        uea_data.download_dataset("Toy", str(data_dir), url, progress=False)
+        assert (data_dir / "Toy" / p.name).read_bytes() == p.read_bytes()
     (server / "Toy.zip").unlink()  # both files are there now: a second call fetches nothing
     uea_data.download_dataset("Toy", str(data_dir), url + "/", progress=False)
     (server / "Html.zip").write_text("<html>not found</html>")
