@@ -231,6 +231,8 @@ def test_polynomials_jacobi_equals_closed_form_and_scipy(a, b):
     got = jacobi(torch.from_numpy(x), 10, a, b).numpy()
     want = np.stack([_polynomials_jacobi_closed_form(n, a, b, x) for n in range(11)])
     assert np.allclose(got, want, rtol=1e-11, atol=1e-11)
+    with pytest.raises(ValueError, match=r"alpha \+ beta > -2, got alpha=-1.0, beta=-1.0"):
+        jacobi(torch.zeros(1), 1, -1.0, -1.0)  # the edge itself (α + β = -1.99 passes)
     special = pytest.importorskip("scipy.special")
     want = np.stack([special.eval_jacobi(n, a, b, x) for n in range(11)])
     assert np.allclose(got, want, rtol=1e-11, atol=1e-11)
@@ -472,6 +474,11 @@ def test_primal_scores_equal_dual_reference(causal):
         W_e, W_r = kkt_base_weights(phi_q, phi_k, f_x, h_e, h_r, mask)
         e, r_s = primal_scores(phi_q, phi_k, f_x, W_e, W_r)
         e_dual, r_dual = ksvd_dual_reference(phi_q, phi_k, f_x, h_e, h_r, mask)
+    for W, phi in ((layer.W_q, phi_q), (layer.W_k, phi_k)):  # written out: causal, the mean of
+        z = W(x).view(B, N, H, -1).transpose(1, 2).detach()  # the real z_τ, τ <= t, comes first
+        for b, t in itertools.product(range(B), range(N)):  # (as its sum), then φ = z / ‖z‖
+            seen = (torch.arange(N) <= t) & mask[b] if causal else torch.arange(N) == t
+            assert torch.allclose(phi[b, :, t], F.normalize(z[b][:, seen].sum(1), dim=-1)), (b, t)
     real = mask[:, None, :, None]
     assert e_dual.abs().max() > 0.1 and r_dual.abs().max() > 0.1
     assert torch.allclose(e.masked_fill(~real, 0.0), e_dual, atol=1e-12)
@@ -995,8 +1002,9 @@ def test_model_bad_inputs_raise_clear_errors():
 
 
 def _classifier_by_hand(model, x, mask, x2=None, mask2=None):
-    """Classifier.forward (eval) written out with F from its weights; attentions as black boxes."""
+    """Classifier.forward written out with F, attentions as black boxes, dropouts drawn in order."""
     cfg, D = model.cfg, model.cfg.d_model
+    drop = lambda t: F.dropout(t, cfg.dropout, model.training)  # noqa: E731
     layer_norm = lambda t, n: F.layer_norm(t, (D,), n.weight, n.bias, n.eps)  # noqa: E731
     linear = lambda t, lin: F.linear(t, lin.weight, lin.bias)  # noqa: E731
 
@@ -1004,18 +1012,18 @@ def _classifier_by_hand(model, x, mask, x2=None, mask2=None):
         h = F.embedding(x, model.embed.weight) if cfg.vocab_size else linear(x, model.embed)
         if cfg.style == "uea":
             h = h * math.sqrt(D)  # mvts: the input projection times √D
-        h = h + model.pos[: x.shape[1]]
+        h = drop(h + model.pos[: x.shape[1]])
         aux = []
         for kind, block in zip(model.kinds, model.blocks, strict=True):
             fc1, fc2 = block.mlp[0], block.mlp[3]
             if cfg.style == "lra":  # pre-LN
                 y, a = block.attn(layer_norm(h, block.norm1), mask)
-                h = h + y
-                h = h + linear(F.gelu(linear(layer_norm(h, block.norm2), fc1)), fc2)
+                h = h + drop(y)
+                h = h + drop(linear(drop(F.gelu(linear(layer_norm(h, block.norm2), fc1))), fc2))
             else:  # post-LN
                 y, a = block.attn(h, mask)
-                h = layer_norm(h + y, block.norm1)
-                h = layer_norm(h + linear(F.gelu(linear(h, fc1)), fc2), block.norm2)
+                h = layer_norm(h + drop(y), block.norm1)
+                h = layer_norm(h + drop(linear(drop(F.gelu(linear(h, fc1))), fc2)), block.norm2)
             if kind in ("agf", "primal"):
                 aux.append(a)
         h = layer_norm(h, model.norm)
@@ -1024,7 +1032,7 @@ def _classifier_by_hand(model, x, mask, x2=None, mask2=None):
             z = (h * m).sum(1) / mask.sum(1, keepdim=True)
         else:  # GELU, padded steps zeroed, zero rows up to max_len, flatten
             z = torch.zeros(h.shape[0], cfg.max_len, D, dtype=h.dtype)
-            z[:, : h.shape[1]] = F.gelu(h) * m
+            z[:, : h.shape[1]] = drop(F.gelu(h)) * m
             z = z.reshape(h.shape[0], cfg.max_len * D)
         return z, (sum(aux) / len(aux) if aux else torch.zeros((), dtype=h.dtype))
 
@@ -1043,19 +1051,22 @@ def _classifier_by_hand(model, x, mask, x2=None, mask2=None):
      ("lra", ["softmax", "gfsa", "primal"], True)],  # fmt: skip
     ids=["pre-LN-masked-mean", "post-LN-flatten", "two-tower-retrieval"],
 )
-def test_model_classifier_equals_its_forward_written_out(style, kinds, two_tower):
+@pytest.mark.parametrize("dropout", [False, True], ids=["eval", "dropout"])
+def test_model_classifier_equals_its_forward_written_out(style, kinds, two_tower, dropout):
     """Classifier == _classifier_by_hand (LRA, UEA, two towers): catches a wrong residual, LN,
     scale, pooling, head or aux average (over AGF/Primal layers only) that padding tests miss."""
     torch.manual_seed(0)
-    cfg = _tiny(style, kinds, n_layers=3, two_tower=two_tower)
-    model = Classifier(cfg).double().eval()
+    cfg = _tiny(style, kinds, n_layers=3, two_tower=two_tower, attn_dropout=0.3)
+    model = Classifier(cfg).double().train(dropout)
     with torch.no_grad():  # off the init: AGF g ≡ 1, GFSA wK = 0 and LN = (1, 0) hide terms
         for p in model.parameters():
             p.add_(0.1 * torch.randn_like(p))
     x, mask = _inputs(cfg, N=20)
     args = (x, mask, x.flip(0), mask.flip(0)) if two_tower else (x, mask)
     with torch.no_grad():
+        torch.manual_seed(1)
         logits, aux, hidden = model(*args, return_hidden=True)
+        torch.manual_seed(1)
         want_logits, want_aux = _classifier_by_hand(model, *args)
     assert [type(b.attn) for b in model.blocks] == [ATTENTION[k] for k in kinds]
     assert logits.shape == (3, 3) and aux > 0
