@@ -232,7 +232,7 @@ def test_polynomials_jacobi_equals_closed_form_and_scipy(a, b):
     want = np.stack([_polynomials_jacobi_closed_form(n, a, b, x) for n in range(11)])
     assert np.allclose(got, want, rtol=1e-11, atol=1e-11)
     with pytest.raises(ValueError, match=r"alpha \+ beta > -2, got alpha=-1.0, beta=-1.0"):
-        jacobi(torch.zeros(1), 1, -1.0, -1.0)  # the edge itself (α + β = -1.99 passes)
+        jacobi(torch.zeros(1), 1, -1.0, -1.0)  # α + β = -2, the edge itself
     special = pytest.importorskip("scipy.special")
     want = np.stack([special.eval_jacobi(n, a, b, x) for n in range(11)])
     assert np.allclose(got, want, rtol=1e-11, atol=1e-11)
