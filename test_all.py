@@ -3558,7 +3558,7 @@ def test_bench_refuses_bad_flags_with_one_sentence(argv, said):
 def test_bench_compiles_by_default_on_cuda_only(monkeypatch, argv, modes, gpu_modes):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert modes is None or bench.parse_args(argv.split()).modes == modes.split()
-    ns = [256, 512, 1024, 2048, 4096, 8192] + [16384, 32768] * ("cuda" in argv)  # --ns: --help
+    ns = [256, 512, 1024, 2048, 4096, 8192] + [16384, 32768] * ("cuda" in argv)  # --help says
     assert modes is None or bench.parse_args(argv.split()).ns == ns
     assert gpu_bench.parse_args(argv.split()).modes == gpu_modes.split()
 
