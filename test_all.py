@@ -726,7 +726,11 @@ def test_model_padding_is_never_read_and_every_parameter_learns(name):
     """Junk (1e3, ±inf, NaN) at any padding changes no output nor aux; gradients are finite, 0 at
     padding, reach every parameter; padded == its real tokens alone; B = 0 gives aux 0."""
     layer, mask, x = _variant(name), _masks(), torch.randn(4, 12, 16, dtype=F64)
-    y0, aux0 = layer(x.masked_fill(~mask[..., None], 0.0), mask)
+    sdpa = F.scaled_dot_product_attention  # every query may attend to a key (else NaN somewhere)
+    with mock.patch.object(F, "scaled_dot_product_attention", wraps=sdpa) as calls:
+        y0, aux0 = layer(x.masked_fill(~mask[..., None], 0.0), mask)
+    masks = [c.kwargs.get("attn_mask") for c in calls.call_args_list]
+    assert all(m is None or m.any(-1).all() for m in masks), name
     assert torch.isfinite(y0).all() and (y0[~mask] == 0).all() and torch.isfinite(aux0)
     for junk in (1e3, math.inf, -math.inf, math.nan):
         x_junk = x.masked_fill(~mask[..., None], junk).requires_grad_()
@@ -1319,8 +1323,8 @@ def test_lra_data_imdb_and_aan_readers(tmp_path):
     assert train.y.tolist() == [0, 0, 0, 0, 1, 1] and train.x.dtype == np.int16
     expected = [b"bad<br />fil", b"fine\r\nok", b"\x1cmeh\x1c", b"caf\xe9", "très bien".encode(),
                 b"\xc2\xa0nice\xe3\x80\x80"]  # str.strip() would drop U+00A0, U+3000, \x1c
-    assert [(row[:n] - 1).tobytes() for row, n in zip(train.x.astype(np.uint8), train.lengths,
-                                                       strict=True)] == expected  # fmt: skip
+    rows = (train.x - 1).astype(np.uint8)  # the bytes again
+    assert [row[:n].tobytes() for row, n in zip(rows, train.lengths, strict=True)] == expected
     _lra_check_batch(train, [len(w) for w in expected])
     pairs = b"1.0\tA1\tB1\tabc\tdefgh\n\n0\tA2\tB2\t" + b"x" * 20 + b"\tz\n"  # blank line: skipped
     split, notes = lra_data.read_aan_tsv(_write(tmp_path / "aan.tsv", pairs), max_len=8)
@@ -1358,9 +1362,8 @@ def _lra_cifar(folder: pathlib.Path) -> dict:
     """cifar-10-batches-py with 5 images per batch, image 0 black -> {file name: data (5, 3072)}."""
     rng, batches = np.random.default_rng(0), {}
     for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
-        data = rng.integers(0, 256, (5, 3072), dtype=np.uint8)
+        batches[name] = data = rng.integers(0, 256, (5, 3072), dtype=np.uint8)
         data[0] = 0  # a black image: value 0
-        batches[name] = data
         labels = [(i + len(batches)) % 10 for i in range(5)]  # the real files: bytes keys
         _write(folder / name, pickle.dumps({b"data": data, b"labels": labels, b"batch_label": b""}))
     return batches
@@ -1409,8 +1412,7 @@ def _lra_pathfinder(folder: pathlib.Path, n: int, side: int = 4) -> dict:
     _write(folder / "imgs" / "1" / "sample_empty.png", b"")  # counted, then dropped
     listed[1].append(("imgs/1 sample_empty.png 99 1 1.0 14 4\n", None))
     for k, entries in listed.items():
-        ending = "" if k == 2 else "\n"
-        _write(folder / "metadata" / f"{k}.npy", "\n".join(e[0] for e in entries) + ending)
+        _write(folder / "metadata" / f"{k}.npy", "\n".join(e[0] for e in entries) + "\n" * (k != 2))
         for line, (text, image) in enumerate(entries[: len(entries) - (k == 2)], start=1):
             f0, f1, _, label = text.split(" ")[:4]
             keys[f"{f0}_{f1}_{line}"] = (image, int(label))
@@ -1418,8 +1420,8 @@ def _lra_pathfinder(folder: pathlib.Path, n: int, side: int = 4) -> dict:
 
 
 def test_lra_data_image_readers_png_pathfinder_and_cifar(tmp_path):
-    """Our PNG encoder's images, each filter type, decoded; Pathfinder: metadata files in numeric
-    order, a seeded 80/10/10 permutation; CIFAR: TF grayscale, train[:90%] / [90%:] / test."""
+    """Our PNG encoder's images, each filter type, decoded; Pathfinder and CIFAR: the official
+    splits, TFDS's MD5 order cut at round(p n / 100) (by hand here), TF's grey levels."""
     rng = np.random.default_rng(1)
     image = rng.integers(0, 256, (10, 7), dtype=np.uint8)
     image[3] = 255  # large values make the modulo-256 wrap-around matter
@@ -1477,9 +1479,8 @@ def test_lra_data_gray_levels_of_all_colours_as_tf():
     colour = np.arange(1 << 24, dtype=np.int64)
     r, g, b = colour >> 16, (colour >> 8) & 255, colour & 255
     f32, gray = np.float32, lra_data.rgb_to_gray(np.stack([r, g, b]).astype(np.uint8))
-    step = r.astype(f32) * f32(1 / 255) * f32(0.2989)
-    step = step + g.astype(f32) * f32(1 / 255) * f32(0.5870)
-    step = step + b.astype(f32) * f32(1 / 255) * f32(0.1140)
+    red, green, blue = (c.astype(f32) * f32(1 / 255) for c in (r, g, b))  # convert_image_dtype
+    step = (red * f32(0.2989) + green * f32(0.5870)) + blue * f32(0.1140)  # the weighted sum
     assert gray.dtype == np.int16 and np.array_equal(gray, np.trunc(step * f32(255.5)))
     assert gray[122 * 256 + 186] == 93
     float64 = ((0.2989 * r + 0.5870 * g + 0.1140 * b) / 255 * 255.5).astype(np.int64)
@@ -2285,9 +2286,8 @@ def test_train_lra_and_train_uea_bad_flags_are_one_sentence_before_anything_is_w
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_train_lra_and_train_uea_refusals_of_processes_and_devices(script):
-    """A batch the processes cannot share, --device cuda without CUDA: refused when parsed;
-    under torchrun, a rank other than 0 refuses without a word (rank 0 says it): it waits where
-    rank 0 would meet it, which torchrun ends when rank 0 has exited."""
+    """A batch the processes cannot share, --device cuda without CUDA: refused when parsed; a rank
+    other than 0 says nothing and waits where rank 0 would meet it (torchrun then ends it)."""
     module = SCRIPTS[script][0]
     cases = [(["--batch-size", "3"], "--batch-size 3 is not divisible by 2 processes", 2)]
     if not torch.cuda.is_available():
