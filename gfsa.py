@@ -6,10 +6,10 @@ Paper:  J. Choi, H. Wi, J. Kim, Y. Shin, K. Lee, N. Trask, N. Park, "Graph Convo
         numbers below refer to v1.
 Idea:   The softmax attention matrix Ā is row-stochastic: the adjacency matrix of a weighted
         directed graph over tokens, so Ā·V is a first-order graph filter. GFSA uses the richer
-        polynomial filter (H is the paper's filter; the head count H is a different symbol)
-            H = w0·I + w1·Ā + wK·Ā^K,  with  Ā^K ≈ Ā + (K-1)·(Ā² - Ā)         (Eqs. 4, 5)
-            GFSA(X) = H · X W_val                                              (Eq. 6)
-        Collapsed, H = a0·I + a1·Ā + a2·Ā², so H·V = a0·V + a1·(ĀV) + a2·Ā(ĀV): two ordinary
+        polynomial filter G (the paper's H; here H counts the heads)
+            G = w0·I + w1·Ā + wK·Ā^K,  with  Ā^K ≈ Ā + (K-1)·(Ā² - Ā)         (Eqs. 4, 5)
+            GFSA(X) = G · X W_val                                              (Eq. 6)
+        Collapsed, G = a0·I + a1·Ā + a2·Ā², so G·V = a0·V + a1·(ĀV) + a2·Ā(ĀV): two ordinary
         attention passes with the same mask. Ā² (a dense O(N³) product in the official code) is
         never formed, and the fused scaled_dot_product_attention keeps no N×N float matrix at
         all (causal + padding passes one boolean N×N mask).
@@ -20,7 +20,7 @@ Symbols (paper -> code -> shape):
     X           x             (B, N, D)     input tokens
     Q, K, V     q, k, v       (B, H, N, d)  queries, keys, values (K = key matrix only in QKᵀ)
     Ā           attn          (B, H, N, N)  attention matrix, rows sum to 1 (dense paths only)
-    H (filter)  graph_filter  (B, H, N, N)  w0·I + w1·Ā + wK·(Ā + (K-1)(Ā² - Ā)) (dense only)
+    G (H)       graph_filter  (B, H, N, N)  w0·I + w1·Ā + wK·(Ā + (K-1)(Ā² - Ā)) (dense only)
     w0, w1, wK  w0, w1, wK    (H,)          filter coefficients, one set per head (Eq. 5)
     a0, a1, a2  coefficients  (1, H, 1, 1)  the same filter as a0·I + a1·Ā + a2·Ā² (derived)
     K           order         int >= 2      order of the high-order term (Eq. 4)
@@ -64,7 +64,7 @@ def filter_coefficients(
 def gfsa_apply(q: Tensor, k: Tensor, v: Tensor, coefficients: tuple[Tensor, Tensor, Tensor],
                mask: Optional[Tensor], causal: bool, kernel: str, dropout_p: float,
                passes: int = 2) -> Tensor:  # fmt: skip
-    """The fast path: H·V = a0·V + a1·(ĀV) + a2·Ā(ĀV), with no N×N float tensor. (Eqs. 5, 6)
+    """The fast path: G·V = a0·V + a1·(ĀV) + a2·Ā(ĀV), with no N×N float tensor. (Eqs. 5, 6)
 
     passes = K with coefficients (w0, w1, wK) gives the exact filter w0·V + w1·ĀV + wK·Ā^K V
     instead of the Taylor estimate: K successive attention passes, O(K N² d), Ā^K never formed.
@@ -107,25 +107,25 @@ def gfsa_apply(q: Tensor, k: Tensor, v: Tensor, coefficients: tuple[Tensor, Tens
             # (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d), then (B,H,N,d) @ (B,H,d,d) -> (B,H,N,d)
             return rho_q @ context
 
-    # NOTE: differs from the official code, which forms Ā@Ā (O(N³)) and H, then H@V; the result
+    # NOTE: differs from the official code, which forms Ā@Ā (O(N³)) and G, then G@V; the result
     #       is the same in exact arithmetic. Its dropout differs too: one mask on Ā shared by both
-    #       factors (NLP) or dropout(H) (vision), because two fused passes cannot share one mask.
+    #       factors (NLP) or dropout(G) (vision), because two fused passes cannot share one mask.
     av = attend(v)  # Ā V
     apv = av
     for _ in range(passes - 1):  # Ā² V = Ā (Ā V), ...: O(N²d) passes instead of O(N³) products
         apv = attend(apv)
-    return a0 * v + a1 * av + a2 * apv  # (a0·I + a1·Ā + a2·Ā^passes) V = H V   (Eq. 6)
+    return a0 * v + a1 * av + a2 * apv  # (a0·I + a1·Ā + a2·Ā^passes) V = G V   (Eq. 6)
 
 
 class GFSAttention(nn.Module):
-    """Multi-head self-attention with Ā·V replaced by the GFSA graph filter H·V.  (Eqs. 5, 6)
+    """Multi-head self-attention with Ā·V replaced by the GFSA graph filter G·V.  (Eqs. 5, 6)
 
     Args:
         d_model: D, token width.
         n_heads: H; each head has width d = D / H.
         order: K of the high-order term (K >= 2). Default 2, because K only sets how wK is shared
             between Ā and Ā² (see `filter_coefficients`), and at K = 2 the Taylor estimate of
-            Eq. 4 is exact: H = w0·I + w1·Ā + wK·Ā² (E_2 = 0, Theorem 3.1). The paper tunes K
+            Eq. 4 is exact: G = w0·I + w1·Ā + wK·Ā² (E_2 = 0, Theorem 3.1). The paper tunes K
             per task in 2..10.
         w0: the identity weight; a fixed scalar unless learn_w0 (official code: 0, or a tuned
             fixed scalar in NLP).
@@ -136,7 +136,7 @@ class GFSAttention(nn.Module):
         causal: query t sees tokens <= t only (kernel="softmax" only).
         kernel: "softmax" (the paper) or "linear" (GFSA on Efficient Attention, O(N d²)).
         evaluation: "fast" (two attention passes) or "official" (the slow reference in the
-            official order: dense Ā, Ā², H, H·V; for benchmarks and tests).
+            official order: dense Ā, Ā², G, G·V; for benchmarks and tests).
         high_order: "taylor" (Eq. 4's estimate of Ā^K, the paper's) or "exact" (the real Ā^K,
             as K attention passes on the fast path: K/2 times the cost, for comparison).
     Shapes:
@@ -191,7 +191,7 @@ class GFSAttention(nn.Module):
         # 1) project, then split heads: (B, N, 3D) -> 3 x (B, H, N, d)
         q, k, v = self.W_qkv(x).view(B, N, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
         dropout_p = self.dropout if self.training else 0.0  # eval mode is exact
-        # 2) H·V, the graph filter applied to the values                            (Eqs. 5, 6)
+        # 2) G·V, the graph filter applied to the values                            (Eqs. 5, 6)
         #    "taylor": a0·V + a1·ĀV + a2·Ā(ĀV); "exact": w0·V + w1·ĀV + wK·Ā^K V, K passes
         exact = self.high_order == "exact"
         if self.evaluation == "fast":
@@ -199,7 +199,7 @@ class GFSAttention(nn.Module):
             coefficients = [c[:, None, None] for c in w] if exact else filter_coefficients(*w, K)
             passes = K if exact else 2  # the power of Ā in the last term
             y = gfsa_apply(q, k, v, coefficients, mask, self.causal, self.kernel, dropout_p, passes)
-        else:  # slow reference: Ā (one dropout mask, NLP convention), Ā², H, then H·V
+        else:  # slow reference: Ā (one dropout mask, NLP convention), Ā², G, then G·V
             attn = F.dropout(attention_matrix(q, k, mask, self.causal, self.kernel), dropout_p)
             y, _ = gfsa_dense_reference(attn, v, self.w0, self.w1, self.wK, self.order, exact)
         # 3) merge heads and project: (B, H, N, d) -> (B, N, D)
@@ -305,7 +305,7 @@ def attention_matrix(q: Tensor, k: Tensor, mask: Optional[Tensor], causal: bool,
 def gfsa_dense_reference(attn: Tensor, v: Tensor, w0: Tensor, w1: Tensor, wK: Tensor, order: int,
                          exact: bool = False, *,
                          max_bytes: int = DENSE_MAX_BYTES) -> tuple[Tensor, Tensor]:  # fmt: skip
-    """The slow reference, in the official code's order: Ā², the filter H, then H·V.
+    """The slow reference, in the official code's order: Ā², the filter G, then G·V.
 
     Written literally from Eq. 5 (not from `filter_coefficients`), so comparing it with
     `gfsa_apply` also checks the collapse to a0·I + a1·Ā + a2·Ā². Cost O(N³) per head.
@@ -316,22 +316,22 @@ def gfsa_dense_reference(attn: Tensor, v: Tensor, w0: Tensor, w1: Tensor, wK: Te
         w0, w1, wK: filter coefficients, one per head.            (H,)
         order: K >= 2.
         exact: the real Ā^K (matrix_power, O(N³ log K)) instead of the estimate of Eq. 4.
-        max_bytes: MemoryError, before allocating, if each of Ā², H would take more bytes
+        max_bytes: MemoryError, before allocating, if each of Ā², G would take more bytes
             (default 4 GiB); `attention_matrix` checks the same cap before it forms Ā.
     Returns:
         H·V                                                       (B, H, N, d)
         graph_filter, the filter H                                (B, H, N, N)
     """
-    shape, gib = tuple(attn.shape), 2**30  # refuse Ā² and H before torch tries them
+    shape, gib = tuple(attn.shape), 2**30  # refuse Ā² and G before torch tries them
     if (size := math.prod(shape) * attn.dtype.itemsize) > max_bytes:
-        raise MemoryError(f"attn: dense Ā², H {shape}: {size / gib:.1f} GiB each > {max_bytes=}")
+        raise MemoryError(f"attn: dense Ā², G {shape}: {size / gib:.1f} GiB each > {max_bytes=}")
     w0, w1, wK = w0.view(1, -1, 1, 1), w1.view(1, -1, 1, 1), wK.view(1, -1, 1, 1)
     eye = torch.eye(attn.shape[-1], dtype=attn.dtype, device=attn.device)
     attn_sq = attn @ attn  # (B,H,N,N) @ (B,H,N,N) -> (B,H,N,N): the O(N³) product
     attn_pow_k = attn + (order - 1) * (attn_sq - attn)  # Ā^K ≈ Ā + (K-1)(Ā² - Ā)   (Eq. 4)
     if exact:
         attn_pow_k = torch.linalg.matrix_power(attn, order)  # the real Ā^K
-    graph_filter = w0 * eye + w1 * attn + wK * attn_pow_k  # H                     (Eq. 5)
+    graph_filter = w0 * eye + w1 * attn + wK * attn_pow_k  # G                     (Eq. 5)
     return graph_filter @ v, graph_filter  # (B,H,N,N) @ (B,H,N,d) -> (B,H,N,d)   (Eq. 6)
 
 

@@ -590,7 +590,7 @@ def _gfsa_random_gfsa(seed=0, **kwargs) -> GFSAttention:
 
 @pytest.mark.parametrize("kernel", ["softmax", "linear"])
 def test_gfsa_fast_path_equals_dense_polynomial(kernel):
-    """Ā(ĀV) evaluation == the dense Eq. 5 filter H @ V, K in {2, 3, 5}, padded, causal (softmax
+    """Ā(ĀV) evaluation == the dense Eq. 5 filter G @ V, K in {2, 3, 5}, padded, causal (softmax
     only); Ā (linear: ρ_q(Q)ρ_k(K)ᵀ) is row-stochastic and gives padded keys zero weight."""
     q, k, v = torch.randn(3, 2, 3, 10, 4, dtype=F64, generator=torch.Generator().manual_seed(0))
     w0, w1, wK = torch.randn(3, 3, dtype=F64, generator=torch.Generator().manual_seed(1))
@@ -663,7 +663,7 @@ def test_gfsa_exact_high_order_equals_matrix_power():
 
 @pytest.mark.parametrize("kwargs", [{}, {"causal": True}, {"kernel": "linear"}])
 def test_gfsa_official_equals_fast_and_dropout_acts_only_in_training(kwargs):
-    """evaluation="official" (dense H) == "fast"; dropout: none in eval mode, some in training."""
+    """evaluation="official" (dense G) == "fast"; dropout: none in eval mode, some in training."""
     x = torch.randn(2, 10, 12, dtype=F64, generator=torch.Generator().manual_seed(10))
     fast = _gfsa_random_gfsa(order=5, dropout=0.3, **kwargs)
     official, plain = copy.deepcopy(fast), copy.deepcopy(fast)
@@ -800,7 +800,7 @@ def test_model_dense_references_refuse_an_n_by_n_matrix_too_large():
         ("^phi_q: dense K_X" + big, lambda: ksvd_dual_reference(q, q, None, q, q, mask)),
         ("^q: dense Ā" + big, lambda: attention_matrix(q, q, None, False, "softmax")),
         ("^q: dense Ā" + big, lambda: official(torch.randn(1, N, 8))),
-        ("^attn: dense Ā², H" + big, lambda: gfsa_dense_reference(attn, q, w, w, w, 2)),
+        ("^attn: dense Ā², G" + big, lambda: gfsa_dense_reference(attn, q, w, w, w, 2)),
         (f"max_bytes={at_cap - 1}$", lambda: agf_dense_reference(layer, x, max_bytes=at_cap - 1)),
         ("max_bytes=9$", lambda: ksvd_dual_reference(s, s, None, s, s, mask[:, :64], max_bytes=9)),
         ("max_bytes=9$", lambda: attention_matrix(s, s, None, False, "linear", max_bytes=9)),
