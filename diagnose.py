@@ -6,7 +6,7 @@ diagnose.py: look inside trained runs: over-smoothing, filter responses and spec
 
 - over-smoothing: mean pairwise cosine of the real tokens after each block (1 = all alike; GFSA
   v1 Figs. 2, 4, 5 (b)). AGF: g(s) = Σ θ̃_k P_k(s) on (0, 1), θ̃_k < 0 passes high frequencies.
-- GFSA filter: p(λ) = a0 + a1·λ + a2·λ², so H = p(Ā) (GFSA v1 Eqs. 4, 5; λ^K for the exact
+- GFSA filter: p(λ) = a0 + a1·λ + a2·λ², so G = p(Ā) (GFSA v1 Eqs. 4, 5; λ^K for the exact
   filter), on λ ∈ [-1, 1] and at the eigenvalues of the dense Ā of real sequences (Figs. 2, 4, 5).
   They are complex (Ā is not symmetric): the gain |p(λ)| (|λ| for Ā alone) is shown against
   |1 - λ|, the distance from the eigenvalue 1 of the constant vector (0 = smooth, 2 = alternating).
@@ -15,7 +15,7 @@ diagnose.py: look inside trained runs: over-smoothing, filter responses and spec
 - spectra: the normalised cumulative sum Σ_{i<=k} σ_i / Σ_i σ_i of the singular values of each
   layer's N x N matrix (Primal-Attention's spectrum figure); reaching 1 early = low effective
   rank. Per head, on the real tokens (all steps if trained with --no-attention-mask): softmax Ā;
-  AGF H = U diag(g) Vᵀ; GFSA H = w0·I + w1·Ā + wK·Ā^K (estimated or exact); Primal Φq Fᵀ F Φkᵀ.
+  AGF A = U diag(g) Vᵀ; GFSA G = w0·I + w1·Ā + wK·Ā^K (estimated or exact); Primal Φq Fᵀ F Φkᵀ.
 
 RUN: a run folder, its checkpoint.pt or an LRA best.pt. LRA: best.pt's weights (those the run
 tested), or checkpoint.pt's with --weights last; UEA: checkpoint.pt (the last epoch). The summary
@@ -189,7 +189,7 @@ def implied_matrix(layer: torch.nn.Module, kind: str, x: Tensor, mask: Tensor) -
     """The N x N matrix of a layer of `kind` (header; "softmax" on GFSA: its Ā) per head, for x
     (B, N, D), mask (B, N) bool -> (B, H, N, N); only the real tokens' rows and columns count."""
     if kind == "agf":
-        return agf_dense_reference(layer, x, mask)[1]  # H = U diag(g) Vᵀ
+        return agf_dense_reference(layer, x, mask)[1]  # A = U diag(g) Vᵀ
     if kind == "primal":  # as PrimalAttention.scores: padded rows zeroed, then φ_q, φ_k and f(X)
         x = x.to(layer.W_q.weight.dtype).masked_fill(~mask[..., None], 0.0)
         phi_q, phi_k = layer.feature_maps(x, mask)  # (B, H, N, d) each
@@ -197,7 +197,7 @@ def implied_matrix(layer: torch.nn.Module, kind: str, x: Tensor, mask: Tensor) -
     B, N, D = x.shape  # softmax and GFSA: split the fused projection, (B, H, N, d) each
     q, k, v = layer.W_qkv(x).view(B, N, 3, layer.n_heads, -1).permute(2, 0, 3, 1, 4)
     attn = attention_matrix(q, k, mask, layer.causal, getattr(layer, "kernel", "softmax"))
-    if kind == "gfsa":  # the filter H of GFSA v1 Eq. 5, in the official order
+    if kind == "gfsa":  # the filter G (the paper's H) of Eq. 5, official order
         exact = layer.high_order == "exact"  # the real Ā^K, or Eq. 4's estimate
         return gfsa_dense_reference(attn, v, layer.w0, layer.w1, layer.wK, layer.order, exact)[1]
     return attn

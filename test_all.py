@@ -3132,12 +3132,12 @@ def test_diagnose_sequences_are_spread_over_the_split():
     assert diagnose._spread(n_real, 3).tolist() == [0, 4, 7]
     assert diagnose._spread(n_real, None).tolist() == [0, 2, 3, 4, 5, 6, 7]
     assert diagnose._spread(n_real, 50).tolist() == [0, 2, 3, 4, 5, 6, 7]
-    assert diagnose._spread(np.array([1, 0]), 4).tolist() == []
+    assert diagnose._spread(np.array([1, 0, 2]), 4).tolist() == [2]  # 2 real tokens: enough
 
 
 def test_diagnose_agf_and_gfsa_responses_at_init_and_with_set_coefficients():
     """AGF: g ≡ 1 at init, then Σ θ̃_k P_k(s) by NumPy; GFSA: p(λ) = λ at (0, 1, 0), then Eq. 5,
-    and H = p(Ā) has the eigenvalues p(λ)."""
+    and G = p(Ā) has the eigenvalues p(λ)."""
     torch.manual_seed(0)
     layer = AGFAttention(16, 2, order=4, basis="legendre", fix_theta0=True).double()
     x, mask = _diag_batch()
