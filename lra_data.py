@@ -488,6 +488,7 @@ def load_task(
     seed: int = 0,
     listops: dict | None = None,
     pathfinder_dir: str = PATH_HARD,
+    padding_note: bool = True,
 ) -> tuple:
     """One LRA task's three splits: the release format if present, else PyTorch-LRA pickles,
     else (ListOps) generated with the settings `listops` and seed.
@@ -500,6 +501,7 @@ def load_task(
         listops: the ListOps settings, LISTOPS_PAPER's keys (None = LISTOPS_PAPER) and
             optionally "shards" (generator processes; 1 by default).
         pathfinder_dir: the Pathfinder folder under data_dir.
+        padding_note: add the note on padding far beyond the longest input (see the Returns).
 
     Returns:
         ({"train", "val", "test"} -> Split, notes): notes are plain sentences for the run's log
@@ -532,7 +534,7 @@ def load_task(
             f"PyTorch-LRA pickles {root}/{stem}.{{train,dev,test}}.pickle. See train_lra.py's "
             "docstring."
         )
-    return splits, notes + _padding_notes(splits, max_len)
+    return splits, notes + (_padding_notes(splits, max_len) if padding_note else [])
 
 
 def _release_folder(task: str, root: pathlib.Path, listops: dict, pathfinder_dir: str) -> tuple:

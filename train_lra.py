@@ -87,11 +87,10 @@ def main(cfg: TrainConfig) -> dict:
         dist.barrier()
     data_args = dict(task=cfg.task, data_dir=cfg.data_dir, max_len=cfg.max_len, seed=cfg.data_seed,
                      listops=listops)  # kept in the checkpoints, so diagnose.py reads the same
-    data, notes = load_task(**data_args)
+    preset_len = (QUICK if cfg.preset == "quick" else TASKS[cfg.task])["max_len"]
+    data, notes = load_task(**data_args, padding_note=cfg.max_len != preset_len)  # --max-len given
     if ddp and master:
         dist.barrier()
-    if cfg.max_len == (QUICK if cfg.preset == "quick" else TASKS[cfg.task])["max_len"]:
-        notes = [n for n in notes if not n.startswith("max_len ")]  # noted for a given --max-len
     for note in notes if master else ():
         print(note, flush=True)
     n_train = len(data["train"].y)
