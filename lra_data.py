@@ -301,14 +301,13 @@ def read_aan_tsv(path: pathlib.Path, max_len: int) -> tuple:
     return _drop_empty(split, places, path)
 
 
-def tfds_order(split: str, keys: list) -> list:
-    """The indices of keys in the order TFDS stores split `split`: ascending MD5 of split + key.
-
-    tensorflow_datasets/core/hashing.py salts the MD5 with the split's name; a slice "[:p%]"
-    then cuts this order at round(p * n / 100.0) (Python's round: half to even).
-    """
+def tfds_split(split: str, keys: list, percents: tuple = ()) -> list:
+    """The indices of keys in the order TFDS stores split `split` (ascending MD5 of split + key,
+    tensorflow_datasets/core/hashing.py), cut as the slices "[:p%]" at round(p * n / 100.0)
+    (Python's round: half to even) for each p of percents -> len(percents) + 1 index arrays."""
     md5 = [int(hashlib.md5((split + key).encode()).hexdigest(), 16) for key in keys]
-    return sorted(range(len(keys)), key=md5.__getitem__)
+    order = np.array(sorted(range(len(keys)), key=md5.__getitem__), dtype=np.int64)
+    return np.split(order, [round(p * len(keys) / 100.0) for p in percents])
 
 
 def rgb_to_gray(rgb: np.ndarray) -> np.ndarray:
@@ -327,7 +326,7 @@ def read_cifar(folder: pathlib.Path, max_len: int = 1024) -> dict:
     """cifar-10-batches-py -> 1024 gray pixels, all real; train[:90%], train[90%:], test.
 
     The splits of lra_benchmarks/image/input_pipeline.py, with TFDS's keys (an image's index in
-    data_batch_1..5, or in test_batch) in TFDS's order (tfds_order): the 5,000 validation images
+    data_batch_1..5, or in test_batch) in TFDS's order (tfds_split): the 5,000 validation images
     are TFDS's, not the last of data_batch_5.
     """
     if max_len != 1024:  # as read_pathfinder: an image is as long as its pixels, never cut
@@ -342,10 +341,9 @@ def read_cifar(folder: pathlib.Path, max_len: int = 1024) -> dict:
             raise DataError(f"{folder / name}: not a CIFAR-10 python batch ({e!r})") from None
         xs.append(rgb_to_gray(rgb))  # (n, 1024)
     x, y = np.concatenate(xs[:5]), np.concatenate(ys[:5])  # (50000, 1024), (50000,)
-    order = tfds_order("train", [str(i) for i in range(len(x))])
-    cut = round(90 * len(x) / 100.0)  # train[:90%], train[90%:]
-    test = tfds_order("test", [str(i) for i in range(len(ys[5]))])
-    parts = dict(train=(x, y, order[:cut]), val=(x, y, order[cut:]), test=(xs[5], ys[5], test))
+    train, val = tfds_split("train", [str(i) for i in range(len(x))], (90,))  # [:90%], [90%:]
+    (test,) = tfds_split("test", [str(i) for i in range(len(ys[5]))])
+    parts = dict(train=(x, y, train), val=(x, y, val), test=(xs[5], ys[5], test))
     return {s: Split(x[i], np.full(len(i), 1024, np.int64), y[i]) for s, (x, y, i) in parts.items()}
 
 
@@ -389,7 +387,7 @@ def read_pathfinder(folder: pathlib.Path, max_len: int) -> tuple:
 
     As lra_benchmarks/data/pathfinder.py and image/input_pipeline.py: the difficulty is a TFDS
     split (PATHFINDER_SPLITS); line l of a metadata file, "imgs/<k> sample_<i>.png i label ...",
-    has the key "imgs/<k>_sample_<i>.png_<l>"; the lines in TFDS order (tfds_order) are cut at
+    has the key "imgs/<k>_sample_<i>.png_<l>"; the lines in TFDS order (tfds_split) are cut at
     80 % and 90 % of their number, and only then are empty PNG files (the release holds some)
     dropped, so a split may come out a few images short.
 
@@ -416,8 +414,7 @@ def read_pathfinder(folder: pathlib.Path, max_len: int) -> tuple:
                 raise DataError(f"{where}: image {png} does not exist")
             keys.append(f"{fields[0]}_{fields[1]}_{line_num}")
             examples.append((png, int(fields[3])))
-    order = np.array(tfds_order(PATHFINDER_SPLITS[folder.name], keys), dtype=np.int64)
-    parts = np.split(order, [round(p * len(keys) / 100.0) for p in (80, 90)])  # [:80%] ...
+    parts = tfds_split(PATHFINDER_SPLITS[folder.name], keys, (80, 90))  # [:80%], [80%:90%], ...
     splits, empty = {}, []
     for name, part in zip(SPLITS, parts, strict=True):
         images, labels = [], []
