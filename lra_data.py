@@ -4,9 +4,10 @@ Each reader returns `Split`s: int16 ids right-padded with 0 and the true lengths
 is `arange(N) < length`, never `ids != 0` (a pixel of value 0 is a real token), together with
 notes: plain sentences on what is surprising in the data (skipped examples, unknown tokens),
 which the training script prints. Examples with no real token never reach the model.
-load_task(task, data_dir, max_len) -> ({"train", "val", "test"} -> Split, notes) picks the reader.
+load_task(task, data_dir, max_len) -> ({"train", "val", "test"} -> Split, notes) picks the reader;
+download_task fetches a task's folder (ARCHIVES) with download.py, as load_task(download=...).
 Official code: google-research/long-range-arena lra_benchmarks/, mlpen/Nystromformer LRA/.
-Depends on: numpy, tqdm
+Depends on: numpy, tqdm, download.py
 """
 
 import csv
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm import tqdm
 
+import download
+
 # Token ids per task: ListOps 0 pad, 1..15 tokens, 16 OOV; bytes + 1 with 0 pad; pixel values.
 VOCAB = {"listops": 17, "text": 257, "retrieval": 257, "image": 256, "pathfinder": 256}
 N_CLASSES = {"listops": 10, "text": 2, "retrieval": 2, "image": 10, "pathfinder": 2}
@@ -40,6 +43,21 @@ PATH_HARD = "pathfinder32/curv_contour_length_14"  # and the paper's "Path": Pat
 # lra_benchmarks/data/pathfinder.py: each difficulty folder is the TFDS split of this name
 PATHFINDER_SPLITS = dict(curv_baseline="easy", curv_contour_length_9="intermediate")
 PATHFINDER_SPLITS |= dict(curv_contour_length_14="hard")
+# --download: each task's archive, its size in bytes and MD5 where published (torchtext checks
+# IMDB's, torchvision CIFAR-10's; the LRA release has none), the folder it yields under data_dir
+# (found by name wherever it stands in the archive; Pathfinder: the difficulty asked for), and
+# the files kept below it. The release (~7.7 GB) is read as it arrives, up to the folder's end.
+RELEASE = "https://storage.googleapis.com/long-range-arena/lra_release.gz"  # a gzipped tar
+ARCHIVES = {
+    "text": dict(url="https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz", size=None,
+                 md5="7c2ac02c03563afcf9b574c7e56c153a", folder="aclImdb",
+                 keep=r"(train|test)/(pos|neg)/[^/]+\.txt"),  # not unsup/, not the *.feat files
+    "image": dict(url="https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", size=170498071,
+                  md5="c58f30108f718f92721af3b95e74349a", folder="cifar-10-batches-py", keep=".*"),
+    "listops": dict(url=RELEASE, size=None, md5=None, folder="listops-1000", keep=".*"),
+    "retrieval": dict(url=RELEASE, size=None, md5=None, folder="tsv_data", keep=".*"),
+    "pathfinder": dict(url=RELEASE, size=None, md5=None, folder=PATH_HARD, keep=".*"),
+}  # fmt: skip
 
 
 class DataError(ValueError):
@@ -486,6 +504,7 @@ def load_task(
     listops: dict | None = None,
     pathfinder_dir: str = PATH_HARD,
     padding_note: bool = True,
+    download: str | None = None,
 ) -> tuple:
     """One LRA task's three splits: the release format if present, else PyTorch-LRA pickles,
     else (ListOps) generated with the settings `listops` and seed.
@@ -499,6 +518,8 @@ def load_task(
             optionally "shards" (generator processes; 1 by default).
         pathfinder_dir: the Pathfinder folder under data_dir.
         padding_note: add the note on padding far beyond the longest input (see the Returns).
+        download: None, or fetch the task's folder when it is missing (and no pickles are
+            there), from this URL ("" = its URL in ARCHIVES): download_task.
 
     Returns:
         ({"train", "val", "test"} -> Split, notes): notes are plain sentences for the run's log
@@ -517,6 +538,9 @@ def load_task(
     # The pickles' "dev" is our "val"; Nystromformer's names, or Skyformer's with "lra-" first
     names = [[f"{stem}.{n}.pickle", f"lra-{stem}.{n}.pickle"] for n in ("train", "dev", "test")]
     pickles = [next((root / p for p in pair if (root / p).exists()), None) for pair in names]
+    if download is not None and not (folder / marker).exists() and not all(pickles):
+        if task != "listops" or folder.name == ARCHIVES[task]["folder"]:  # else: generated
+            download_task(task, root, download, pathfinder_dir)
     if task == "listops" and ((folder / marker).exists() or not all(pickles)):
         splits, notes = _load_listops(folder, listops, seed, max_len)
     elif (folder / marker).exists():
@@ -528,8 +552,8 @@ def load_task(
     else:
         raise DataError(
             f"no data for task {task}: expected {folder / marker} (from {source}) or the "
-            f"PyTorch-LRA pickles {root}/{stem}.{{train,dev,test}}.pickle. See train_lra.py's "
-            "docstring."
+            f"PyTorch-LRA pickles {root}/{stem}.{{train,dev,test}}.pickle; --download fetches "
+            f"{ARCHIVES[task]['url']}"
         )
     return splits, notes + (_padding_notes(splits, max_len) if padding_note else [])
 
@@ -545,6 +569,19 @@ def _release_folder(task: str, root: pathlib.Path, listops: dict, pathfinder_dir
     if task == "image":
         return root / "cifar-10-batches-py", "data_batch_1", "cs.toronto.edu/~kriz/cifar.html"
     return root / pathfinder_dir, "metadata", "the LRA release"
+
+
+def download_task(task: str, data_dir, url: str = "", pathfinder_dir: str = PATH_HARD) -> None:
+    """Fetch the task's folder (ARCHIVES; Pathfinder: pathfinder_dir) into data_dir from `url`, a
+    mirror or a file:// copy ("" = the table's URL): the archive's size and MD5 are checked where
+    known. Raises DataError, one sentence: what failed, the URL, how to fetch it by hand."""
+    archive, root = ARCHIVES[task], pathlib.Path(data_dir)
+    folder = pathfinder_dir if task == "pathfinder" else archive["folder"]
+    marker = _release_folder(task, root, LISTOPS_PAPER, pathfinder_dir)[1]  # what it must yield
+    url = url or archive["url"]
+    by_hand = f"; by hand: download {url} and unpack the {folder}/ in it as {root / folder}"
+    download.fetch(url, root / folder, folder, archive["keep"], [marker], md5=archive["md5"],
+                   size=archive["size"], by_hand=by_hand, error=DataError)  # fmt: skip
 
 
 def _read_release(task: str, folder: pathlib.Path, max_len: int) -> tuple:

@@ -25,6 +25,7 @@ import dataclasses
 import fcntl
 import functools
 import hashlib
+import http.server
 import io
 import itertools
 import json
@@ -40,7 +41,10 @@ import signal
 import struct
 import subprocess
 import sys
+import tarfile
 import tempfile
+import threading
+import time
 import types
 import warnings
 import zipfile
@@ -1680,6 +1684,112 @@ def test_lra_data_notes_unknown_listops_token_and_padding_far_beyond_the_inputs(
     assert any("max_len 11 is" in n for n in lra_data.load_task("retrieval", tmp_path, 11)[1])
 
 
+@contextlib.contextmanager
+def _serve(folder: pathlib.Path):
+    """HTTP server of folder -> (URL, paths asked); /500; /slow/<f>: 0.3 s late; /cut/<f>: half"""
+
+    class Handler(http.server.SimpleHTTPRequestHandler):
+        def do_GET(self):
+            asked.append(self.path)
+            self.way, _, name = self.path[1:].partition("/")
+            time.sleep(0.3 if self.way == "slow" else 0)
+            self.path = f"/{name}" if self.way in ("slow", "cut") else self.path
+            return self.send_error(500) if self.way == "500" else super().do_GET()
+
+        def copyfile(self, source, out):
+            data = source.read()
+            out.write(data[: len(data) // 2] if self.way == "cut" else data)
+
+    asked, handler = [], functools.partial(Handler, directory=str(folder))
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        yield f"http://127.0.0.1:{server.server_port}", asked
+        server.shutdown()
+
+
+def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_failed(tmp_path, capsys):
+    """--download from a local server, the archives in their layouts (the release nested): what
+    is kept, two steps; ListOps read no further than its folder (before the cut). Each fault: one
+    sentence (URL, by hand), nothing left; two at once: one fetches. The table as published."""
+    assert [(a["url"], a["md5"], a["size"]) for a in lra_data.ARCHIVES.values()] == [
+        ("https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz",
+         "7c2ac02c03563afcf9b574c7e56c153a", None), ("https://www.cs.toronto.edu/~kriz/cifar-10-"
+         "python.tar.gz", "c58f30108f718f92721af3b95e74349a", 170498071),
+    ] + [("https://storage.googleapis.com/long-range-arena/lra_release.gz", None, None)] * 3
+    src, server, data = tmp_path / "src", tmp_path / "server", tmp_path / "data"
+    _lra_imdb(src, {"neg": ["bad", "poor", "meh", "dull"], "pos": ["good", "fine", "great", "ok"],
+                    "unsup": ["not kept"]})  # fmt: skip
+    _write(src / "aclImdb" / "train" / "labeledBow.feat", "not kept")
+    _lra_cifar(src / "cifar-10-batches-py")
+    stem = src / "lra_release" / "lra_release"
+    lra_data.write_listops(stem / "listops-1000", dict(_LRA_TINY_LISTOPS, seed=0), False)
+    (stem / "listops-1000" / "generator.json").unlink()  # as the release: no generator.json
+    for n in ("train", "eval", "test"):  # label, id1, id2, text1, text2
+        _write(stem / "tsv_data" / f"new_aan_pairs.{n}.tsv", "1\ta\tb\tx\ty\n0\ta\tb\tz\tw\n" * 4)
+    _lra_pathfinder(stem / "pathfinder32" / "curv_contour_length_14", 22)
+    _lra_pathfinder(stem / "pathfinder32" / "curv_baseline", 11)  # another difficulty
+    for archive, top in [("aclImdb_v1.tar.gz", "aclImdb"), ("lra_release.gz", "lra_release"),
+                         ("cifar-10-python.tar.gz", "cifar-10-batches-py")]:  # fmt: skip
+        with tarfile.open(_write(server / archive, b""), "w:gz") as tar:
+            tar.add(src / top, top)
+    md5 = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in server.iterdir()}
+    for k, name in enumerate(["../../evil", "/cifar-10-batches-py/evil", "link", "device"]):
+        with tarfile.open(server / f"hostile{k}.tar.gz", "w:gz") as tar:
+            tar.add(src / "cifar-10-batches-py", "cifar-10-batches-py")  # whole files, first
+            member = tarfile.TarInfo(name if name[0] == "/" else f"cifar-10-batches-py/{name}")
+            member.type = [tarfile.REGTYPE, tarfile.REGTYPE, tarfile.SYMTYPE, tarfile.CHRTYPE][k]
+            tar.addfile(member)
+    flags = ["--attention", "softmax", "--steps", "2", "--batch-size", "4", "--d-model", "16",
+             "--d-ff", "32", "--n-layers", "1", "--data-dir", str(data), "--download"]  # fmt: skip
+    with _serve(server) as (url, asked):
+        cases = [("text", f"{url}/aclImdb_v1.tar.gz", "is not the expected archive: its MD5 is"),
+                 ("image", f"{url}/cifar-10-python.tar.gz", "bytes, not 170,498,071"),
+                 ("text", f"{url}/nothing.gz", "HTTP Error 404"), ("text", f"{url}/500/", "500"),
+                 ("retrieval", "http://127.0.0.1:0/lra_release.gz", "Connection refused"),
+                 ("retrieval", f"{url}/cut/lra_release.gz", "cut short")]  # fmt: skip
+        cases += [("image", f"{url}/hostile{k}.tar.gz", "an absolute path or '..'" if k < 2
+                   else "is a link or a device") for k in range(4)]  # fmt: skip
+        cases += [("pathfinder", f"{url}/lra_release.gz", fault)  # faults in a write
+                  for fault in (KeyboardInterrupt(), OSError(28, "No space left on device"))]
+        for task, where, what in cases:
+            fails = mock.Mock(wraps=shutil, copyfileobj=mock.Mock(side_effect=what))
+            with mock.patch("download.shutil", shutil if type(what) is str else fails):
+                with pytest.raises((lra_data.DataError, KeyboardInterrupt)) as err:
+                    lra_data.download_task(task, data, where)
+            said = capsys.readouterr().err.strip().splitlines()[-1:]  # after the progress lines
+            text = str(err.value) if err.type is lra_data.DataError else said[0]
+            assert str(what) in text and where in text and "\n" not in text.strip(), text
+            assert "by hand: download" in text or err.type is KeyboardInterrupt
+            assert not [p for p in data.rglob("*") if p.name != "pathfinder32"], (task, what)
+        for task, archive, max_len, folder in [
+            ("text", "aclImdb_v1.tar.gz", 16, src / "aclImdb"),
+            ("image", "cifar-10-python.tar.gz", 1024, src / "cifar-10-batches-py"),
+            ("listops", "cut/lra_release.gz", 64, stem / "listops-1000"),
+            ("retrieval", "slow/lra_release.gz", 8, stem / "tsv_data"),
+            ("pathfinder", "lra_release.gz", 16, stem / lra_data.PATH_HARD),
+        ]:
+            ours = dict(md5=md5[archive], size=None) if task in ("text", "image") else {}
+            with mock.patch.dict(lra_data.ARCHIVES[task], ours):  # our archive, the same checks
+                result = _lra_run([*flags, "--task", task, "--max-len", str(max_len), "--out",
+                                   str(tmp_path / task), "--download-url", f"{url}/{archive}"])
+            assert result["steps"] == 2 and asked.pop() == f"/{archive}"
+            kept = {p.relative_to(folder) for p in folder.rglob("*") if p.is_file()}
+            kept -= {p for p in kept if "unsup" in p.parts or p.suffix == ".feat"}
+            got = data / folder.relative_to(stem if "lra_release" in archive else src)
+            assert {p.relative_to(got) for p in got.rglob("*") if p.is_file()} == kept, task
+            assert all((got / p).read_bytes() == (folder / p).read_bytes() for p in kept)
+        size = (server / "aclImdb_v1.tar.gz").stat().st_size  # no terminal: a line per tenth
+        lines = [line for line in capsys.readouterr().err.splitlines() if line[:8] == "aclImdb:"]
+        assert 1 <= len(lines) <= 10 and lines[-1] == f"aclImdb: {size:,} of {size:,} bytes"
+        (data / "tsv_data").rename(tmp_path / "tsv_data")  # two at once: one fetches
+        slow = f"{url}/slow/lra_release.gz"
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda u: lra_data.download_task("retrieval", data, u), [slow] * 2))
+    assert asked.count(slow[len(url) :]) == 1 and "is downloading into" in capsys.readouterr().err
+    assert sorted(os.listdir(data)) + os.listdir(data / "pathfinder32") == ["aclImdb",  # no more
+        "cifar-10-batches-py", "listops-1000", "pathfinder32", "tsv_data", "curv_contour_length_14"]
+
+
 # ----------------------------------------------------------------------------------------------
 # uea_data.py: the UEA data
 # ----------------------------------------------------------------------------------------------
@@ -2083,7 +2193,7 @@ def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
         z.writestr("Half/Half_TRAIN.ts", _toy_ts([_OK])[0])
     for name, url_used, what in [
         ("Nope", url, f"could not download {url}/Nope.zip"),
-        ("Html", url, f"{url}/Html.zip is not a zip file"),
+        ("Html", url, f"{url}/Html.zip is no whole zip archive"),
         ("Half", url, f"{url}/Half.zip holds no Half_TEST.ts"),
         ("Nope", "not-a-url", "could not download not-a-url/Nope.zip"),
     ]:
@@ -2094,7 +2204,7 @@ def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
         assert str(data_dir / name / f"{name}_TRAIN.ts") in text  # where to put the files
         assert "https://www.timeseriesclassification.com/dataset.php" in text
         assert f"{url_used}/{name}.zip" in text
-        assert not (data_dir / name / f"{name}.zip.part").exists()
+        assert not [p.name for p in data_dir.rglob(".*")]  # no temporary file is left
 
 
 # ----------------------------------------------------------------------------------------------

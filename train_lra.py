@@ -7,7 +7,8 @@ train_lra.py: train one attention mechanism on one Long Range Arena task.
     python train_lra.py --task listops --attention agf --resume    # continue an interrupted run
 
 Data (--data-dir): the LRA release layout (gs://long-range-arena/lra_release), IMDB and CIFAR-10
-beside it, or PyTorch-LRA pickles (lra_data.py); ListOps is generated (seeded) when missing.
+beside it, or PyTorch-LRA pickles (lra_data.py); ListOps is generated (seeded) when missing, and
+--download fetches a task's folder when missing (lra_data.ARCHIVES: the URLs, what is kept).
 Protocol: every eval_every steps the model is evaluated on the validation split; the weights
 that score best there are kept (best.pt) and the test split is evaluated once, with them.
 Output: runs/<task>/<attention>-<preset>-seed<seed>/ (see runs.py); last line: RESULT {json}
@@ -41,6 +42,8 @@ class TrainConfig(runs.Settings):  # and --out --resume --overwrite --device --a
     attention: str = flag("agf", " | ".join(ATTENTIONS))
     preset: str = flag("paper", "paper (the official scripts' settings) | quick (small, CPU)")
     data_dir: str = flag("data", "the LRA release layout, aclImdb/ and cifar-10-batches-py/")
+    download: bool = flag(False, "fetch the task's folder into --data-dir when it is missing")
+    download_url: str = flag("", "with --download: a mirror or file:// copy of the task's archive")
     seed: int = flag(0, "seed of the weights, dropout and the batch order", 0, runs.SEEDS)
     # optimisation: AdamW, betas (0.9, 0.999), eps 1e-6, no weight decay, OneCycleLR
     steps: int = flag(5000, "optimizer steps (a new value rescales the preset's warm-up)", 1)
@@ -74,13 +77,14 @@ def main(cfg: TrainConfig) -> dict:
     """Train, keep the weights that score best on validation, test them -> the result dict."""
     # 1) the run folder, locked and checked before anything is read or written; then the
     # processes: torchrun starts one per GPU (or per share of a CPU); rank 0 writes, prints
-    rank, world, device, autocast, ckpt = runs.start(cfg, "train_lra.py", "step", cfg.steps)
+    rank, world, device, autocast, ckpt = runs.start(cfg, "train_lra.py", "step", cfg.steps,
+                                                     may_change=("download", "download_url"))
     ddp, master, cuda = "RANK" in os.environ, rank == 0, device.type == "cuda"
     out = pathlib.Path(cfg.out)
     if master:
         print(json.dumps(dataclasses.asdict(cfg)), flush=True)  # the resolved settings first
 
-    # 2) data; rank 0 first, as it may generate ListOps, then the others read what it wrote
+    # 2) data; rank 0 first, as it may generate ListOps or download, then the others read it
     listops = dict(LISTOPS[cfg.preset], train=cfg.listops_size, val=cfg.listops_eval_size,
                    test=cfg.listops_eval_size)
     if ddp and not master:
@@ -88,7 +92,8 @@ def main(cfg: TrainConfig) -> dict:
     data_args = dict(task=cfg.task, data_dir=cfg.data_dir, max_len=cfg.max_len, seed=cfg.data_seed,
                      listops=listops)  # kept in the checkpoints, so diagnose.py reads the same
     preset_len = (QUICK if cfg.preset == "quick" else TASKS[cfg.task])["max_len"]
-    data, notes = load_task(**data_args, padding_note=cfg.max_len != preset_len)  # --max-len given
+    fetch = cfg.download_url if cfg.download and master else None  # --download: rank 0 only
+    data, notes = load_task(**data_args, padding_note=cfg.max_len != preset_len, download=fetch)
     if ddp and master:
         dist.barrier()
     for note in notes if master else ():

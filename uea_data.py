@@ -5,24 +5,21 @@ uea_data.py: the UEA multivariate time-series archive, from `.ts` files to padde
                official loader; errors name file, line, fault
     load_uea   <data-dir>/<Name>/<Name>_{TRAIN,TEST}.ts -> standardised (TRAIN statistics),
                zero-padded arrays, a padding mask, notes on what is surprising in the data
-    download_dataset   one dataset's zip from the UEA archive, with a progress bar
+    download_dataset   one dataset's zip from the UEA archive, with download.py
 
 Format: aeon-toolkit/aeon aeon/datasets/_data_loaders.py. Official loader (thuml/Flowformer and
 Primal-Attention reuse it): gzerveas/mvts_transformer src/datasets/{data,dataset}.py.
-Depends on: numpy, tqdm (the training script turns the arrays into tensors)
+Depends on: numpy, download.py (the training script turns the arrays into tensors)
 """
 
 import pathlib
 import re
-import shutil
-import sys
-import urllib.request
-import zipfile
 from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
-from tqdm import tqdm
+
+import download
 
 # ---------------------------------------------------------------------------------------------
 # The .ts reader (format: the aeon / sktime readers), standard library + numpy.
@@ -269,43 +266,16 @@ def missing_dataset_message(data_dir: str, name: str, base_url: str, download: b
 
 
 def download_dataset(name: str, data_dir: str, base_url: str, progress: bool = True):
-    """Fetch <base_url>/<Name>.zip and unpack <Name>_TRAIN.ts / _TEST.ts into <data-dir>/<Name>/
-    (when either is missing).
-
-    Only the two .ts files are written, each to a path we build (no other member of the zip
-    is extracted, so a hostile archive cannot write outside the folder).
+    """Fetch <base_url>/<Name>.zip and unpack <Name>_TRAIN.ts / _TEST.ts (wherever they stand
+    in the zip) into <data-dir>/<Name>/, when either is missing; download.py writes nothing else.
     """
     paths = dataset_paths(data_dir, name)
     if all(p.exists() for p in paths):
         return  # both files are there: nothing to fetch
-    url, folder = f"{base_url.rstrip('/')}/{name}.zip", paths[0].parent
+    url, names = f"{base_url.rstrip('/')}/{name}.zip", [p.name for p in paths]
     by_hand = "\n" + missing_dataset_message(data_dir, name, base_url, download=False)
-    folder.mkdir(parents=True, exist_ok=True)
-    part = folder / f"{name}.zip.part"
-    try:
-        with urllib.request.urlopen(url) as response, open(part, "wb") as f:
-            total = int(response.headers.get("Content-Length") or 0) or None
-            show = progress and sys.stderr.isatty()
-            with tqdm(total=total, unit="B", unit_scale=True, desc=name, disable=not show) as bar:
-                while chunk := response.read(1 << 16):
-                    f.write(chunk)
-                    bar.update(len(chunk))
-    except (OSError, ValueError) as e:  # URLError is an OSError; ValueError: not a URL at all
-        part.unlink(missing_ok=True)
-        raise DatasetNotFoundError(f"could not download {url}: {e}{by_hand}") from None
-    try:
-        with zipfile.ZipFile(part) as archive:
-            members = {pathlib.PurePosixPath(m).name.lower(): m for m in archive.namelist()}
-            for path in paths:
-                member = members.get(path.name.lower())
-                if member is None:
-                    raise DatasetNotFoundError(f"{url} holds no {path.name}{by_hand}")
-                with archive.open(member) as src, open(path, "wb") as dst:
-                    shutil.copyfileobj(src, dst)
-    except zipfile.BadZipFile:
-        raise DatasetNotFoundError(f"{url} is not a zip file (an error page?){by_hand}") from None
-    finally:
-        part.unlink()
+    download.fetch(url, paths[0].parent, "", "|".join(map(re.escape, names)), names, kind="zip",
+                   progress=progress, by_hand=by_hand, error=DatasetNotFoundError)  # fmt: skip
 
 
 @dataclass
