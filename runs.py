@@ -34,21 +34,21 @@ MAY_CHANGE = {"resume", "overwrite", "device", "out", "compile"}  # on --resume;
 _lock = None  # this process's lock file: open, it holds the lock of its run folder
 
 
-def flag(default, help: str, low=None, high=None):  # noqa: A002 (argparse's word)
+def flag(default, help: str, low=None, high=None):  # help: argparse's word
     """A settings field that is also a flag, its value in [low, high)."""
     return dataclasses.field(default=default, metadata=dict(help=help, low=low, high=high))
 
 
 @dataclasses.dataclass
-class Settings:
-    """The flags of a run that both scripts share; each script's TrainConfig adds its own."""
+class Settings:  # the flags of a run both scripts share; each script's TrainConfig adds its own
     out: str = flag("", "run folder (default runs/<task|dataset>/<attention>-<preset>-seed<seed>)")
     resume: bool = flag(False, "continue the run in --out from its checkpoint.pt")
     overwrite: bool = flag(False, "start afresh in a folder that holds a run (deleting its files)")
     device: str = flag("auto", "auto (CUDA when there is one) | cpu | cuda")
     amp: bool = flag(True, "mixed precision on CUDA (bf16, else fp16 with loss scaling)")
-    compile: bool = flag(None, "torch.compile the model (default: on CUDA yes, on a CPU no); the "
-                         "first steps and evaluations of each batch shape pay the compile time")
+    compile: bool = flag(
+        None, "torch.compile the model (default: on CUDA only); each new batch shape compiles first"
+    )
 
 
 def parse(Config, doc: str, choices: dict, presets, out: str, argv=None):
@@ -67,8 +67,8 @@ def parse(Config, doc: str, choices: dict, presets, out: str, argv=None):
     choices = dict(choices, device=("auto", "cpu", "cuda"))  # one GPU per process: pick it with
     for f in dataclasses.fields(Config):  # CUDA_VISIBLE_DEVICES; a bool is --amp / --no-amp
         kind = dict(action=argparse.BooleanOptionalAction) if f.type is bool else dict(type=f.type)
-        p.add_argument("--" + f.name.replace("_", "-"), dest=f.name, choices=choices.get(f.name),
-                       help=f"{f.metadata['help']} (default: {f.default})", **kind)
+        kind["help"] = f"{f.metadata['help']} (default: {f.default})"
+        p.add_argument("--" + f.name.replace("_", "-"), choices=choices.get(f.name), **kind)
     given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
     cfg = Config(**{**presets(given, p.error), **given})
     for f in dataclasses.fields(cfg):
@@ -77,21 +77,19 @@ def parse(Config, doc: str, choices: dict, presets, out: str, argv=None):
         if isinstance(value, float) and not math.isfinite(value):
             p.error(f"{name} must be a finite number, got {value}")
         if (low is not None and value < low) or (high is not None and value >= high):
-            p.error(f"{name} must be " + (f"at least {low}" if high is None
-                    else f"in [{low}, {high})") + f", got {value}")
+            where = f"at least {low}" if high is None else f"in [{low}, {high})"
+            p.error(f"{name} must be {where}, got {value}")
     cuda = torch.cuda.is_available() and cfg.device != "cpu"
-    for wrong, message in (
-        (cfg.lr <= 0, f"--lr must be positive, got {cfg.lr}"),
-        (cfg.d_model % cfg.n_heads, f"--d-model {cfg.d_model} is not divisible by --n-heads"
-         f" {cfg.n_heads}"),
-        (cfg.device == "cuda" and not cuda, "--device cuda: this machine has no CUDA device"),
-        (cfg.batch_size % WORLD, f"--batch-size {cfg.batch_size} is not divisible by {WORLD}"
-         " processes"),
-        (cfg.resume and cfg.overwrite, "--resume continues a run and --overwrite deletes it: "
-         "give one of them"),
-    ):
-        if wrong:
-            p.error(message)
+    if cfg.lr <= 0:
+        p.error(f"--lr must be positive, got {cfg.lr}")
+    if cfg.d_model % cfg.n_heads:
+        p.error(f"--d-model {cfg.d_model} is not divisible by --n-heads {cfg.n_heads}")
+    if cfg.device == "cuda" and not cuda:
+        p.error("--device cuda: this machine has no CUDA device")
+    if cfg.batch_size % WORLD:
+        p.error(f"--batch-size {cfg.batch_size} is not divisible by {WORLD} processes")
+    if cfg.resume and cfg.overwrite:
+        p.error("--resume continues a run and --overwrite deletes it: give one of them")
     cfg.compile = cuda if cfg.compile is None else cfg.compile  # nanoGPT's default: on a GPU
     cfg.out = cfg.out or out.format(**dataclasses.asdict(cfg))
     return cfg
@@ -120,12 +118,11 @@ def _open(cfg, out: pathlib.Path, script, unit, total, may_change):
     global _lock
     try:  # one run at a time in a process: the lock file before, replaced, closes (unlocks)
         out.mkdir(parents=True, exist_ok=True)
-        _lock = open(out / "lock", "a")  # noqa: SIM115 (held until the process ends)
+        _lock = open(out / "lock", "a")  # open until the process ends
         if fcntl is not None:
             fcntl.flock(_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:  # another process holds it
-        raise SystemExit(f"{out} is in use by another run: wait for it, or choose another "
-                         "--out") from None
+        raise SystemExit(f"{out} is in use by another run: wait, or choose another --out") from None
     except OSError as e:  # a file named out, too: "File exists"
         raise SystemExit(f"cannot write the run to {out}: {e.strerror}") from None
     if fcntl is None:
@@ -138,13 +135,12 @@ def _open(cfg, out: pathlib.Path, script, unit, total, may_change):
     # A run is there once it has a checkpoint or a result; what a start stopped before its first
     # checkpoint left (config.json, say) is no run: a fresh start replaces it, as --overwrite
     held = found & {"checkpoint.pt", "result.json"}
-    if cfg.overwrite or not (held or cfg.resume):
+    if not cfg.resume:
+        if held and not cfg.overwrite:
+            how = "add --resume to continue it, --overwrite to start it again (deleting its files)"
+            raise SystemExit(f"{out} holds a run already: {how}, or choose another --out")
         for name in found:
             shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
-    elif not cfg.resume:
-        raise SystemExit(f"{out} holds a run already: add --resume to continue it, --overwrite "
-                         "to start it again (deleting its files), or choose another --out")
-    if not cfg.resume:
         return None
     file = out / "checkpoint.pt"
     if not file.exists():
@@ -158,17 +154,18 @@ def _open(cfg, out: pathlib.Path, script, unit, total, may_change):
     writer = ckpt.get("script") or ("train_lra.py" if "task" in then else "train_uea.py")
     if writer != script:
         what = ", ".join(f"{k} {then[k]}" for k in ("task", "dataset") if k in then)
-        raise SystemExit(f"{file} was written by {writer} ({what}): resume it with {writer}, "
-                         "or choose another --out")
-    changed = {k: (v, getattr(cfg, k, None)) for k, v in then.items()
-               if k not in may_change and v != getattr(cfg, k, None)}
+        raise SystemExit(
+            f"{file} was written by {writer} ({what}): resume it with {writer} or use another --out"
+        )
+    now = {k: getattr(cfg, k, None) for k in then}  # None: a setting this version lacks
+    changed = {k: (v, now[k]) for k, v in then.items() if k not in may_change and v != now[k]}
     if changed:
         raise SystemExit(f"--resume: {out} ran with other settings (then, now): {changed}")
     done = ckpt["state"][unit]
     if done >= total and (out / "result.json").exists():
         more = f"--{unit}s above {done} continues it, " if f"{unit}s" in may_change else ""
-        raise SystemExit(f"{out} finished its {done} {unit}s: nothing to resume ({more}"
-                         "--overwrite starts it again)")
+        more += "--overwrite starts it again"
+        raise SystemExit(f"{out} finished its {done} {unit}s: nothing to resume ({more})")
     return ckpt
 
 
@@ -176,8 +173,8 @@ def checkpoint(parts: dict, state: dict, **more) -> dict:
     """What a resumed run needs: each part's state_dict, the counters, the RNGs (dropout goes on
     with the masks it would have drawn), and `more` (settings, the model's configuration)."""
     cuda_rng = torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None
-    return dict({k: part.state_dict() for k, part in parts.items()}, state=state, **more,
-                rng=torch.get_rng_state(), cuda_rng=cuda_rng)
+    states = {k: part.state_dict() for k, part in parts.items()}
+    return dict(states, state=state, **more, rng=torch.get_rng_state(), cuda_rng=cuda_rng)
 
 
 def restore(ckpt, parts: dict, state: dict, seed: int) -> None:
@@ -209,8 +206,9 @@ def save(path: pathlib.Path, obj) -> None:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         why = e.strerror if isinstance(e, OSError) and e.strerror else "is the disk full?"
-        raise SystemExit(f"cannot write {path} ({why}): the run stops; what it wrote before "
-                         "stays (--resume continues from its last checkpoint)") from None
+        raise SystemExit(
+            f"cannot write {path} ({why}): the run stops; --resume goes on from its last checkpoint"
+        ) from None
 
 
 def finish(out: pathlib.Path, result: dict) -> dict:
@@ -231,12 +229,12 @@ def run(main, cfg, unit: str, errors) -> None:
         main(cfg)
     except KeyboardInterrupt:
         file = out / "checkpoint.pt"  # rank 0 alone reads it, and only to say where to go on
+        how = " before the first checkpoint: the same command starts the run again"
         if RANK == 0 and file.exists():
             done = torch.load(file, mmap=True, weights_only=False)["state"][unit]
-            sys.stderr.write(f"\ninterrupted; continue from its {unit} {done} with --resume\n")
-        elif RANK == 0:
-            sys.stderr.write("\ninterrupted before the first checkpoint: the same command starts "
-                             "the run again\n")
+            how = f"; continue from its {unit} {done} with --resume"
+        if RANK == 0:
+            sys.stderr.write(f"\ninterrupted{how}\n")
         raise SystemExit(130) from None
     except errors as e:
         if RANK == 0 and out.is_dir() and os.listdir(out) == ["lock"]:  # a run that never began

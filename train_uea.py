@@ -83,7 +83,8 @@ def main(cfg: TrainConfig) -> dict:
     # 1) the run folder, locked and checked before anything is read or written (--resume may
     # add epochs); then the processes: under torchrun one per GPU or CPU share
     rank, world, device, autocast, ckpt = runs.start(
-        cfg, "train_uea.py", "epoch", cfg.epochs, may_change=("epochs", "download"))
+        cfg, "train_uea.py", "epoch", cfg.epochs, may_change=("epochs", "download")
+    )
     ddp, master, cuda = "RANK" in os.environ, rank == 0, device.type == "cuda"
     say = tqdm.write if master else (lambda *_: None)  # rank 0 alone prints and writes
     out = pathlib.Path(cfg.out)
@@ -98,8 +99,10 @@ def main(cfg: TrainConfig) -> dict:
         dist.barrier()  # the others wait for the files
     data_args = dict(data_dir=cfg.data_dir, name=cfg.dataset, max_len=cfg.max_len)
     data = uea_data.load_uea(**data_args)  # data_args: in the checkpoint, for diagnose.py
-    say(f"{cfg.dataset}: train {data.x_train.shape}, test {data.x_test.shape} (B, N, F), "
-        f"{len(data.class_names)} classes")
+    say(
+        f"{cfg.dataset}: train {data.x_train.shape}, test {data.x_test.shape} (B, N, F), "
+        f"{len(data.class_names)} classes"
+    )
     for note in data.notes:
         say(note)
 
@@ -108,8 +111,12 @@ def main(cfg: TrainConfig) -> dict:
     parts = dict(model=model, optimizer=opt, scaler=scaler)
     state = dict(epoch=0, best_test_acc=-1.0, best_epoch=0, final_test_acc=None, elapsed=0.0)
     runs.restore(ckpt, parts, state, seed=cfg.seed + rank)
+    config = dataclasses.asdict(cfg)
     if master:
-        runs.save(out / "config.json", dataclasses.asdict(cfg))  # the settings of this start
+        runs.save(out / "config.json", config)  # the settings of this start
+    # in every checkpoint, for diagnose.py: the settings, the data, the model's configuration
+    model_config = dataclasses.asdict(model.cfg)
+    about = dict(config=config, script="train_uea.py", data=data_args, model_config=model_config)
     # fast: compiled (fixed shapes: one graph per batch shape); net: what trains (DDP under
     # torchrun). model holds the weights: it is saved and loaded, fast and net share them.
     fast = torch.compile(model, dynamic=False) if cfg.compile else model
@@ -118,8 +125,8 @@ def main(cfg: TrainConfig) -> dict:
     # 4) train. Epoch e visits TRAIN in an order seeded by (seed, e), so a resumed run sees the
     # batches it would have seen; each process takes its share of every batch.
     n = len(data.y_train)
-    bar = tqdm(total=-(-n // cfg.batch_size) * (cfg.epochs - state["epoch"]), desc=cfg.attention,
-               disable=not master or None)  # None: shown on a terminal only
+    steps = -(-n // cfg.batch_size) * (cfg.epochs - state["epoch"])  # what is left of the run
+    bar = tqdm(total=steps, desc=cfg.attention, disable=not master or None)  # None: terminals only
     for epoch in range(state["epoch"] + 1, cfg.epochs + 1):
         t0 = time.time()
         sums = torch.zeros(4, device=device)
@@ -134,12 +141,14 @@ def main(cfg: TrainConfig) -> dict:
             bar.update()
         if ddp:
             dist.all_reduce(sums)  # the training loss and accuracy of all processes
-        loss_sum, aux_sum, n_correct, count = sums.tolist()
-        if not math.isfinite(loss_sum):
-            raise SystemExit(f"the training loss is {loss_sum / count} in epoch {epoch}: the run "
-                             "diverged (a smaller --lr may help); its last good checkpoint stays")
-        record = dict(epoch=epoch, train_loss=loss_sum / count, train_aux=aux_sum / count,
-                      train_acc=n_correct / count)
+        *totals, count = sums.tolist()  # over the cases: loss, aux loss, correct answers
+        loss, aux, acc = (total / count for total in totals)
+        if not math.isfinite(loss):
+            raise SystemExit(
+                f"the training loss is {loss} in epoch {epoch}: the run diverged (a smaller --lr "
+                "may help); its last good checkpoint stays"
+            )
+        record = dict(epoch=epoch, train_loss=loss, train_aux=aux, train_acc=acc)
         if epoch == 1 or epoch % cfg.eval_every == 0 or epoch == cfg.epochs:
             test_acc, test_loss = evaluate(fast, data, cfg.batch_size, device, autocast)
             if test_acc > state["best_test_acc"]:  # the first of equal scores is kept
@@ -149,45 +158,42 @@ def main(cfg: TrainConfig) -> dict:
             say("  ".join(f"{k} {v:.4g}" for k, v in record.items()))
         state.update(epoch=epoch, elapsed=state["elapsed"] + time.time() - t0)
         if master:  # the checkpoint first: a crash in between loses a log line, not an epoch
-            runs.save(out / "checkpoint.pt", runs.checkpoint(  # + what diagnose.py needs
-                parts, state, config=dataclasses.asdict(cfg), script="train_uea.py",
-                data=data_args, model_config=dataclasses.asdict(model.cfg)))
+            runs.save(out / "checkpoint.pt", runs.checkpoint(parts, state, **about))
             runs.save(out / "metrics.jsonl", record)
     bar.close()
 
     # 5) the result under both protocols
-    result = dict(
-        dataset=cfg.dataset, attention=cfg.attention, seed=cfg.seed, preset=cfg.preset,
-        best_test_acc=state["best_test_acc"], best_test_epoch=state["best_epoch"],
-        final_test_acc=state["final_test_acc"],
-        protocols={"best_test_acc": "the papers': the best TEST accuracy over the evaluations",
-                   "final_test_acc": "TEST accuracy after the last epoch, no selection on TEST"},
-        epochs=cfg.epochs, n_params=count_parameters(model), wall_s=round(state["elapsed"], 1),
-        device=f"{torch.cuda.get_device_name(device) if cuda else 'cpu'} x {world}",
-        config=dataclasses.asdict(cfg))
+    protocols = {
+        "best_test_acc": "the papers': the best TEST accuracy over the evaluations",
+        "final_test_acc": "TEST accuracy after the last epoch, no selection on TEST",
+    }
+    name = torch.cuda.get_device_name(device) if cuda else "cpu"
+    result = dict(dataset=cfg.dataset, attention=cfg.attention, seed=cfg.seed, preset=cfg.preset)
+    result.update(best_test_acc=state["best_test_acc"], best_test_epoch=state["best_epoch"])
+    result.update(final_test_acc=state["final_test_acc"], protocols=protocols, epochs=cfg.epochs)
+    result.update(n_params=count_parameters(model), wall_s=round(state["elapsed"], 1))
+    result.update(device=f"{name} x {world}", config=config)
     return runs.finish(out, result)  # result.json, and RESULT {json} as the last line
 
 
 def build(cfg: TrainConfig, data: uea_data.UEAData, device: torch.device) -> tuple:
     """-> (model, optimizer, GradScaler), with the same initial weights in every process."""
     torch.manual_seed(cfg.seed)
-    kwargs = {  # each attention's constructor arguments (model.py passes them on)
-        "agf": dict(order=cfg.agf_order, basis=cfg.agf_basis, alpha=cfg.agf_alpha,
-                    beta=cfg.agf_beta, ortho_weight=cfg.agf_gamma, fix_theta0=cfg.agf_fix_theta0,
-                    variant=cfg.agf_variant),
-        # the UEA code squares each case's KSVD objective J, then averages over the batch
-        "primal": dict(rank=cfg.primal_rank, rank_multi=cfg.primal_rank_multi,
-                       ksvd_weight=cfg.primal_eta, ksvd_reduction="sample"),
-        "gfsa": dict(order=cfg.gfsa_order, w0=cfg.gfsa_w0, learn_w0=cfg.gfsa_learn_w0,
-                     learn_w1=cfg.gfsa_learn_w1, dropout=cfg.attn_dropout,
-                     high_order=cfg.gfsa_high_order),
-    }
-    model = Classifier(ModelConfig(
-        n_classes=len(data.class_names), max_len=data.x_train.shape[1], style="uea",
-        n_features=data.x_train.shape[2], d_model=cfg.d_model, n_heads=cfg.n_heads,
-        n_layers=cfg.n_layers, d_ff=cfg.d_ff, dropout=cfg.dropout, attn_dropout=cfg.attn_dropout,
-        attention=cfg.attention, attention_kwargs=kwargs, attention_mask=cfg.attention_mask,
-    )).to(device)
+    # each attention's constructor arguments (model.py passes them on)
+    agf = dict(order=cfg.agf_order, basis=cfg.agf_basis, alpha=cfg.agf_alpha, beta=cfg.agf_beta)
+    agf.update(ortho_weight=cfg.agf_gamma, fix_theta0=cfg.agf_fix_theta0, variant=cfg.agf_variant)
+    primal = dict(rank=cfg.primal_rank, rank_multi=cfg.primal_rank_multi)
+    # the UEA code squares each case's KSVD objective J, then averages over the batch
+    primal.update(ksvd_weight=cfg.primal_eta, ksvd_reduction="sample")
+    gfsa = dict(order=cfg.gfsa_order, high_order=cfg.gfsa_high_order, dropout=cfg.attn_dropout)
+    gfsa.update(w0=cfg.gfsa_w0, learn_w0=cfg.gfsa_learn_w0, learn_w1=cfg.gfsa_learn_w1)
+    kwargs = dict(agf=agf, primal=primal, gfsa=gfsa)
+    _, max_len, n_features = data.x_train.shape  # (B, N, F)
+    args = dict(n_classes=len(data.class_names), max_len=max_len, n_features=n_features)
+    args.update(d_model=cfg.d_model, n_heads=cfg.n_heads, n_layers=cfg.n_layers, d_ff=cfg.d_ff)
+    args.update(dropout=cfg.dropout, attn_dropout=cfg.attn_dropout, attention=cfg.attention)
+    args.update(attention_kwargs=kwargs, attention_mask=cfg.attention_mask)
+    model = Classifier(ModelConfig(style="uea", **args)).to(device)
     # No weight decay. torch's RAdam takes the steps of the official code's own RAdam class.
     optimizer = {"radam": torch.optim.RAdam, "adam": torch.optim.Adam}[cfg.optimizer]
     fp16 = device.type == "cuda" and cfg.amp and not torch.cuda.is_bf16_supported()
@@ -304,13 +310,11 @@ def presets(given: dict, error) -> dict:
 
 def parse_config(argv=None) -> TrainConfig:
     """The flags (or `argv`) -> TrainConfig: defaults < preset < flags, all checked here."""
-    choices = dict(attention=ATTENTIONS, preset=("paper", "quick"),
-                   agf_basis=BASES, optimizer=("radam", "adam"), agf_variant=VARIANTS,
-                   gfsa_high_order=HIGH_ORDER)
+    choices = dict(attention=ATTENTIONS, preset=("paper", "quick"), optimizer=("radam", "adam"))
+    choices.update(agf_basis=BASES, agf_variant=VARIANTS, gfsa_high_order=HIGH_ORDER)
     out = "runs/{dataset}/{attention}-{preset}-seed{seed}"  # where --out is not given
     return runs.parse(TrainConfig, __doc__, choices, presets, out, argv)
 
 
 if __name__ == "__main__":
-    runs.run(main, parse_config(), "epoch", (uea_data.TsFormatError,
-                                             uea_data.DatasetNotFoundError))
+    runs.run(main, parse_config(), "epoch", (uea_data.TsFormatError, uea_data.DatasetNotFoundError))
