@@ -22,7 +22,7 @@ Symbols (paper -> code -> shape):
     Ā           attn          (B, H, N, N)  attention matrix, rows sum to 1 (dense paths only)
     G (H)       graph_filter  (B, H, N, N)  w0·I + w1·Ā + wK·(Ā + (K-1)(Ā² - Ā)) (dense only)
     w0, w1, wK  w0, w1, wK    (H,)          filter coefficients, one set per head (Eq. 5)
-    a0, a1, a2  coefficients  (1, H, 1, 1)  the same filter as a0·I + a1·Ā + a2·Ā² (derived)
+    a0, a1, a2  a0, a1, a2    (1, H, 1, 1)  the same filter as a0·I + a1·Ā + a2·Ā² (derived)
     K           order         int >= 2      order of the high-order term (Eq. 4)
     E_K         taylor_error  (B, H)        ‖Ā^K - (Ā + (K-1)(Ā² - Ā))‖∞ (Theorem 3.1)
 Dims:   B batch, N tokens, D model width, H heads, d = D / H head width, K polynomial order
