@@ -155,7 +155,7 @@ class AGFAttention(nn.Module):
         weight = torch.cat([W.weight for W in maps.values()])  # (4D, D), the four stacked
         bias = torch.cat([W.bias for W in maps.values()])  # (4D,)
         stacked = F.linear(x, weight, bias).view(B, N, len(maps), self.n_heads, self.d_head)
-        logits = dict(zip(maps, stacked.permute(2, 0, 3, 1, 4).unbind(0), strict=True))
+        logits = {n: t.transpose(1, 2) for n, t in zip(maps, stacked.unbind(2), strict=True)}
         # Softmaxes and the degree-K polynomial (|P_k| reaches ~21) run in float32 even under
         # bf16/fp16 autocast, as the official code does (autocast(enabled=False)).
         work = torch.promote_types(x.dtype, torch.float32)
