@@ -73,7 +73,7 @@ def gfsa_apply(q: Tensor, k: Tensor, v: Tensor, w0: Tensor, w1: Tensor, wK: Tens
 
     Args:
         q, k, v: queries, keys, values.                           (B, H, N, d)
-        w0, w1, wK: the filter coefficients of Eq. 5, one per head.        (H,)
+        w0, w1, wK: Eq. 5's filter coefficients, one per head.    (H,)
         order: K >= 2, the order of the high-order term.
         mask: (B, N) bool, True = real token, or None.
         causal: query t sees keys <= t only (kernel="softmax" only).
