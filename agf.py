@@ -146,21 +146,23 @@ class AGFAttention(nn.Module):
         if mask is not None:
             # Junk at padded tokens (even NaN, as 0 · NaN = NaN) must not reach anything below.
             x = x.masked_fill(~mask[..., None], 0.0)
-        # 1) the four projections as one matmul (the same maps as four Linear calls), under the
-        #    caller's autocast as in the official code; split heads:
-        #    (B, N, 4D) -> (B, N, 4, H, d) -> 4 x (B, H, N, d)
-        projections = [W for W in (self.W_u, self.W_v, self.W_sigma, self.W_val) if W is not None]
-        weight = torch.cat([W.weight for W in projections])  # (4D, D); "uv": 3D
-        bias = torch.cat([W.bias for W in projections])  # (4D,)
-        fused = F.linear(x, weight, bias).view(B, N, len(projections), self.n_heads, self.d_head)
-        u_logits, v_logits, *sigma_logits, values = (t.transpose(1, 2) for t in fused.unbind(2))
-        # Softmaxes and the degree-K polynomial (|P_k| reaches ~26) run in float32 even under
+        # 1) four linear maps of x, each D -> D, split into heads (B, N, D) -> (B, H, N, d):
+        #        U logits x W_u,  V logits x W_v,  Σ logits x W_Σ ("uv": none),  values x W_val
+        #    computed as one matmul of the stacked weights (4D, D): the same maps, in one kernel,
+        #    under the caller's autocast as in the official code
+        maps = {"u": self.W_u, "v": self.W_v, "sigma": self.W_sigma, "values": self.W_val}
+        maps = {name: W for name, W in maps.items() if W is not None}
+        weight = torch.cat([W.weight for W in maps.values()])  # (4D, D), the four stacked
+        bias = torch.cat([W.bias for W in maps.values()])  # (4D,)
+        stacked = F.linear(x, weight, bias).view(B, N, len(maps), self.n_heads, self.d_head)
+        logits = {n: t.transpose(1, 2) for n, t in zip(maps, stacked.unbind(2), strict=True)}
+        # Softmaxes and the degree-K polynomial (|P_k| reaches ~21) run in float32 even under
         # bf16/fp16 autocast, as the official code does (autocast(enabled=False)).
         work = torch.promote_types(x.dtype, torch.float32)
         with torch.autocast(device_type=x.device.type, enabled=False):
             # 2) singular vectors: U = softmax over d, V = masked softmax over tokens
-            u = u_logits.to(work).softmax(dim=-1)  # (B, H, N, d), rows sum to 1
-            v = masked_token_softmax(v_logits.to(work), mask)  # (B, H, N, d), columns sum to 1
+            u = logits["u"].to(work).softmax(dim=-1)  # (B, H, N, d), rows sum to 1
+            v = masked_token_softmax(logits["v"].to(work), mask)  # (B, H, N, d), columns sum to 1
             if mask is not None:
                 # NOTE: differs from the official code: padded rows of U are zeroed, because
                 #       padding must not enter UᵀU (the aux loss) nor A. The official LRA code
@@ -171,9 +173,9 @@ class AGFAttention(nn.Module):
             if self.variant == "uv":
                 g = torch.ones_like(u)
             else:
-                g = torch.sigmoid(sigma_logits[0].to(work))  # (B, H, N, d)
-                g = self.poly_filter(g) if self.variant == "agf" else g
-        return u, g, v, values.to(work).contiguous()  # one copy here, not one per matmul with it
+                s = torch.sigmoid(logits["sigma"].to(work))  # (B, H, N, d)
+                g = self.poly_filter(s) if self.variant == "agf" else s
+        return u, g, v, logits["values"].to(work).contiguous()  # one copy, not one per matmul
 
     def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
         _check_inputs(x, mask, self.W_u.weight)  # TypeError / ValueError naming the argument

@@ -14,7 +14,7 @@ backward); then the log-log slopes against N >= --fit-min (1 = linear, 2 = quadr
 LRA Text size, batch --step-batch, at each N of --step-ns: step_ms, tokens_per_s, mem_mib.
 --compile (default on CUDA) adds compiled rows (torch.compile(fullgraph=True) afresh per point;
 compile_s: the first calls); --dtypes bfloat16 / float16 run under torch.autocast. Output: a CSV
-row per (what, kind, N, dtype, mode) as it is measured, and a PNG (with matplotlib).
+row per (what, kind, N, dtype, mode) as it is measured; a PNG of the layer rows (matplotlib).
 
 Kinds: softmax (the baseline), agf, primal, gfsa (Ā(ĀV): two attention passes), gfsa-official
 (the official order, Ā@Ā formed: O(N³) per head, run up to N = 2048), gfsa-linear (GFSA on a

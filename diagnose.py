@@ -216,7 +216,7 @@ def agf_response(layer, x: Tensor, mask: Tensor, n_points: int = 199) -> dict:
 
 def gfsa_response(layer, x: Tensor, mask: Tensor, n_points: int = 199) -> dict:
     """The GFSA filter as a function of the eigenvalues λ of Ā: Ā u = λ u gives Ā² u = λ² u, so
-    H u = p(λ) u, H keeps Ā's eigenvectors and scales each by p(λ) = a0 + a1 λ + a2 λ^power
+    G u = p(λ) u, G keeps Ā's eigenvectors and scales each by p(λ) = a0 + a1 λ + a2 λ^power
     (power 2; K with a = w0, w1, wK for high_order="exact"). -> dict: a (3, H), power, lam
     (n_points,) on [-1, 1]; grid (H, n_points) = p(lam); eig: per sequence (H, n_b)."""
     power = layer.order if layer.high_order == "exact" else 2
@@ -296,7 +296,7 @@ def summary(run: LoadedRun, results: dict) -> list:
             power = layer["gfsa"]["power"]
             add(f"GFSA layer {i}: p(λ) = a0 + a1·λ + a2·λ^{power}, off-DC gain: mean |p(λ)/p(1)|")
             for h, (a0, a1, a2) in enumerate(layer["gfsa"]["a"].T.tolist()):
-                lam = rest[h]  # off-DC gain: what H keeps of a non-constant signal
+                lam = rest[h]  # off-DC gain: what G keeps of a non-constant signal
                 gain = (a0 + a1 * lam + a2 * lam**power).abs().mean() / abs(a0 + a1 + a2)
                 a = f"a = ({a0:+.3f}, {a1:+.3f}, {a2:+.3f}), p(1) = {a0 + a1 + a2:.3f}"
                 add(f"  head {h}: {a}, off-DC gain {gain:.3f}, Ā alone {lam.abs().mean():.3f}")

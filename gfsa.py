@@ -22,7 +22,7 @@ Symbols (paper -> code -> shape):
     Ā           attn          (B, H, N, N)  attention matrix, rows sum to 1 (dense paths only)
     G (H)       graph_filter  (B, H, N, N)  w0·I + w1·Ā + wK·(Ā + (K-1)(Ā² - Ā)) (dense only)
     w0, w1, wK  w0, w1, wK    (H,)          filter coefficients, one set per head (Eq. 5)
-    a0, a1, a2  coefficients  (1, H, 1, 1)  the same filter as a0·I + a1·Ā + a2·Ā² (derived)
+    a0, a1, a2  a0, a1, a2    (1, H, 1, 1)  the same filter as a0·I + a1·Ā + a2·Ā² (derived)
     K           order         int >= 2      order of the high-order term (Eq. 4)
     E_K         taylor_error  (B, H)        ‖Ā^K - (Ā + (K-1)(Ā² - Ā))‖∞ (Theorem 3.1)
 Dims:   B batch, N tokens, D model width, H heads, d = D / H head width, K polynomial order
@@ -61,13 +61,10 @@ def filter_coefficients(
     return a0.view(1, -1, 1, 1), a1.view(1, -1, 1, 1), a2.view(1, -1, 1, 1)
 
 
-def gfsa_apply(q: Tensor, k: Tensor, v: Tensor, coefficients: tuple[Tensor, Tensor, Tensor],
+def gfsa_apply(q: Tensor, k: Tensor, v: Tensor, w0: Tensor, w1: Tensor, wK: Tensor, order: int,
                mask: Optional[Tensor], causal: bool, kernel: str, dropout_p: float,
-               passes: int = 2) -> Tensor:  # fmt: skip
+               exact: bool = False) -> Tensor:  # fmt: skip
     """The fast path: G·V = a0·V + a1·(ĀV) + a2·Ā(ĀV), with no N×N float tensor. (Eqs. 5, 6)
-
-    passes = K with coefficients (w0, w1, wK) gives the exact filter w0·V + w1·ĀV + wK·Ā^K V
-    instead of the Taylor estimate: K successive attention passes, O(K N² d), Ā^K never formed.
 
     Both passes use the same Ā: same scale 1/√d, padding mask and causal flag. Padded rows of ĀV
     are harmless, because the second pass gives padded keys zero weight.
@@ -76,16 +73,21 @@ def gfsa_apply(q: Tensor, k: Tensor, v: Tensor, coefficients: tuple[Tensor, Tens
 
     Args:
         q, k, v: queries, keys, values.                           (B, H, N, d)
-        coefficients: a0, a1, a2 from `filter_coefficients`.      (1, H, 1, 1) each
+        w0, w1, wK: Eq. 5's filter coefficients, one per head.    (H,)
+        order: K >= 2, the order of the high-order term.
         mask: (B, N) bool, True = real token, or None.
         causal: query t sees keys <= t only (kernel="softmax" only).
         kernel: "softmax" (Ā = softmax(QKᵀ/√d)) or "linear" (Ā = ρ_q(Q) ρ_k(K)ᵀ).
         dropout_p: dropout on the attention weights, per pass.
-        passes: the power of Ā in the last term (2 for the estimate, K for the exact filter).
+        exact: the real Ā^K instead of Eq. 4's estimate: w0·V + w1·ĀV + wK·Ā^K V by K successive
+            attention passes, O(K N² d), Ā^K never formed.
     Returns:
-        H·V                                                       (B, H, N, d)
+        G·V                                                       (B, H, N, d)
     """
-    a0, a1, a2 = coefficients
+    # G = a0·I + a1·Ā + a2·Ā^power: Eq. 4's estimate, collapsed to power 2 (1, H, 1, 1) each
+    (a0, a1, a2), power = filter_coefficients(w0, w1, wK, order), 2
+    if exact:  # the real Ā^K: G = w0·I + w1·Ā + wK·Ā^K
+        (a0, a1, a2), power = (w.view(1, -1, 1, 1) for w in (w0, w1, wK)), order
     if kernel == "softmax":
         # Pure causal gets the is_causal flag, which lets fused kernels skip the upper triangle;
         # SDPA takes no flag together with a mask, so causal + padding passes one boolean mask.
@@ -97,7 +99,7 @@ def gfsa_apply(q: Tensor, k: Tensor, v: Tensor, coefficients: tuple[Tensor, Tens
             return F.scaled_dot_product_attention(
                 q, k, values, attn_mask=keep, dropout_p=dropout_p, is_causal=is_causal
             )
-    else:
+    else:  # second read: kernel="linear"
         rho_q, rho_k = efficient_attention_features(q, k, mask)
 
         def attend(values: Tensor) -> Tensor:
@@ -112,9 +114,9 @@ def gfsa_apply(q: Tensor, k: Tensor, v: Tensor, coefficients: tuple[Tensor, Tens
     #       factors (NLP) or dropout(G) (vision), because two fused passes cannot share one mask.
     av = attend(v)  # Ā V
     apv = av
-    for _ in range(passes - 1):  # Ā² V = Ā (Ā V), ...: O(N²d) passes instead of O(N³) products
+    for _ in range(power - 1):  # Ā² V = Ā (Ā V), ...: O(N²d) passes instead of O(N³) products
         apv = attend(apv)
-    return a0 * v + a1 * av + a2 * apv  # (a0·I + a1·Ā + a2·Ā^passes) V = G V   (Eq. 6)
+    return a0 * v + a1 * av + a2 * apv  # (a0·I + a1·Ā + a2·Ā^power) V = G V   (Eq. 6)
 
 
 class GFSAttention(nn.Module):
@@ -129,11 +131,12 @@ class GFSAttention(nn.Module):
             per task in 2..10.
         w0: the identity weight; a fixed scalar unless learn_w0 (official code: 0, or a tuned
             fixed scalar in NLP).
-        learn_w0: learn w0 per head (init w0), as Eq. 5 allows; the official code does not.
-        learn_w1: learn w1 per head (init 1), as Eq. 5 allows; the official code fixes w1 = 1.
         dropout: attention dropout; fast path: an independent mask per pass (see `gfsa_apply`);
             evaluation="official": one mask on Ā before filtering (official NLP convention).
         causal: query t sees tokens <= t only (kernel="softmax" only).
+      Second read, the other modes:
+        learn_w0: learn w0 per head (init w0), as Eq. 5 allows; the official code does not.
+        learn_w1: learn w1 per head (init 1), as Eq. 5 allows; the official code fixes w1 = 1.
         kernel: "softmax" (the paper) or "linear" (GFSA on Efficient Attention, O(N d²)).
         evaluation: "fast" (two attention passes) or "official" (the slow reference in the
             official order: dense Ā, Ā², G, G·V; for benchmarks and tests).
@@ -191,17 +194,13 @@ class GFSAttention(nn.Module):
         # 1) project, then split heads: (B, N, 3D) -> 3 x (B, H, N, d)
         q, k, v = self.W_qkv(x).view(B, N, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
         dropout_p = self.dropout if self.training else 0.0  # eval mode is exact
-        # 2) G·V, the graph filter applied to the values                            (Eqs. 5, 6)
-        #    "taylor": a0·V + a1·ĀV + a2·Ā(ĀV); "exact": w0·V + w1·ĀV + wK·Ā^K V, K passes
-        exact = self.high_order == "exact"
-        if self.evaluation == "fast":
-            w, K = (self.w0, self.w1, self.wK), self.order
-            coefficients = [c[:, None, None] for c in w] if exact else filter_coefficients(*w, K)
-            passes = K if exact else 2  # the power of Ā in the last term
-            y = gfsa_apply(q, k, v, coefficients, mask, self.causal, self.kernel, dropout_p, passes)
-        else:  # slow reference: Ā (one dropout mask, NLP convention), Ā², G, then G·V
+        # 2) G·V = a0·V + a1·ĀV + a2·Ā(ĀV), the graph filter applied to the values  (Eqs. 5, 6)
+        w, K, exact = (self.w0, self.w1, self.wK), self.order, self.high_order == "exact"
+        if self.evaluation == "fast":  # two attention passes (K with exact), no N×N tensor
+            y = gfsa_apply(q, k, v, *w, K, mask, self.causal, self.kernel, dropout_p, exact)
+        else:  # second read: the official order, Ā (one dropout mask, NLP convention), Ā², G, G·V
             attn = F.dropout(attention_matrix(q, k, mask, self.causal, self.kernel), dropout_p)
-            y, _ = gfsa_dense_reference(attn, v, self.w0, self.w1, self.wK, self.order, exact)
+            y, _ = gfsa_dense_reference(attn, v, *w, K, exact)
         # 3) merge heads and project: (B, H, N, d) -> (B, N, D)
         y = self.W_o(y.transpose(1, 2).reshape(B, N, D))
         # 4) zero the padded rows, so the model sees exact zeros there (W_o's bias would not be)
@@ -241,6 +240,10 @@ def attention_keep_mask(
         eye = torch.eye(n, dtype=torch.bool, device=device)
         keep = (keep | eye) & tril  # (B, 1, N, N)
     return keep
+
+
+# Second read: the other modes (kernel="linear", evaluation="official", high_order="exact")
+# and the dense N×N forms that the tests and `python gfsa.py` compare the fast path with.
 
 
 def efficient_attention_features(
@@ -319,8 +322,8 @@ def gfsa_dense_reference(attn: Tensor, v: Tensor, w0: Tensor, w1: Tensor, wK: Te
         max_bytes: MemoryError, before allocating, if each of Ā², G would take more bytes
             (default 4 GiB); `attention_matrix` checks the same cap before it forms Ā.
     Returns:
-        H·V                                                       (B, H, N, d)
-        graph_filter, the filter H                                (B, H, N, N)
+        G·V                                                       (B, H, N, d)
+        graph_filter, the filter G                                (B, H, N, N)
     """
     shape, gib = tuple(attn.shape), 2**30  # refuse Ā² and G before torch tries them
     if (size := math.prod(shape) * attn.dtype.itemsize) > max_bytes:
@@ -381,14 +384,16 @@ if __name__ == "__main__":
     n_params = sum(p.numel() for p in layer.parameters())
     print(f"x {tuple(x.shape)} -> y {tuple(y.shape)}   aux_loss={aux.item():.1f}   {n_params=:,}")
 
-    # Check: at init (w0, w1, wK) = (0, 1, 0), so GFSA must equal plain softmax attention,
-    # written out here independently: softmax(QKᵀ/√d) over the real keys, times V.
-    q, k, v = layer.W_qkv(x).view(B, N, 3, H, D // H).permute(2, 0, 3, 1, 4)
-    scores = (q @ k.transpose(-2, -1)) / math.sqrt(D // H)  # (B, H, N, N)
-    scores = scores.masked_fill(~mask[:, None, None, :], torch.finfo(scores.dtype).min)
-    ref = layer.W_o((scores.softmax(-1) @ v).transpose(1, 2).reshape(B, N, D))
-    ref = ref * mask[..., None]  # padded rows are zero by contract
-    print("GFSA at init == softmax attention:", torch.allclose(y, ref, atol=1e-5))
+    # Check: with a learned wK ≠ 0 (at init wK = 0, which would leave the second pass unread),
+    # the two attention passes == the dense filter G = w0·I + w1·Ā + wK·(Ā + (K-1)(Ā² - Ā)) V.
+    with torch.no_grad():
+        layer.wK.normal_()
+        y = layer(x, mask)[0]
+        q, k, v = layer.W_qkv(x).view(B, N, 3, H, D // H).permute(2, 0, 3, 1, 4)
+        attn = attention_matrix(q, k, mask, False, "softmax")  # Ā written out: (B, H, N, N)
+        ref, _ = gfsa_dense_reference(attn, v, layer.w0, layer.w1, layer.wK, layer.order)
+        ref = layer.W_o(ref.transpose(1, 2).reshape(B, N, D)) * mask[..., None]
+    print("two passes == dense G, wK ≠ 0, K = 3:", torch.allclose(y, ref, atol=1e-5))
 
     # Theorem 3.1 on this layer's Ā: the Taylor estimate of Ā^K is exact for K = 2 only.
     attn = attention_matrix(q.double(), k.double(), mask, False, "softmax")

@@ -9,8 +9,8 @@ Idea:   Softmax attention o_i = Σ_j v(x_j) κ(x_i, x_j) is the *dual* form of a
         an asymmetric kernel κ. The *primal* form computes the same kind of scores as
             e(x) = W_{e|X}ᵀ φ_q(x),   r(x) = W_{r|X}ᵀ φ_k(x)                       (Remark 3.3)
         with data-dependent weights W_{e|X} = f(X)ᵀ W_e, W_{r|X} = f(X)ᵀ W_r built from m
-        sampled tokens f(X), and cosine feature maps φ(x) = x / ‖x‖₂. The layer outputs a linear
-        map of [e; r]. The KSVD objective
+        sampled tokens f(X), and cosine feature maps φ_q(x) = q / ‖q‖₂ of the query q = x W_q
+        (φ_k: of the key k = x W_k). The layer outputs a linear map of [e; r]. The KSVD objective
             J = ½ Σ_i e_iᵀ Λ e_i + ½ Σ_j r_jᵀ Λ r_j − Tr(W_eᵀ W_r)          (poster, primal problem)
         is 0 at every stationary point (KKT), so η·J² joins the training loss and pushes each
         layer towards a KSVD solution without ever computing an SVD.
@@ -196,7 +196,7 @@ class PrimalAttention(nn.Module):
         with torch.autocast(device_type=x.device.type, enabled=False):
             # 1-3) φ_q, φ_k; W_{e|X} = f(X)ᵀ W_e, W_{r|X}; e = Φq W_{e|X}, r = Φk W_{r|X}
             e, r = self.scores(x, mask)  # (B, H, N, s) each                    (Remark 3.3)
-            # 4) o_i = W_er [e_i ; r_i], 2r -> d, the same map for every head       (poster)
+            # 4) o_i = W_er [e_i ; r_i], 2s -> d, the same map for every head       (poster)
             o = self.W_er(torch.cat([e, r], dim=-1))  # (B,H,N,2s) -> (B,H,N,d)
             # 5) merge heads, project, zero padded rows
             # NOTE: the official LRA code zeroes before the projection (padded rows = its bias)

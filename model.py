@@ -17,7 +17,7 @@ interface and input checks; padding is never read, NaN included; a batch of 0 ha
 layers whose mechanism has an auxiliary loss (AGF, Primal), as in the official code.
 
 Dims:  B batch, N tokens, D model width, H heads, d = D / H, C classes, F input channels (UEA)
-Run:   python model.py   -> logits, aux loss, parameter count and a padding check per attention
+Run:   python model.py   -> aux loss, parameters, padding unread per kind; SDPA == Ā V written out
 Depends on: torch, agf.py (+ polynomials.py), ksvd_attention.py, gfsa.py
 """
 
@@ -36,9 +36,9 @@ from ksvd_attention import PrimalAttention
 
 
 class SoftmaxAttention(nn.Module):
-    """Multi-head softmax attention, the baseline:  Y = softmax(QKᵀ/√d) V.  Written with
-    `F.scaled_dot_product_attention`: a fused kernel where one exists, which then never keeps the
-    N x N matrix for backward.
+    """Multi-head softmax attention, the baseline:  Y = Ā V,  Ā = softmax(QKᵀ/√d).  By default
+    `F.scaled_dot_product_attention` (a fused kernel where one exists, keeping no N x N matrix for
+    backward); `fused = False` writes Ā out, to step through (nanoGPT's two branches; tested equal).
 
     Args:
         d_model: D, token width.
@@ -53,6 +53,7 @@ class SoftmaxAttention(nn.Module):
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.dropout, self.causal = dropout, causal
+        self.fused = True  # False: the written-out Ā below (same output, N x N memory)
         self.W_qkv = nn.Linear(d_model, 3 * d_model)  # W_Q, W_K, W_V of all heads, fused
         self.W_o = nn.Linear(d_model, d_model)  # output projection
 
@@ -64,15 +65,23 @@ class SoftmaxAttention(nn.Module):
             x = x.masked_fill(~mask[..., None], 0.0)
         # 1) project, split heads: (B, N, 3D) -> 3 x (B, H, N, d)
         q, k, v = self.W_qkv(x).view(B, N, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
-        # 2) boolean mask, True = may attend: real keys (a sequence with none may use all: its
-        #    rows are zeroed below); if causal, no future key (the diagonal keeps rows non-empty)
+        # 2) allowed[b, i, j]: may query i attend to key j? Real keys only (a sequence with none
+        #    may use all: its rows are zeroed in 4); if causal, keys j <= i only, and j = i always,
+        #    so that no row is empty (a padded query whose whole past is padding)
         allowed = None if mask is None else (mask | ~mask.any(1, keepdim=True))[:, None, None]
         if self.causal:
-            tril = torch.ones(N, N, dtype=torch.bool, device=x.device).tril()  # (N, N)
-            allowed = tril if mask is None else (allowed | tril & tril.mT) & tril  # tril&trilᵀ = I
-        # 3) Y = softmax(QKᵀ/√d) V, fused: (B, H, N, d)
+            past = torch.ones(N, N, dtype=torch.bool, device=x.device).tril()  # (N, N): j <= i
+            itself = torch.eye(N, dtype=torch.bool, device=x.device)  # (N, N): j = i
+            allowed = past if mask is None else (allowed | itself) & past  # (B, 1, N, N)
         dropout_p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+        if self.fused:  # 3) Y = softmax(QKᵀ/√d) V in one fused kernel: (B, H, N, d)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+        else:  # 3) the same, written out: (B,H,N,d) @ (B,H,d,N) -> (B,H,N,N), then @ V
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)
+            if allowed is not None:  # finfo.min, not -inf: exp underflows to exactly 0
+                scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+            attn = F.dropout(scores.softmax(dim=-1), dropout_p)  # Ā, rows sum to 1
+            y = attn @ v  # Ā V: (B,H,N,N) @ (B,H,N,d) -> (B,H,N,d)
         # 4) merge heads, project; padded query rows are set to zero (they are never read)
         y = self.W_o(y.transpose(1, 2).reshape(B, N, D))
         if mask is not None:
@@ -324,3 +333,6 @@ if __name__ == "__main__":
                 (logits, aux), (logits2, _) = model(x, mask), model(junk, mask)
             same, n = torch.allclose(logits, logits2, atol=1e-5), count_parameters(model)
             print(f"{kind:12s} {style}  aux {aux.item():.4f}  params {n:,}  padding unread: {same}")
+    layer, x = SoftmaxAttention(64, 2, causal=True).double(), torch.randn(2, 64, 64).double()
+    y, layer.fused = layer(x, mask)[0], False  # the fused kernel, then Ā written out
+    print("SoftmaxAttention: SDPA == Ā V written out:", torch.allclose(y, layer(x, mask)[0]))

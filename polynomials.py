@@ -116,14 +116,6 @@ def polynomial_basis(
     return evaluate_basis(x, recurrence(basis, order, alpha, beta))
 
 
-def filter_sum_reference(s: Tensor, theta: Tensor, coefs: list) -> Tensor:
-    """g(s) = Σ_k θ̃_k P_k(s), plainly: the K + 1 terms P_k(s) stacked, then summed. The idea in one
-    line; autograd through it keeps every P_k (and every product) for backward, where `FilterSum`
-    below computes the same g keeping two tensors the size of s.  theta: θ̃_0 .. θ̃_K (K + 1,);
-    coefs: K triples (see `recurrence`).  Returns g(s), the shape of s."""
-    return torch.tensordot(theta, evaluate_basis(s, coefs), dims=1)  # Σ_k θ̃_k P_k(s)
-
-
 def _buffer(s: Tensor, fill: Optional[float] = None) -> Tensor:
     """A contiguous tensor of the shape, dtype and device of s, filled with `fill` (or left
     uninitialised), whatever the strides of s. AGF passes a transposed view, and torch.compile
@@ -133,8 +125,8 @@ def _buffer(s: Tensor, fill: Optional[float] = None) -> Tensor:
 
 
 class FilterSum(torch.autograd.Function):
-    """Skip on a first read: `filter_sum_reference` is the same g(s) = Σ_k θ̃_k P_k(s), plainly.
-    This one keeps two tensors the size of s for backward, not K + 1 or more.
+    """Skip on a first read: `PolynomialFilter.forward` writes the same g(s) = Σ_k θ̃_k P_k(s)
+    plainly. This one keeps two tensors the size of s for backward, not K + 1 or more.
 
     Autograd through the recurrence would keep every P_k and every intermediate product. Here the
     forward pass also runs the derivative of the recurrence,
@@ -206,6 +198,7 @@ class PolynomialFilter(nn.Module):
         self.theta = nn.Parameter(torch.zeros(order))  # θ_1..θ_K; tanh(0) = 0: g starts flat
         # θ_0: None means "frozen at θ̃_0 = 1" (a constant needs no parameter)
         self.theta0: Optional[nn.Parameter] = None if fix_theta0 else nn.Parameter(torch.zeros(()))
+        self.lean = True  # False: the plain sum in forward, to step through (same g, more memory)
 
     def coefficients(self) -> Tensor:
         """θ̃_0 .. θ̃_K, the effective coefficients. Returns (K + 1,)."""
@@ -216,9 +209,13 @@ class PolynomialFilter(nn.Module):
         return torch.cat([theta0, torch.tanh(self.theta)])
 
     def forward(self, s: Tensor) -> Tensor:
+        theta = self.coefficients().to(s.dtype)  # θ̃_0 .. θ̃_K
         coefs = recurrence(self.basis, self.order, self.alpha, self.beta)  # K triples
-        # Σ_k θ̃_k P_k(s) by the recurrence, never stacking the K + 1 terms (see FilterSum)
-        return FilterSum.apply(s, self.coefficients().to(s.dtype), coefs)
+        if not self.lean:  # g(s) = Σ_k θ̃_k P_k(s): the K + 1 terms P_k(s) stacked, then summed
+            return torch.tensordot(theta, evaluate_basis(s, coefs), dims=1)
+        # The same sum (the default path): FilterSum keeps for backward 2 tensors the size of s,
+        # where autograd through the line above keeps every P_k and every product.
+        return FilterSum.apply(s, theta, coefs)
 
     def extra_repr(self) -> str:
         ab = f", alpha={self.alpha}, beta={self.beta}" if self.basis == "jacobi" else ""
@@ -264,8 +261,9 @@ if __name__ == "__main__":
     print("g(s):", [round(v, 2) for v in g.tolist()])
     s = frequency_response(poly)[0]
     print("max |P_k(s)| on (0, 1), k <= 5:", round(jacobi(s, 5, 2.0, -1.0).abs().max().item(), 1))
-    plain = filter_sum_reference(s, poly.coefficients(), recurrence("jacobi", 5, 2.0, -1.0))
-    print("FilterSum == the plain Σ_k θ̃_k P_k(s):", torch.allclose(poly(s), plain, atol=1e-5))
+    g, poly.lean = poly(s), False  # FilterSum, then the plain sum of forward
+    print("FilterSum == the plain Σ_k θ̃_k P_k(s):", torch.allclose(g, poly(s), atol=1e-5))
+    poly.lean = True
 
     # Cost: elementwise, so time grows linearly in the number of entries (here N·d, d = 64).
     for n in (1024, 2048, 4096, 8192):

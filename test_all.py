@@ -98,7 +98,7 @@ from polynomials import (  # noqa: E402
     FilterSum,
     PolynomialFilter,
     chebyshev_t,
-    filter_sum_reference,
+    evaluate_basis,
     frequency_response,
     jacobi,
     monomial,
@@ -294,13 +294,14 @@ def test_polynomials_gradcheck():
 
 @pytest.mark.parametrize("basis", BASES)
 def test_polynomials_filter_sum_equals_its_plain_reference(basis):
-    """FilterSum == filter_sum_reference: values, gradients in s and θ̃; it saves only s, g'(s)."""
+    """FilterSum == the plain Σ θ̃_k P_k(s): values, gradients in s and θ̃; it saves only s, g'(s)."""
     torch.manual_seed(0)
     coefs = recurrence(basis, 6, 1.5, -1.0)
     s = torch.rand(3, 5, 7, dtype=F64, requires_grad=True)
     theta = torch.randn(7, dtype=F64, requires_grad=True)
     weight = torch.randn(3, 5, 7, dtype=F64)
-    fast, plain = FilterSum.apply(s, theta, coefs), filter_sum_reference(s, theta, coefs)
+    plain = torch.tensordot(theta, evaluate_basis(s, coefs), dims=1)  # Σ θ̃_k P_k(s), as written
+    fast = FilterSum.apply(s, theta, coefs)
     assert torch.allclose(fast, plain, atol=1e-12)
     grads_fast = torch.autograd.grad((fast * weight).sum(), [s, theta])
     grads_plain = torch.autograd.grad((plain * weight).sum(), [s, theta])
@@ -327,7 +328,8 @@ def test_polynomials_filter_is_official_tanh_sum():
         theta0 = 1.0 if fix else torch.tanh(poly.theta0)
         P = _polynomials_jacobi_closed_form  # independent of the recurrence
         want = theta0 + sum(theta[k - 1] * P(k, 1.5, -1.0, s) for k in range(1, 5))
-        assert torch.allclose(poly(s), want, atol=1e-12)
+        for poly.lean in (False, True):  # forward's plain sum, then FilterSum (the default)
+            assert torch.allclose(poly(s), want, atol=1e-12)
         assert len(list(poly.parameters())) == (1 if fix else 2)  # frozen θ_0 is no parameter
         grid, g = frequency_response(poly, n_points=50)
         assert grid.min() > 0 and grid.max() < 1 and torch.allclose(g, poly(grid).detach())
@@ -340,7 +342,7 @@ def test_polynomials_file_runs_alone():
 
 
 # ----------------------------------------------------------------------------------------------
-# agf.py: Attention with Graph Filters
+# agf.py: Attentive Graph Filter
 # ----------------------------------------------------------------------------------------------
 
 
@@ -354,7 +356,7 @@ def _agf_layer(**kwargs) -> AGFAttention:
 
 
 def test_agf_fast_path_equals_dense_reference():
-    """(U ⊙ g)(Vᵀ Val) == H Val with H = U diag(g) Vᵀ built as an N x N matrix."""
+    """(U ⊙ g)(Vᵀ Val) == A Val with A = U diag(g) Vᵀ built as an N x N matrix."""
     layer = _agf_layer()
     x, mask = _inputs(_tiny("uea", n_features=32))  # (3, 20, 32), 2 rows padded
     for basis, m in itertools.product(("jacobi", "monomial"), (None, mask)):
@@ -363,7 +365,7 @@ def test_agf_fast_path_equals_dense_reference():
         y_dense, graph_filter = agf_dense_reference(layer, x, m)
         assert graph_filter.shape == (3, 4, 20, 20)
         assert torch.allclose(y, y_dense, rtol=1e-12, atol=1e-12), (basis, m)
-    # H of a padded sample has zero rows and columns at the padding
+    # A of a padded sample has zero rows and columns at the padding
     assert graph_filter[1, :, 13:].abs().max() == 0 and graph_filter[1, :, :, 13:].abs().max() == 0
 
 
@@ -451,7 +453,7 @@ def test_agf_file_runs_alone():
 
 
 def _primal_layer(causal=False, reduction="batch"):
-    """A float64 Primal layer: D = 16, H = 2, r = 3, m = 12 sampled tokens, η = 0.1."""
+    """A float64 Primal layer: D = 16, H = 2, s = 3, m = 12 sampled tokens, η = 0.1."""
     torch.manual_seed(0)
     kwargs = dict(rank_multi=4, max_len=64, ksvd_weight=0.1, ksvd_reduction=reduction)
     return PrimalAttention(16, 2, rank=3, causal=causal, **kwargs).to(F64)
@@ -601,7 +603,7 @@ def test_gfsa_fast_path_equals_dense_polynomial(kernel):
     for K, mask, causal in itertools.product((2, 3, 5), (None, _masks(10)[:2]), (False, True)):
         if causal and kernel == "linear":
             continue
-        fast = gfsa_apply(q, k, v, filter_coefficients(w0, w1, wK, K), mask, causal, kernel, 0.0)
+        fast = gfsa_apply(q, k, v, w0, w1, wK, K, mask, causal, kernel, 0.0)
         attn = attention_matrix(q, k, mask, causal, kernel)
         dense, _ = gfsa_dense_reference(attn, v, w0, w1, wK, K)
         assert torch.allclose(fast, dense, rtol=0, atol=1e-12), (K, mask is not None, causal)
@@ -611,7 +613,7 @@ def test_gfsa_fast_path_equals_dense_polynomial(kernel):
 
 
 def test_gfsa_k2_is_exactly_attn_squared_and_rows_sum_to_the_coefficients():
-    """K = 2: H(0, 0, 1) == Ā @ Ā and E_2 == 0; each row of H sums to w0 + w1 + wK (any K)."""
+    """K = 2: G(0, 0, 1) == Ā @ Ā and E_2 == 0; each row of G sums to w0 + w1 + wK (any K)."""
     attn = torch.randn(2, 3, 7, 7, dtype=F64, generator=torch.Generator().manual_seed(2))
     attn = attn.softmax(-1)
     zeros, ones = torch.zeros(3, dtype=F64), torch.ones(3, dtype=F64)
@@ -883,6 +885,8 @@ def test_model_softmax_attention_and_gfsa_at_init_equal_explicit_softmax(kind):
         real = torch.ones(B, N, dtype=torch.bool) if m is None else m
         assert torch.allclose(y[real], ref[real], atol=1e-12), f"causal={causal}"
         assert aux.dim() == 0 and aux.item() == 0.0
+        layer.fused = False  # SoftmaxAttention: Ā written out, == SDPA (GFSA has no such flag)
+        assert torch.allclose(layer(x, m)[0], y, atol=1e-12), f"causal={causal}"
     learned = sorted(n for n, _ in layer.named_parameters() if n.startswith("w"))
     assert learned == (["wK"] if kind == "gfsa" else [])
 
@@ -3329,7 +3333,7 @@ def _diag_dense_references(kind, layer, x, mask):
             eye, K = torch.eye(n, dtype=x.dtype), layer.order
             w0, w1, wK = (w.view(-1, 1, 1) for w in (layer.w0, layer.w1, layer.wK))
             out.append(w0 * eye + w1 * attn + wK * (attn + (K - 1) * (attn @ attn - attn)))
-        elif kind == "agf":  # H = U diag(g) Vᵀ, g = Σ θ̃_k P_k(s) with NumPy's Legendre P_k
+        elif kind == "agf":  # A = U diag(g) Vᵀ, g = Σ θ̃_k P_k(s) with NumPy's Legendre P_k
             u = _diag_heads(layer.W_u, xb, H).softmax(-1)  # over d
             v = _diag_heads(layer.W_v, xb, H).softmax(-2)  # over the (real) tokens
             s = torch.sigmoid(_diag_heads(layer.W_sigma, xb, H)).numpy()

@@ -45,7 +45,7 @@ class TrainConfig(runs.Settings):  # and --out --resume --overwrite --device --a
     download: bool = flag(False, "fetch the task's folder into --data-dir when it is missing")
     download_url: str = flag("", "with --download: a mirror or file:// copy of the task's archive")
     seed: int = flag(0, "seed of the weights, dropout and the batch order", 0, runs.SEEDS)
-    # optimisation: AdamW, betas (0.9, 0.999), eps 1e-6, no weight decay, OneCycleLR
+    # optimisation: AdamW (β₂ 0.999; OneCycleLR cycles β₁), eps 1e-6, no weight decay, OneCycleLR
     steps: int = flag(5000, "optimizer steps (a new value rescales the preset's warm-up)", 1)
     warmup: int = flag(1000, "linear warm-up steps: 0, or 2 .. steps - 1", 0)
     lr: float = flag(1e-4, "peak learning rate (> 0)")
@@ -62,7 +62,7 @@ class TrainConfig(runs.Settings):  # and --out --resume --overwrite --device --a
     agf_alpha: float = flag(2.0, "AGF: Jacobi α")
     agf_beta: float = flag(-1.0, "AGF: Jacobi β")
     agf_gamma: float = flag(0.01, "AGF: orthogonality weight γ", 0)
-    agf_variant: str = flag("agf", "AGF: agf | uv (H = U Vᵀ) | svd (H = U Σ Vᵀ, Σ unfiltered)")
+    agf_variant: str = flag("agf", "AGF: agf | uv (A = U Vᵀ) | svd (A = U Σ Vᵀ, Σ unfiltered)")
     primal_rank: int = flag(20, "Primal-Attention: rank s", 1)
     primal_eta: float = flag(0.1, "Primal-Attention: KSVD weight η", 0)
     gfsa_order: int = flag(2, "GFSA: order K of the high-order term", 2)

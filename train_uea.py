@@ -67,7 +67,7 @@ class TrainConfig(runs.Settings):  # and --out --resume --overwrite --device --a
     agf_beta: float = flag(0.2, "AGF: Jacobi β")
     agf_gamma: float = flag(0.01, "AGF: orthogonality weight γ (official --eta)", 0)
     agf_fix_theta0: bool = flag(False, "AGF: freeze θ̃_0 = 1 (official --fixI)")
-    agf_variant: str = flag("agf", "AGF: agf | uv (H = U Vᵀ) | svd (H = U Σ Vᵀ, Σ unfiltered)")
+    agf_variant: str = flag("agf", "AGF: agf | uv (A = U Vᵀ) | svd (A = U Σ Vᵀ, Σ unfiltered)")
     primal_rank: int = flag(40, "Primal-Attention: rank s (official --low_rank)", 1)
     primal_eta: float = flag(0.5, "Primal-Attention: KSVD weight η", 0)
     primal_rank_multi: int = flag(5, "Primal-Attention: m = min(N, s · rank_multi) samples", 1)

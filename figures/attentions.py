@@ -1,9 +1,12 @@
 """
 figures/attentions.py: draw attentions.png, the four attentions side by side (README's picture).
 
-Each column runs top to bottom in the order the code multiplies, one head, batch left out: the
-boxes are what is formed, the arrows carry the shapes. The matrix in the middle is the one that
-sets the cost: N×N for softmax and GFSA (red), d×d or d×s for AGF and Primal (green).
+Each column runs top to bottom in the order the code multiplies, one head, batch left out, with
+the code's own names: the boxes are what is computed, the arrows carry the shapes. A box's colour
+is the cost of computing it, per head: red O(N² d) (every query against every key: softmax and
+GFSA, even where SDPA keeps no N×N matrix), green a product linear in N (the projections O(N D d),
+AGF's O(N d²), Primal's O(N d s)), grey O(N d) or less. "≈" marks an estimate (GFSA's Ā^K for
+K > 2, Eq. 4).
 
     python figures/attentions.py      # needs matplotlib (not a dependency of the project)
 """
@@ -19,37 +22,39 @@ QUADRATIC, LINEAR, PLAIN = "#f6c9c4", "#cdebc5", "#eef0f4"
 # (title, file, cost, [(box text, colour, shape on the arrow into the next box), ...])
 COLUMNS = [
     ("softmax attention", "model.py:SoftmaxAttention", "O(N² d)", [
-        ("X", PLAIN, "N×D"),
-        ("Q = XW_q,  K = XW_k,  V = XW_v", PLAIN, "N×d  each"),
-        ("Ā = softmax(QKᵀ/√d)", QUADRATIC, "N×N"),
-        ("Y = Ā V", PLAIN, "N×d"),
+        ("x", PLAIN, "N×D"),
+        ("q = x W_Q,  k = x W_K,  v = x W_V", LINEAR, "N×d  each"),
+        ("Ā = softmax(q kᵀ/√d)", QUADRATIC, "N×N"),
+        ("y = Ā v", QUADRATIC, "N×d"),
     ]),
     ("GFSA", "gfsa.py:GFSAttention", "O(N² d), two passes", [
-        ("X", PLAIN, "N×D"),
-        ("Q, K, V as in softmax", PLAIN, "N×d  each"),
-        ("Ā = softmax(QKᵀ/√d)\n(Ā² never formed)", QUADRATIC, "N×N"),
-        ("ĀV, then Ā(ĀV)", PLAIN, "N×d  each"),
-        ("Y = a₀V + a₁ĀV + a₂Ā(ĀV)\n= (w₀I + w₁Ā + w_K Ā^K) V", PLAIN, "N×d"),
+        ("x", PLAIN, "N×D"),
+        ("q, k, v as in softmax", LINEAR, "N×d  each"),
+        ("Ā v = softmax(q kᵀ/√d) v\n(SDPA keeps no Ā; Ā² never formed)", QUADRATIC, "N×d"),
+        ("Ā(Ā v): the same Ā, a second pass", QUADRATIC, "N×d  each"),
+        ("y = a0 v + a1 Ā v + a2 Ā(Ā v)\n≈ (w0 I + w1 Ā + wK Ā^K) v   (= for K = 2)", PLAIN, "N×d"),
     ]),
     ("AGF", "agf.py:AGFAttention", "O(N d²)", [
-        ("X", PLAIN, "N×D"),
-        ("U = softmax_d(XW_U),  V = softmax_N(XW_V)\ns = σ(XW_Σ),  X W_val", PLAIN, "N×d  each"),
-        ("g(s) = Σₖ θₖ Pₖ(s)\nthe singular values, filtered", PLAIN, "N×d"),
-        ("Vᵀ(X W_val)", LINEAR, "d×d"),
-        ("Y = (U ⊙ g(s)) (Vᵀ X W_val)\n= U Σ Vᵀ X W_val", PLAIN, "N×d"),
+        ("x", PLAIN, "N×D"),
+        ("u = softmax_d(x W_u),  v = softmax_N(x W_v)\ns = sigmoid(x W_Σ)\nvalues = x W_val",
+         LINEAR, "N×d  each"),
+        ("g = Σₖ θ̃ₖ Pₖ(s),  θ̃ₖ = tanh θₖ\nthe singular values, filtered", PLAIN, "N×d"),
+        ("vᵀ values", LINEAR, "d×d"),
+        ("y = (u ⊙ g)(vᵀ values)\n= U Σ Vᵀ X W_val,  A never formed", LINEAR, "N×d"),
     ]),
     ("Primal-Attention", "ksvd_attention.py:PrimalAttention", "O(N d s)", [
-        ("X", PLAIN, "N×D"),
-        ("φ_q(x), φ_k(x) = cosine features\nf(X) = m real tokens", PLAIN, "N×d, m×d"),
-        ("W_e(X) = f(X)ᵀW_e,  W_r(X) = f(X)ᵀW_r", LINEAR, "d×s  each"),
-        ("e = φ_q W_e(X),  r = φ_k W_r(X)\n(+ KSVD loss η J²)", PLAIN, "N×s  each"),
-        ("Y = Linear([e; r])", PLAIN, "N×d"),
+        ("x", PLAIN, "N×D"),
+        ("φ_q = q/‖q‖,  φ_k = k/‖k‖\nq = x W_q,  k = x W_k\nf(X) = m evenly spaced real tokens",
+         LINEAR, "N×d, m×d"),
+        ("W_e|X = f(X)ᵀ W_e,  W_r|X = f(X)ᵀ W_r", PLAIN, "d×s  each"),
+        ("e = φ_q W_e|X,  r = φ_k W_r|X\n(aux loss η·J², KSVD)", LINEAR, "N×s  each"),
+        ("y = W_er [e; r]   (2s -> d)", LINEAR, "N×d"),
     ]),
 ]
 
 
 def draw(path: pathlib.Path) -> None:
-    fig, axes = plt.subplots(1, len(COLUMNS), figsize=(15, 6.2))
+    fig, axes = plt.subplots(1, len(COLUMNS), figsize=(16, 6.6))
     for ax, (title, where, cost, steps) in zip(axes, COLUMNS, strict=True):
         ax.set(xlim=(0, 1), ylim=(0, 1))
         ax.axis("off")
@@ -65,9 +70,9 @@ def draw(path: pathlib.Path) -> None:
                 ax.annotate("", (0.5, ys[i + 1] + 0.05), (0.5, y - gap), arrowprops=arrow)
                 ax.text(0.53, (y + ys[i + 1]) / 2, shape, fontsize=9, color="#1f4e9a",
                         va="center", style="italic")
-    fig.text(0.5, 0.02, "N tokens, D model width, d head width, s rank, m sampled tokens; "
-             "red: an N×N matrix is formed, green: only d×d or d×s in the middle",
-             ha="center", fontsize=9.5)
+    fig.text(0.5, 0.02, "N tokens, D model width, d head width, s rank, m sampled tokens;  ≈: an "
+             "estimate.\nThe cost of a box, per head: red O(N² d); green a product linear in N "
+             "(O(N D d), O(N d²), O(N d s)); grey O(N d) or less", ha="center", fontsize=9.5)
     fig.savefig(path, dpi=110, bbox_inches="tight")
 
 
