@@ -224,18 +224,20 @@ def finish(out: pathlib.Path, result: dict) -> dict:
 
 
 def run(main, cfg, unit: str, errors) -> None:
-    """main(cfg), from the command line: Ctrl-C (exit status 130, as a shell's) and an error of
-    the data (`errors`) end in one sentence, not a traceback."""
+    """main(cfg), from the command line: Ctrl-C or a closed stdout (`| head`; exit status 130,
+    as a shell's Ctrl-C) and an error of the data (`errors`) end in one sentence, no traceback."""
     out = pathlib.Path(cfg.out)
     try:
         main(cfg)
-    except KeyboardInterrupt:
-        file = out / "checkpoint.pt"  # rank 0 alone reads it, and only to say where to go on
-        if RANK == 0 and file.exists():
-            done = torch.load(file, mmap=True, weights_only=False)["state"][unit]
-            sys.stderr.write(f"\ninterrupted; continue from its {unit} {done} with --resume\n")
+    except (KeyboardInterrupt, BrokenPipeError) as e:  # Ctrl-C, or `| head` closed stdout
+        why = "interrupted" if isinstance(e, KeyboardInterrupt) else "its output was closed"
+        if isinstance(e, BrokenPipeError):  # and Python's flush of stdout at exit says nothing
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if RANK == 0 and (file := out / "checkpoint.pt").exists():  # rank 0 reads it, to say
+            done = torch.load(file, mmap=True, weights_only=False)["state"][unit]  # where to go on
+            sys.stderr.write(f"\n{why}; continue from its {unit} {done} with --resume\n")
         elif RANK == 0:
-            sys.stderr.write("\ninterrupted before the first checkpoint: the same command starts "
+            sys.stderr.write(f"\n{why} before the first checkpoint: the same command starts "
                              "the run again\n")
         raise SystemExit(130) from None
     except errors as e:

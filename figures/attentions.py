@@ -6,14 +6,21 @@ boxes are what is formed, the arrows carry the shapes. The matrix in the middle 
 sets the cost: N×N for softmax and GFSA (red), d×d or d×s for AGF and Primal (green).
 
     python figures/attentions.py      # needs matplotlib (not a dependency of the project)
+
+It writes attentions.png beside itself (figures/attentions.png), from whatever folder it is run.
 """
 
 import pathlib
+import sys
 
-import matplotlib
+try:
+    import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+    matplotlib.use("Agg")  # files only, no window
+    import matplotlib.pyplot as plt
+except ImportError:
+    sys.exit("figures/attentions.py draws with matplotlib, which is not installed: "
+             "pip install matplotlib")
 
 QUADRATIC, LINEAR, PLAIN = "#f6c9c4", "#cdebc5", "#eef0f4"
 # (title, file, cost, [(box text, colour, shape on the arrow into the next box), ...])
@@ -72,4 +79,6 @@ def draw(path: pathlib.Path) -> None:
 
 
 if __name__ == "__main__":
-    draw(pathlib.Path(__file__).with_suffix(".png"))
+    png = pathlib.Path(__file__).resolve().with_suffix(".png")  # beside this file
+    draw(png)
+    print(f"wrote {png}")
