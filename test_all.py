@@ -41,6 +41,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import time
 import types
 import warnings
 import zipfile
@@ -2901,6 +2902,38 @@ def test_runs_ctrl_c_says_how_to_go_on(tmp_path, script):
     assert f"interrupted; continue from its {unit} {done} with --resume" in err.getvalue()
 
 
+@pytest.mark.parametrize("script, cut", [("train_lra.py", "pipe"), ("diagnose.py", "pipe"),
+                                         ("train_lra.py", "ctrl-c")])  # (train_uea.py: runs.run)
+def test_runs_a_closed_stdout_or_ctrl_c_in_listops_workers_is_one_sentence(tmp_path, script, cut):
+    """stdout a pipe whose reader has gone (`| head` after it exits): a run stops as after Ctrl-C,
+    said on stderr; diagnose.py writes its files, silently. Ctrl-C (SIGINT to the process group,
+    as from a terminal) while the paper preset's ListOps shards generate in worker processes: the
+    run's sentence alone, no worker's traceback; first, on a CPU, a note names --preset quick."""
+    argv = ["--device", "cpu", "--data-dir", tmp_path / "data", "--out", tmp_path / "run"]
+    argv = _argv(tmp_path, script, tmp_path / "run") if cut == "pipe" else argv
+    if script == "diagnose.py":
+        argv = [_train_both(tmp_path, "train_uea.py", tmp_path / "run") and tmp_path / "run"]
+    read, write = os.pipe()
+    os.close(read)  # "pipe": stdout has no reader; "ctrl-c": stdout is read
+    out, env = write if cut == "pipe" else subprocess.PIPE, {**os.environ, "OMP_NUM_THREADS": "1"}
+    with subprocess.Popen([sys.executable, HERE / script, *argv], stdout=out, text=True, env=env,
+                          stderr=subprocess.PIPE, start_new_session=True) as run:  # fmt: skip
+        os.close(write)
+        if cut == "ctrl-c":
+            assert run.stdout.readline() and run.stdout.readline() == "note: the paper preset " \
+                "is the GPU setting: on a CPU, --preset quick\n"
+            time.sleep(1.5)  # the 16 shards' workers are running
+            os.killpg(run.pid, signal.SIGINT)
+        err = run.communicate(timeout=120)[1]
+    if script == "diagnose.py":
+        assert run.returncode == 0 and err == "", err
+        assert (tmp_path / "run/diagnose/summary.txt").read_text().startswith("Toy test, attention")
+    else:
+        why = "its output was closed" if cut == "pipe" else "interrupted"
+        assert (run.returncode, err) == (130, f"\n{why} before the first checkpoint: the same "
+                                              "command starts the run again\n")  # fmt: skip
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_runs_one_run_per_folder_checked_under_the_lock(tmp_path, script):
     """A lock held elsewhere stops a run, touching nothing; kill -9 releases it. The folder is
@@ -3309,9 +3342,10 @@ def test_diagnose_report_csv_files_and_plots_from_a_mixed_model(tmp_path):
         spectrum = layer["spectrum"]
         assert float(row[3]) == pytest.approx(spectrum[0].item(), abs=5e-4)
         assert int(row[4]) == int((spectrum < 0.9).sum()) + 1  # first k at >= 90 %
-    theta = results["layers"][1]["agf"]["theta"]
-    signs = f"({int((theta[1:] < 0).sum())} of {len(theta) - 1} < 0)"
-    assert any(ln.startswith("AGF layer 2: θ̃ = ") and ln.endswith(signs) for ln in lines)
+    [agf] = [ln for ln in lines if ln.startswith("AGF layer 2: θ̃ = ")]  # every θ̃_k, θ̃_0 too
+    printed = [float(t) for t in agf.split("= ")[1].split(" (")[0].split()]
+    assert printed == pytest.approx(results["layers"][1]["agf"]["theta"].tolist(), abs=5e-4)
+    assert agf.endswith(f"({sum(t < 0 for t in printed)} of {len(printed)} < 0)")
     assert sum(ln.startswith("  head") for ln in lines) == 2  # GFSA: one line per head
     data, out = diagnose.figures(results), io.StringIO()
     with contextlib.redirect_stdout(out), mock.patch.dict(sys.modules, {"matplotlib": None}):
@@ -3437,7 +3471,7 @@ def test_diagnose_uea_runs_a_sweep_table_and_its_glob_again(uea_runs, tmp_path, 
         result = json.loads((run / "result.json").read_text())
         acc, kind = result["final_test_acc"], result["attention"]
         summary = (run / "diagnose" / "summary.txt").read_text().splitlines()
-        assert summary[0].startswith(f"JapaneseVowels, attention {kind}, 2 layers: 16 sequences, 3")
+        assert summary[0].startswith(f"JapaneseVowels test, attention {kind}, 2 layers: 16 seque")
         assert summary[1] == f"weights: checkpoint.pt (epoch 1, last): final_test_acc {acc:.4f}"
         assert summary[1] + "\n" in printed  # the last epoch's accuracy: not best_test_acc
         files = {p.name for p in (run / "diagnose").iterdir()}
@@ -3477,6 +3511,34 @@ def test_diagnose_uea_runs_a_sweep_table_and_its_glob_again(uea_runs, tmp_path, 
     imported = subprocess.run([sys.executable, "-c", check], cwd=HERE, capture_output=True,
                               text=True, timeout=120)  # fmt: skip
     assert imported.returncode == 0 and imported.stdout.strip() == "[]", imported.stderr
+
+
+def test_diagnose_train_split_beside_the_test_one_twice_and_a_bad_run_in_a_glob(uea_runs, tmp_path,
+                                                                              monkeypatch):
+    """--split train, twice, from another folder: its own files, the same each time, named for
+    the split; the test split's analysis and table stay as they were. A run of the glob that
+    cannot be read: skipped with its reason; the others and their table are not lost."""
+    sweep, args = tmp_path / "sweep", ["--dense", "2", "--batches", "1", "--batch-size", "4"]
+    runs_ = [shutil.copytree(run, sweep / run.name) for run in uea_runs]
+    (sweep / "bad").mkdir()
+    (sweep / "bad" / "checkpoint.pt").write_text("not a checkpoint")
+    monkeypatch.chdir(tmp_path)
+    _diag_main([*runs_, *args])
+    files = lambda: {p: p.read_bytes() for p in sorted(sweep.rglob("*")) if p.is_file()}  # noqa: E731
+    tested, written = files(), []
+    for _ in range(2):
+        results, printed = _diag_main([*sorted(sweep.iterdir()), *args, "--split", "train"])
+        written.append({p: b for p, b in files().items() if p not in tested})
+    assert [r["row"]["run"] for r in results] == [str(run) for run in runs_]
+    assert f"skipped: {sweep / 'bad' / 'checkpoint.pt'} cannot be read as a checkpoint" in printed
+    assert written[0] == written[1] and {p: files()[p] for p in tested} == tested
+    assert {p.relative_to(sweep).as_posix() for p in written[0]} >= {
+        "comparison_train.csv", "cosine_per_layer_train.csv", "agf/diagnose/train/summary.txt",
+        "gfsa/diagnose/train/summary.txt"} and sorted(tmp_path.iterdir()) == [sweep]  # fmt: skip
+    for run in runs_:
+        for split, folder in (("test", "diagnose"), ("train", "diagnose/train")):
+            first = (run / folder / "summary.txt").read_text().splitlines()[0]
+            assert first.startswith(f"JapaneseVowels {split}, attention {run.name}, 2 layers: 4 ")
 
 
 def _diag_error(argv: list) -> str:
@@ -3627,11 +3689,13 @@ def test_bench_refuses_bad_flags_with_one_sentence(argv, said):
 
 
 def test_bench_one_small_n_alone_and_a_csv_it_cannot_write(tmp_path):
-    """One N below --fit-min is measured, with no slope to fit; a --csv it cannot write: one
-    sentence, before anything is measured."""
+    """One N below --fit-min is measured, with no slope to fit, and that is said (nothing for
+    step rows alone); a --csv it cannot write: one sentence, before anything is measured."""
     argv = ["--kinds", "agf", "--ns", "32", "--repeats", "1", "--warmup", "0", "--csv"]
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert bench.main([*argv, str(tmp_path / "b.csv")]) == []
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        lines = bench.main([*argv, str(tmp_path / "b.csv")])
+    assert lines == ["no log-log slopes: every N measured is below --fit-min 1024"]
+    assert f"\n{lines[0]}\n" in out.getvalue() and bench.slopes([dict(what="step")], 1) == []
     assert [r["N"] for r in csv.DictReader(open(tmp_path / "b.csv"))] == ["32"]
     (tmp_path / "file").write_text("")
     with mock.patch.object(bench, "run") as run, pytest.raises(SystemExit) as stop:
@@ -3699,6 +3763,39 @@ def test_bench_graphs_mode_and_a_graph_break_are_said_in_the_note(tmp_path, monk
         elif r["mode"] != "eager":
             assert "not compiled: graph break: Data-dependent branching (at test_all.py:" in note
     assert all(r["ops"] > 0 and r["floor_mib"] > 0 for r in rows if r["mode"] == "eager")
+
+
+def test_bench_default_files_twice_from_another_folder_and_the_numbers_recomputed(tmp_path,
+                                                                                 monkeypatch):
+    """bench.py twice, then .ci/gpu_bench.py, in another folder: three CSV and PNG pairs there,
+    none replaced; the slopes printed equal log(t2/t1) / log(N2/N1) of the CSV's times; the floor
+    of y = x * x (5 · B N D float32 bytes, B = --batch) over --bandwidth-gbs (1e9 B/s) in ms."""
+    monkeypatch.chdir(tmp_path)
+    fig = mock.MagicMock(**{"savefig.side_effect": lambda path, **_: path.write_text("png")})
+    plt = mock.MagicMock(**{"subplots.return_value": (fig, [mock.MagicMock()] * 2)})
+    argv, kept = [*TINY_BENCH, "--kinds", "softmax", "agf"], {}
+    for main in (bench.main, bench.main, gpu_bench.main):
+        with contextlib.redirect_stdout(io.StringIO()) as out, mock.patch.dict(sys.modules, {
+                "matplotlib": mock.MagicMock(pyplot=plt), "matplotlib.pyplot": plt}):  # fmt: skip
+            lines = main(argv)
+        assert all(kept[p] == p.read_bytes() for p in kept)  # the earlier calls' files
+        kept = {p: p.read_bytes() for p in (tmp_path / "runs" / "bench").iterdir()}
+        name = f"runs/bench/bench_cpu{f'_{len(kept) // 2}' * (len(kept) > 2)}"
+        assert {f"wrote {name}.csv", f"wrote {name}.png"} <= set(out.getvalue().splitlines())
+        rows = list(csv.DictReader(open(f"{name}.csv")))
+        for kind in ("softmax", "agf"):
+            t32, t64 = (float(r["fwdbwd_ms"]) for r in rows if r["kind"] == kind)
+            [line] = [ln for ln in lines if ln.startswith(f"  {kind} float32 eager ")]
+            got = float(re.search(r"time\s+(\S+)", line)[1])
+            assert got == pytest.approx(math.log(t64 / t32) / math.log(2), abs=0.0051), line
+    names = [f"bench_cpu{n}.{e}" for n in ("", "_2", "_3") for e in ("csv", "png")]
+    assert sorted(p.name for p in kept) == names
+    argv = ["--ns", "4096", "--batch", "3", "--bandwidth-gbs", "2", "--repeats", "1"]
+    [row] = _bench_run(monkeypatch, tmp_path, {"square": _BenchLayer()}, argv)
+    assert row["floor_mib"] * 2**20 == 5 * 3 * 4096 * 64 * 4
+    assert row["floor_ms"] == pytest.approx(row["floor_mib"] * 2**20 / 2e9 * 1e3, rel=1e-12)
+    ratio = gpu_bench.against_softmax([row, dict(row, kind="softmax")])[1]
+    assert ratio.endswith(f"{row['fwdbwd_ms'] / row['floor_ms']:.0f}x its floor)"), ratio
 
 
 def test_bench_plot_leaves_out_the_memory_of_rows_without_one(tmp_path):
@@ -3786,6 +3883,32 @@ def test_readme_python_blocks_run():
         exec(compile(block, "README.md", "exec"), {})  # noqa: S102 (our own README)
 
 
+def test_readme_picture_is_drawn_beside_its_script_from_any_folder_or_needs_matplotlib(tmp_path):
+    """figures/attentions.py (a copy) run twice from another folder: attentions.png beside it,
+    said; nothing else written. Without matplotlib: one sentence, exit status 1, nothing written.
+    matplotlib is a stub here: a savefig that writes its path."""
+    shutil.copytree(HERE / "figures", tmp_path / "figures", ignore=lambda *_: ["attentions.png"])
+    (tmp_path / "mpl" / "matplotlib").mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    pyplot = """import pathlib
+from unittest import mock
+fig = mock.MagicMock(**{"savefig.side_effect": lambda p, **_: pathlib.Path(p).write_text("png")})
+subplots = lambda rows, cols, **_: (fig, [mock.MagicMock()] * cols)
+"""
+    for matplotlib, done in (("raise ImportError('no matplotlib')", 1), ("use = id", 0)) * 2:
+        (tmp_path / "mpl" / "matplotlib" / "__init__.py").write_text(matplotlib)
+        (tmp_path / "mpl" / "matplotlib" / "pyplot.py").write_text(pyplot)
+        run = subprocess.run([sys.executable, tmp_path / "figures" / "attentions.py"], text=True,
+                             capture_output=True, timeout=60, cwd=tmp_path / "elsewhere",
+                             env={**os.environ, "PYTHONPATH": str(tmp_path / "mpl")})  # fmt: skip
+        png = tmp_path / "figures" / "attentions.png"
+        said = ("", "figures/attentions.py draws with matplotlib, which is not installed: pip "
+                "install matplotlib\n") if done else (f"wrote {png}\n", "")  # fmt: skip
+        assert (run.returncode, run.stdout, run.stderr) == (done, *said)
+        assert png.exists() != done and not list((tmp_path / "elsewhere").iterdir())
+        png.unlink(missing_ok=True)
+
+
 def _documented_commands(text: str) -> list:
     """Each `python <script>.py ...` in ```sh blocks (continuations joined, comments dropped) and
     inline code -> [(script, argv, as written)]; `$VAR` takes the values of `VAR="..."` and of
@@ -3849,6 +3972,10 @@ def test_readme_and_results_commands_parse(monkeypatch, tmp_path):
     commands = []
     for doc in ("README.md", "RESULTS.md", "NOTES.md"):
         commands += [(doc, *c) for c in _documented_commands((HERE / doc).read_text())]
+    outs = {a[i + 1].split("/")[0] + "/" for *_, a, _ in commands for i in range(len(a) - 1)
+            if a[i] in ("--out", "--csv")}  # fmt: skip
+    ignored = (HERE / ".gitignore").read_text().split()
+    assert outs and outs <= set(ignored), f".gitignore lacks {outs - set(ignored)}"
     assert {c[1] for c in commands} == {"train_lra", "train_uea", "bench", "diagnose"}, commands
     assert len(commands) >= 100, commands  # the sweeps of RESULTS.md, every value of each loop
     monkeypatch.chdir(tmp_path)
