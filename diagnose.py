@@ -21,8 +21,8 @@ RUN: a run folder, its checkpoint.pt or an LRA best.pt. LRA: best.pt's weights (
 tested), or checkpoint.pt's with --weights last; UEA: checkpoint.pt (the last epoch). The summary
 names the split, the file and step or epoch, with the result.json accuracies of those weights.
 What a glob matches that is no run (comparison.csv, PNGs), or a run it cannot read, is skipped,
-with a note. Writes summary.txt and each figure as CSV (and PNG) to <run>/diagnose/ (LRA
---weights last: last/ in it; --split train: train/ in that) or OUT/<run name>/; several runs add
+with a note. Writes summary.txt and each figure as CSV (and PNG) to <run>/diagnose/ (--split
+train: train/ in it; then LRA --weights last: last/ in that) or OUT/<run name>/; several runs add
 comparison.csv (--split train: comparison_train.csv) and a cosine_per_layer plot beside them.
 Dims: B batch, N tokens, D width, H heads, d = D/H.
 Depends on: torch, numpy, model.py, the mechanism and data files; matplotlib optional.
@@ -420,7 +420,7 @@ def main(argv: list | None = None) -> list:
     if args.out and len(set(names)) < len(names):
         p.error(f"--out: runs of the same folder name would share an output folder: {names}")
     _say(*(f"skipped: {reason}" for reason in skipped))
-    everything, tag = [], "" if args.split == "test" else f"_{args.split}"  # comparison_train
+    everything, tag = [], "" if args.split == "test" else f"_{args.split}"  # train/, *_train.csv
     for path, name in zip(runs, names, strict=True):
         n_cases = args.batches * args.batch_size
         try:
@@ -433,10 +433,9 @@ def main(argv: list | None = None) -> list:
         results = diagnose(run, args.dense, args.points)
         lines, data = summary(run, results), figures(results)
         _say(*[""] * bool(everything), *lines)
-        out = pathlib.Path(args.out, name) if args.out else run.folder / "diagnose"
+        out = (pathlib.Path(args.out, name) if args.out else run.folder / "diagnose") / tag[1:]
         if run.weights.startswith("checkpoint.pt") and (run.folder / "best.pt").is_file():
             out = out / "last"  # beside the analysis of best.pt, the LRA default, not over it
-        out = out if args.split == "test" else out / args.split  # beside the test split's too
         try:  # a run folder one may read but not write to (another's, read-only)
             out.mkdir(parents=True, exist_ok=True)
             (out / "summary.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -124,13 +124,9 @@ def generate_listops(
         spare = n // (100 * shards) + 1  # a few more per shard: duplicates across shards drop out
         bounds = (min_length, max_length, max_depth, max_args)
         jobs = [(n // shards + spare, f"{seed}/{s}", *bounds, False) for s in range(shards)]
-        # Ctrl-C: the workers ignore it (no tracebacks of theirs); the parent stops, ends them
-        quiet = (signal.signal, (signal.SIGINT, signal.SIG_IGN))  # each worker's initializer
-        bar = tqdm(total=shards, desc="generating ListOps shards", disable=not progress or None)
-        with multiprocessing.Pool(min(shards, os.cpu_count() or 1), *quiet) as pool, bar:
-            parts = [pool.apply_async(generate_listops, j, callback=lambda _: bar.update())
-                     for j in jobs]  # fmt: skip
-            found = dict(pair for part in parts for pair in part.get())
+        quiet = (signal.signal, (signal.SIGINT, signal.SIG_IGN))  # workers ignore Ctrl-C
+        with multiprocessing.Pool(min(shards, os.cpu_count() or 1), *quiet) as pool:
+            found = dict(pair for part in pool.starmap(generate_listops, jobs) for pair in part)
         if len(found) < n:
             raise DataError(f"ListOps: {shards} shards gave {len(found)} distinct trees, not {n}")
         return list(found.items())[:n]
