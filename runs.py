@@ -233,8 +233,8 @@ def run(main, cfg, unit: str, errors) -> None:
         why = "interrupted" if isinstance(e, KeyboardInterrupt) else "its output was closed"
         if isinstance(e, BrokenPipeError):  # and Python's flush of stdout at exit says nothing
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        if RANK == 0 and (file := out / "checkpoint.pt").exists():  # rank 0 reads it, to say
-            done = torch.load(file, mmap=True, weights_only=False)["state"][unit]  # where to go on
+        if RANK == 0 and (file := out / "checkpoint.pt").exists():  # read to say where to go on
+            done = torch.load(file, mmap=True, weights_only=False)["state"][unit]
             sys.stderr.write(f"\n{why}; continue from its {unit} {done} with --resume\n")
         elif RANK == 0:
             sys.stderr.write(f"\n{why} before the first checkpoint: the same command starts "
