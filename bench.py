@@ -236,8 +236,8 @@ def slope(ns: list, values: list) -> float:
 def slopes(rows: list, fit_min: int) -> list:
     """One line per (kind, dtype, mode) of the layer rows: the log-log slopes of time and of
     memory over N >= fit_min ("-": fewer than two N, or a row without that column)."""
-    rows = [r for r in rows if r["what"] == "layer" and "fwdbwd_ms" in r and r["N"] >= fit_min]
-    lines = []
+    layer = [r for r in rows if r["what"] == "layer" and "fwdbwd_ms" in r]
+    rows, lines = [r for r in layer if r["N"] >= fit_min], []
     for key in dict.fromkeys((r["kind"], r["dtype"], r["mode"]) for r in rows):
         fit = [r for r in rows if (r["kind"], r["dtype"], r["mode"]) == key]
         ns = [r["N"] for r in fit]
@@ -246,7 +246,8 @@ def slopes(rows: list, fit_min: int) -> list:
                     for v in time_mem]  # fmt: skip
         lines.append(f"  {' '.join(key):30s} time {time_mem[0]}   memory {time_mem[1]}   N {ns}")
     head = f"log-log slope over N >= {fit_min} (1 = linear, 2 = quadratic):"
-    return [head, *lines] if lines else []
+    none = [f"no log-log slopes: every N measured is below --fit-min {fit_min}"] * bool(layer)
+    return [head, *lines] if lines else none
 
 
 def plot(rows: list, path: pathlib.Path) -> None:
@@ -307,7 +308,7 @@ def build_parser(whats: tuple = ("layer", "step")) -> argparse.ArgumentParser:
     p.add_argument("--step-batch", type=at_least(1), default=32, help="step: batch size (LRA)")
     p.add_argument("--repeats", type=at_least(1), default=5, help="timed runs per point")
     p.add_argument("--warmup", type=at_least(0), default=2, help="untimed runs first")
-    p.add_argument("--csv", default=None, help="default: runs/bench/bench_<device>.csv")
+    p.add_argument("--csv", help="default: runs/bench/bench_<device>.csv (_2, _3, ... if taken)")
     return p
 
 
@@ -325,6 +326,8 @@ def parse_args(argv=None, parser=None) -> argparse.Namespace:
             p.error(f"--what {what} measures none of --kinds {' '.join(args.kinds)}: {why[what]}")
     args.compile = args.device == "cuda" if args.compile is None else args.compile
     args.modes = ["eager", "compiled"] if args.compile else ["eager"]
+    names = (f"runs/bench/bench_{args.device}{f'_{i}' * (i > 1)}.csv" for i in itertools.count(1))
+    args.csv = args.csv or next(n for n in names if not pathlib.Path(n).exists())  # none replaced
     return args
 
 
@@ -333,15 +336,12 @@ def main(argv=None) -> list:
     args = parse_args(argv)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
           f"{' and '.join(args.modes)}", flush=True)  # fmt: skip
-    path = pathlib.Path(args.csv or f"runs/bench/bench_{args.device}.csv")
-    rows = Rows(path)
-    run(args, rows)
+    run(args, rows := Rows(path := pathlib.Path(args.csv)))
     if not rows.rows:
         sys.exit("nothing was measured")
     print(f"wrote {path}")
     lines = slopes(rows.rows, args.fit_min)
-    if lines:
-        print("\n".join(lines))
+    print(*lines, sep="\n", end="\n" * bool(lines))  # nothing without layer rows
     plot(rows.rows, path)
     return lines
 

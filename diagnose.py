@@ -19,10 +19,11 @@ diagnose.py: look inside trained runs: over-smoothing, filter responses and spec
 
 RUN: a run folder, its checkpoint.pt or an LRA best.pt. LRA: best.pt's weights (those the run
 tested), or checkpoint.pt's with --weights last; UEA: checkpoint.pt (the last epoch). The summary
-names the file and step or epoch, with the result.json accuracies of just those weights. What a
-glob matches that is no run (comparison.csv, PNGs) is skipped, with a note. Writes summary.txt
-and each figure as CSV (and PNG) to <run>/diagnose/ (LRA --weights last: diagnose/last/) or
-OUT/<run name>/; several runs add comparison.csv and a cosine_per_layer plot beside them.
+names the split, the file and step or epoch, with the result.json accuracies of those weights.
+What a glob matches that is no run (comparison.csv, PNGs), or a run it cannot read, is skipped,
+with a note. Writes summary.txt and each figure as CSV (and PNG) to <run>/diagnose/ (--split
+train: train/ in it; then LRA --weights last: last/ in that) or OUT/<run name>/; several runs add
+comparison.csv (--split train: comparison_train.csv) and a cosine_per_layer plot beside them.
 Dims: B batch, N tokens, D width, H heads, d = D/H.
 Depends on: torch, numpy, model.py, the mechanism and data files; matplotlib optional.
 """
@@ -57,6 +58,14 @@ LoadedRun = namedtuple("LoadedRun", "model batches label folder accuracy weights
 
 class NotARun(Exception):
     """A RUN that is no run (a folder without checkpoint.pt or best.pt): skipped with a note."""
+
+
+def _say(*lines: str) -> None:
+    """Print lines; a closed stdout (`| head`) silences the rest and the files are still written."""
+    try:
+        print(*lines, sep="\n", end="\n" * bool(lines), flush=True)
+    except BrokenPipeError:  # stdout to /dev/null from here: Python's last flush says nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # fd 1: stdout
 
 
 def _fail(message: str):
@@ -158,7 +167,7 @@ def load_run(path, data_dir=None, split="test", n_cases=64, batch_size=16, devic
     chunks = torch.arange(len(index)).split(batch_size)
     batches = [{k: v[c].to(device) for k, v in tensors.items()} for c in chunks]
     name = data_args["name"] if uea else data_args["task"]
-    label = f"{name}, attention {model_config['attention']}, {model_config['n_layers']} layers"
+    label = f"{name} {split}, attention {model.cfg.attention}, {model.cfg.n_layers} layers"
     kept, accuracy = which_weights(ckpt, file)
     return LoadedRun(model.to(device).eval(), batches, label, folder, accuracy, kept)
 
@@ -285,7 +294,7 @@ def summary(run: LoadedRun, results: dict) -> list:
         if "agf" in layer:
             theta, g = layer["agf"]["theta"], layer["agf"]["g"]
             seen = "/".join(f"{q:.2f}" for q in layer["agf"]["s_seen"])  # 5, 50, 95 % quantiles
-            neg = f"{int((theta[1:] < 0).sum())} of {len(theta) - 1} < 0"
+            neg = f"{int((theta < 0).sum())} of {len(theta)} < 0"  # θ̃_0 too
             add(f"AGF layer {i}: θ̃ = {' '.join(f'{t:+.3f}' for t in theta)} ({neg})")
             add(f"  g(s) = Σ θ̃_k P_k(s): {g[0]:.3f} at s→0, {g[-1]:.3f} at s→1")
             add(f"  range [{g.min():.3f}, {g.max():.3f}]; s on the data 5/50/95 %: {seen}")
@@ -343,7 +352,7 @@ def save_figures(data: list, out: pathlib.Path, title: str = "") -> list:
         matplotlib.use("Agg")  # files only, no window
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is not installed: CSV files only (pip install matplotlib for figures)")
+        _say("matplotlib is not installed: CSV files only (pip install matplotlib for figures)")
         plt = None
     paths = []
     for panels in data:
@@ -410,21 +419,21 @@ def main(argv: list | None = None) -> list:
     names = [(q if q.is_dir() else q.parent).resolve().name for q in runs]
     if args.out and len(set(names)) < len(names):
         p.error(f"--out: runs of the same folder name would share an output folder: {names}")
-    print("".join(f"skipped: {reason}\n" for reason in skipped), end="")
-    everything = []
+    _say(*(f"skipped: {reason}" for reason in skipped))
+    everything, tag = [], "" if args.split == "test" else f"_{args.split}"  # train/, *_train.csv
     for path, name in zip(runs, names, strict=True):
         n_cases = args.batches * args.batch_size
         try:
             run = load_run(path, args.data_dir, args.split, n_cases, args.batch_size, args.device,
                            args.weights)  # fmt: skip
-        except NotARun as e:
-            print(f"skipped: {e}")
-            skipped.append(str(e))
+        except (NotARun, SystemExit) as e:  # of several runs, one that cannot be read is skipped
+            skipped.append(str(e).removeprefix("error: "))
+            _say(f"skipped: {skipped[-1]}")
             continue
         results = diagnose(run, args.dense, args.points)
         lines, data = summary(run, results), figures(results)
-        print(("\n" if everything else "") + "\n".join(lines))
-        out = pathlib.Path(args.out, name) if args.out else run.folder / "diagnose"
+        _say(*[""] * bool(everything), *lines)
+        out = (pathlib.Path(args.out, name) if args.out else run.folder / "diagnose") / tag[1:]
         if run.weights.startswith("checkpoint.pt") and (run.folder / "best.pt").is_file():
             out = out / "last"  # beside the analysis of best.pt, the LRA default, not over it
         try:  # a run folder one may read but not write to (another's, read-only)
@@ -433,7 +442,7 @@ def main(argv: list | None = None) -> list:
             paths = [f.name for f in save_figures(data, out, run.label)]
         except OSError as e:
             _fail(f"cannot write to {out} ({e.strerror}): choose a folder to write to with --out")
-        print(f"wrote summary.txt and {len(paths)} files to {out}: {' '.join(paths)}")
+        _say(f"wrote summary.txt and {len(paths)} files to {out}: {' '.join(paths)}")
         cos = results["cosine"].tolist()
         row = dict(run=str(run.folder.resolve()), weights=run.weights, layers=len(cos) - 1,
                    attention=run.model.cfg.attention, cos_last=cos[-1],
@@ -445,13 +454,13 @@ def main(argv: list | None = None) -> list:
     if len(everything) > 1:
         rows = [r["row"] for r in everything]
         header, lines = comparison_table(rows)
-        print("\ncosine similarity per layer (embedding first), accuracy\n" + "\n".join(lines))
+        _say("", "cosine similarity per layer (embedding first), accuracy", *lines)
         beside = os.path.commonpath([r["row"]["run"] for r in everything])  # holds the runs
-        path = pathlib.Path(args.out or beside, "comparison.csv")
+        path = pathlib.Path(args.out or beside, f"comparison{tag}.csv")
         path.parent.mkdir(parents=True, exist_ok=True)
-        print(f"wrote {write_csv(path, header, [[r.get(k, '') for k in header] for r in rows])}")
-        curves = {r["name"]: (range(len(r["cosine"])), r["cosine"]) for r in everything}
-        panel = ("cosine_per_layer", "layer (0 = embedding)", "cosine similarity", "o-", curves)
+        _say(f"wrote {write_csv(path, header, [[r.get(k, '') for k in header] for r in rows])}")
+        cos = {r["name"]: (range(len(r["cosine"])), r["cosine"]) for r in everything}
+        panel = (f"cosine_per_layer{tag}", "layer (0 = embedding)", "cosine similarity", "o-", cos)
         save_figures([[panel]], path.parent, "mean pairwise cosine similarity of the real tokens")
     return everything
 

@@ -18,6 +18,7 @@ import os
 import pathlib
 import pickle
 import random
+import signal
 import statistics
 import struct
 import uuid
@@ -141,7 +142,8 @@ def generate_listops(
         spare = n // (100 * shards) + 1  # a few more per shard: duplicates across shards drop out
         bounds = (min_length, max_length, max_depth, max_args)
         jobs = [(n // shards + spare, f"{seed}/{s}", *bounds, False) for s in range(shards)]
-        with multiprocessing.Pool(min(shards, os.cpu_count() or 1)) as pool:
+        quiet = (signal.signal, (signal.SIGINT, signal.SIG_IGN))  # workers ignore Ctrl-C
+        with multiprocessing.Pool(min(shards, os.cpu_count() or 1), *quiet) as pool:
             found = dict(pair for part in pool.starmap(generate_listops, jobs) for pair in part)
         if len(found) < n:
             raise DataError(f"ListOps: {shards} shards gave {len(found)} distinct trees, not {n}")

@@ -222,19 +222,22 @@ def finish(out: pathlib.Path, result: dict) -> dict:
 
 
 def run(main, cfg, unit: str, errors) -> None:
-    """main(cfg), from the command line: Ctrl-C (exit status 130, as a shell's) and an error of
-    the data (`errors`) end in one sentence, not a traceback."""
+    """main(cfg), from the command line: Ctrl-C or a closed stdout (`| head`; exit status 130,
+    as a shell's Ctrl-C) and an error of the data (`errors`) end in one sentence, no traceback."""
     out = pathlib.Path(cfg.out)
     try:
         main(cfg)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, BrokenPipeError) as e:  # Ctrl-C, or `| head` closed stdout
+        why = "interrupted" if isinstance(e, KeyboardInterrupt) else "its output was closed"
+        if isinstance(e, BrokenPipeError):  # and Python's flush of stdout at exit says nothing
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         file = out / "checkpoint.pt"  # rank 0 alone reads it, and only to say where to go on
         how = " before the first checkpoint: the same command starts the run again"
         if RANK == 0 and file.exists():
             done = torch.load(file, mmap=True, weights_only=False)["state"][unit]
             how = f"; continue from its {unit} {done} with --resume"
         if RANK == 0:
-            sys.stderr.write(f"\ninterrupted{how}\n")
+            sys.stderr.write(f"\n{why}{how}\n")
         raise SystemExit(130) from None
     except errors as e:
         if RANK == 0 and out.is_dir() and os.listdir(out) == ["lock"]:  # a run that never began

@@ -35,6 +35,7 @@ import pathlib
 import pickle
 import re
 import resource
+import runpy
 import shlex
 import shutil
 import signal
@@ -3015,6 +3016,32 @@ def test_runs_ctrl_c_says_how_to_go_on(tmp_path, script):
     assert f"interrupted; continue from its {unit} {done} with --resume" in err.getvalue()
 
 
+@pytest.mark.parametrize("script, cut", [("train_lra.py", "pipe"), ("diagnose.py", "pipe"),
+                                         ("train_lra.py", "ctrl-c")])  # (train_uea.py: runs.run)
+def test_runs_a_closed_stdout_or_ctrl_c_in_listops_workers_is_one_sentence(tmp_path, script, cut):
+    """`| head` gone: a run stops as after Ctrl-C, said; diagnose.py writes its files. Ctrl-C while
+    the paper preset's ListOps shards generate: the run's sentence alone; first a CPU note."""
+    argv = _argv(tmp_path, script, tmp_path / "run") if cut == "pipe" else [
+        "--device", "cpu", "--data-dir", tmp_path, "--out", tmp_path / "run"]  # fmt: skip
+    if script == "diagnose.py":  # a run to diagnose
+        argv = [_train_both(tmp_path, "train_uea.py", tmp_path / "run")[1] and tmp_path / "run"]
+    with subprocess.Popen([sys.executable, HERE / script, *argv], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, start_new_session=True,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}) as run:  # fmt: skip
+        if cut == "pipe":  # long before its first line (the imports take seconds)
+            run.stdout.close()
+        else:  # after its settings, 1.5 s into the data: the shards' workers run
+            assert run.stdout.readline() and pytest.raises(subprocess.TimeoutExpired, run.wait, 1.5)
+            os.killpg(run.pid, signal.SIGINT)
+            out = run.stdout.read()  # what it printed after its settings
+        err = run.communicate(timeout=120)[1]
+    assert cut == "pipe" or out.endswith("preset is the GPU setting: on a CPU, --preset quick\n")
+    why = "its output was closed" if cut == "pipe" else "interrupted"
+    said = f"\n{why} before the first checkpoint: the same command starts the run again\n"
+    assert (run.returncode, err) == ((0, "") if script == "diagnose.py" else (130, said)), err
+    assert script != "diagnose.py" or (tmp_path / "run/diagnose/summary.txt").is_file()
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_runs_one_run_per_folder_checked_under_the_lock(tmp_path, script):
     """A lock held elsewhere stops a run, touching nothing; kill -9 releases it. The folder is
@@ -3423,9 +3450,10 @@ def test_diagnose_report_csv_files_and_plots_from_a_mixed_model(tmp_path):
         spectrum = layer["spectrum"]
         assert float(row[3]) == pytest.approx(spectrum[0].item(), abs=5e-4)
         assert int(row[4]) == int((spectrum < 0.9).sum()) + 1  # first k at >= 90 %
-    theta = results["layers"][1]["agf"]["theta"]
-    signs = f"({int((theta[1:] < 0).sum())} of {len(theta) - 1} < 0)"
-    assert any(ln.startswith("AGF layer 2: θ̃ = ") and ln.endswith(signs) for ln in lines)
+    [agf] = [ln for ln in lines if ln.startswith("AGF layer 2: θ̃ = ")]  # every θ̃_k, θ̃_0 too
+    printed = [float(t) for t in agf.split("= ")[1].split(" (")[0].split()]
+    assert printed == pytest.approx(results["layers"][1]["agf"]["theta"].tolist(), abs=5e-4)
+    assert agf.endswith(f"({sum(t < 0 for t in printed)} of {len(printed)} < 0)")
     assert sum(ln.startswith("  head") for ln in lines) == 2  # GFSA: one line per head
     data, out = diagnose.figures(results), io.StringIO()
     with contextlib.redirect_stdout(out), mock.patch.dict(sys.modules, {"matplotlib": None}):
@@ -3534,8 +3562,8 @@ def _diag_accuracy(loaded: diagnose.LoadedRun, y: np.ndarray) -> float:
 
 
 def test_diagnose_uea_runs_a_sweep_table_and_its_glob_again(uea_runs, tmp_path, monkeypatch):
-    """Each run's report, weights, reproduced accuracy; one fixed-width table and its CSV files
-    beside the runs, not in the cwd; on the glob again, now matching those: each skipped, noted."""
+    """Each run's report, weights, accuracy; a fixed-width table, its CSV beside the runs; the glob
+    again with those and an unreadable run: skipped, noted; twice --split train: beside them."""
     monkeypatch.chdir(tmp_path)
     sweep, args = uea_runs[0].parent, ["--dense", "3", "--batches", "2", "--batch-size", "8"]
     results, printed = _diag_main([*uea_runs, *args])
@@ -3551,7 +3579,7 @@ def test_diagnose_uea_runs_a_sweep_table_and_its_glob_again(uea_runs, tmp_path, 
         result = json.loads((run / "result.json").read_text())
         acc, kind = result["final_test_acc"], result["attention"]
         summary = (run / "diagnose" / "summary.txt").read_text().splitlines()
-        assert summary[0].startswith(f"JapaneseVowels, attention {kind}, 2 layers: 16 sequences, 3")
+        assert summary[0].startswith(f"JapaneseVowels test, attention {kind}, 2 layers: 16 seque")
         assert summary[1] == f"weights: checkpoint.pt (epoch 1, last): final_test_acc {acc:.4f}"
         assert summary[1] + "\n" in printed  # the last epoch's accuracy: not best_test_acc
         files = {p.name for p in (run / "diagnose").iterdir()}
@@ -3575,18 +3603,27 @@ def test_diagnose_uea_runs_a_sweep_table_and_its_glob_again(uea_runs, tmp_path, 
     # the unmasked (official UEA) model: its attention sees every step, so n = the padded length
     assert all(n == 26 for layer in results[1]["layers"] for n in layer["n"])
     assert any(n < 26 for layer in results[0]["layers"] for n in layer["n"])
-    csv_text = (sweep / "comparison.csv").read_text()
     _diag_main([*uea_runs, *args, "--out", sweep / "diagnosis"])
+    (sweep / "bad").mkdir()  # a run that cannot be read: skipped with its reason, not the end
+    (sweep / "bad" / "checkpoint.pt").write_text("not a checkpoint")
+    bad = _diag_error([sweep / "bad"]).removeprefix("error: no run to diagnose: ")
     matched = sorted(sweep.iterdir())  # runs/sweep/*
     assert {p.name for p in matched} >= {"comparison.csv", "cosine_per_layer.csv", "diagnosis"}
-    for out in ([], ["--out", sweep / "diagnosis"]):
+    notes = [f"{p} is a file, not a run folder or *.pt" for p in matched if p.is_file()]
+    notes += [bad, f"{sweep / 'diagnosis'} is a folder without checkpoint.pt or best.pt"]
+    files = lambda: {p: p.read_bytes() for p in sweep.rglob("*") if p.is_file()}  # noqa: E731
+    tested, seen = files(), []  # then the glob, twice as it was and twice --split train:
+    for out in ([], ["--out", sweep / "diagnosis"], *[["--split", "train"]] * 2):
         again, printed = _diag_main([*matched, *args, *out])
-        assert [r["row"] for r in again] == [r["row"] for r in results]
+        assert [r["row"] for r in again] == [r["row"] for r in results] or out[0] == "--split"
         skipped = [line for line in printed.splitlines() if line.startswith("skipped: ")]
-        assert skipped == [f"skipped: {p} is a file, not a run folder or *.pt" for p in matched
-                           if p.is_file()] + [f"skipped: {sweep / 'diagnosis'} is a folder without "
-                                              "checkpoint.pt or best.pt"]  # fmt: skip
-    assert (sweep / "comparison.csv").read_text() == csv_text
+        assert skipped == [f"skipped: {note}" for note in notes]
+        seen.append(files())
+    assert seen[0] == seen[1] == tested and seen[2] == seen[3] and not list(tmp_path.iterdir())
+    assert {p: seen[3][p] for p in tested} == tested and sweep / "comparison_train.csv" in seen[3]
+    for run in uea_runs:  # its own files, named for the split, beside the test split's
+        first = (run / "diagnose" / "train" / "summary.txt").read_text().splitlines()[0]
+        assert first.startswith(f"JapaneseVowels train, attention {run.name}, 2 layers: 16 ")
     check = "import sys, diagnose; print(sorted({'train_lra', 'train_uea'} & set(sys.modules)))"
     imported = subprocess.run([sys.executable, "-c", check], cwd=HERE, capture_output=True,
                               text=True, timeout=120)  # fmt: skip
@@ -3698,11 +3735,27 @@ class _BenchLayer(torch.nn.Module):
         return y, self.scale * 0
 
 
-def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path):
+def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path, monkeypatch):
+    """In another folder, bench.py then .ci/gpu_bench.py: default CSV and PNG, then new names; the
+    slopes = log(t2/t1) / log(N2/N1) of the CSV; one N < --fit-min, or a bad --csv: said."""
+    monkeypatch.chdir(tmp_path)
+    plt = mock.MagicMock(**{"subplots.return_value": (fig := mock.MagicMock(), [fig] * 2)})
     argv = [*TINY_BENCH, "--what", "layer", "step", "--step-ns", "32", "--step-batch", "2"]
-    with contextlib.redirect_stdout(io.StringIO()):
-        lines = bench.main([*argv, "--csv", str(tmp_path / "b.csv")])
-    rows, ns = list(csv.DictReader(open(tmp_path / "b.csv"))), ["32", "64"]
+    with contextlib.redirect_stdout(io.StringIO()) as out, mock.patch.dict(sys.modules, {
+            "matplotlib": mock.MagicMock(pyplot=plt), "matplotlib.pyplot": plt}):  # fmt: skip
+        lines = bench.main(argv)
+        first = pathlib.Path("runs/bench/bench_cpu.csv").read_bytes()
+        again = gpu_bench.main(["--kinds", "agf", "--ns", "32", "--repeats", "1", "--warmup", "0"])
+    assert [c.args[0].as_posix() for c in fig.savefig.call_args_list] == [
+        "runs/bench/bench_cpu.png", "runs/bench/bench_cpu_2.png"] and os.listdir() == ["runs"]
+    assert first == pathlib.Path("runs/bench/bench_cpu.csv").read_bytes()  # kept
+    assert again == ["no log-log slopes: every N measured is below --fit-min 1024"]
+    assert f"\n{again[0]}\n" in out.getvalue() and bench.slopes([dict(what="step")], 1) == []
+    assert [r["N"] for r in csv.DictReader(open("runs/bench/bench_cpu_2.csv"))] == ["32"]
+    with mock.patch.object(bench, "run") as run, pytest.raises(SystemExit) as stop:
+        bench.main(["--csv", "runs/bench/bench_cpu.csv/b.csv"])  # a --csv it cannot write
+    assert stop.value.code.startswith("--csv: cannot write") and not run.called  # said first
+    rows, ns = list(csv.DictReader(open("runs/bench/bench_cpu.csv"))), ["32", "64"]
     assert list(rows[0]) == list(bench.COLUMNS)
     assert len({tuple(r[k] for k in bench.ROW_KEY) for r in rows}) == len(rows) == 6 * 2 + 5
     layers = [r for r in rows if r["what"] == "layer"]
@@ -3714,6 +3767,10 @@ def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path)
         assert float(r["tokens_per_s"]) == pytest.approx(2 * 32e3 / float(r["step_ms"]), rel=1e-3)
         assert float(r["mem_mib"]) > 0 and r["mode"] == "eager" and r["fwd_ms"] == ""
     assert len(lines) == 1 + len(bench.KINDS) and "time" in lines[1] and "memory" in lines[1]
+    for kind, line in zip(bench.KINDS, lines[1:], strict=True):  # 2 decimals printed
+        a, b = (r for r in layers if r["kind"] == kind)
+        want = [math.log(float(b[k]) / float(a[k])) / math.log(2) for k in ("fwdbwd_ms", "mem_mib")]
+        assert [float(line.split()[i]) for i in (4, 6)] == pytest.approx(want, abs=0.0051), line
     assert bench.slope([1, 2, 4], [3, 12, 48]) == pytest.approx(2.0)  # quadratic
     rows = [dict(what="layer", kind="agf", dtype="float32", mode="graphs", N=n, fwdbwd_ms=n / 4)
             for n in (8, 16)]  # fmt: skip
@@ -3738,19 +3795,6 @@ def test_bench_refuses_bad_flags_with_one_sentence(argv, said):
         with pytest.raises(SystemExit) as stop, contextlib.redirect_stderr(io.StringIO()) as err:
             parse([str(a) for a in argv])
         assert stop.value.code == 2 and said in err.getvalue().strip().splitlines()[-1]
-
-
-def test_bench_one_small_n_alone_and_a_csv_it_cannot_write(tmp_path):
-    """One N below --fit-min is measured, with no slope to fit; a --csv it cannot write: one
-    sentence, before anything is measured."""
-    argv = ["--kinds", "agf", "--ns", "32", "--repeats", "1", "--warmup", "0", "--csv"]
-    with contextlib.redirect_stdout(io.StringIO()):
-        assert bench.main([*argv, str(tmp_path / "b.csv")]) == []
-    assert [r["N"] for r in csv.DictReader(open(tmp_path / "b.csv"))] == ["32"]
-    (tmp_path / "file").write_text("")
-    with mock.patch.object(bench, "run") as run, pytest.raises(SystemExit) as stop:
-        bench.main([*argv, str(tmp_path / "file" / "b.csv")])
-    assert stop.value.code.startswith("--csv: cannot write") and not run.called
 
 
 @pytest.mark.parametrize("argv, modes, gpu_modes", [  # gpu_modes: .ci/gpu_bench.py's
@@ -3848,6 +3892,8 @@ def test_bench_times_the_backward_and_counts_memory_bytes_and_operators():
     x, mask = torch.randn(2, 2048, 64, requires_grad=True), torch.ones(2, 2048, dtype=torch.bool)
     nbytes, saved = gpu_bench.traffic_floor(_BenchLayer(), x, mask, torch.float32)
     assert nbytes == 5 * 2**20 and len(saved) == 1
+    gpu_bench.floor(_BenchLayer(), row := dict(row, B=3), torch.float32, 2)  # B, GB/s: 1e9 B/s
+    assert row["floor_mib"] * 2**20 == 5 * 3 * 2048 * 64 * 4 == pytest.approx(row["floor_ms"] * 2e6)
     a = torch.randn(3, 4, requires_grad=True)
     assert gpu_bench.dispatched_ops(lambda: (a + 1).t().mul(2).sum()) == 3
     forward = gpu_bench.dispatched_ops(lambda: (a * a).sum())
@@ -3877,15 +3923,6 @@ def test_bench_report_compares_modes_and_each_kind_at_its_fastest_with_softmax_i
     assert "eager     3.00 ms  graphs     2.00 ms  (compiled is 1.50x as fast)" in line, line
 
 
-def test_bench_results_commands_of_gpu_bench_parse(monkeypatch):
-    """RESULTS.md's `python .ci/gpu_bench.py ...` commands parse as written."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    parts = (HERE / "RESULTS.md").read_text().replace("\\\n", " ").split("`")  # code: odd parts
-    lines = [ln for p in parts[1::2] for ln in (p.splitlines() if p.startswith("sh\n") else [p])]
-    found = [m[1] for ln in lines if (m := re.search(r"python \.ci/gpu_bench\.py([^#]*)", ln))]
-    assert len(found) >= 4 and all(gpu_bench.parse_args(shlex.split(a)) for a in found), found
-
-
 # ----------------------------------------------------------------------------------------------
 # README.md: its code blocks run
 # ----------------------------------------------------------------------------------------------
@@ -3898,6 +3935,25 @@ def test_readme_python_blocks_run():
     assert blocks, "the README has no python block"
     for block in blocks:
         exec(compile(block, "README.md", "exec"), {})  # noqa: S102 (our own README)
+
+
+def test_readme_picture_is_drawn_beside_its_script_or_needs_matplotlib(tmp_path, monkeypatch):
+    """figures/attentions.py run twice from another folder, matplotlib a stub: attentions.png
+    beside the script (savefig's path), said; without matplotlib: one sentence, twice."""
+    monkeypatch.chdir(tmp_path)
+    plt = mock.MagicMock(**{"subplots.side_effect": lambda rows, cols, **_: (plt, [plt] * cols)})
+    png, said = (HERE / "figures" / "attentions.png").resolve(), []
+    for stub in [{"matplotlib": None}, {"matplotlib": mock.MagicMock(pyplot=plt),
+                                        "matplotlib.pyplot": plt}] * 2:  # fmt: skip
+        with mock.patch.dict(sys.modules, stub), contextlib.redirect_stdout(io.StringIO()) as out:
+            try:  # python figures/attentions.py
+                runpy.run_path(str(HERE / "figures" / "attentions.py"), run_name="__main__")
+            except SystemExit as stop:
+                said.append(stop.code)
+        said.append(out.getvalue())
+    needs = "figures/attentions.py draws with matplotlib, which is not installed: pip install"
+    assert said == [f"{needs} matplotlib", "", f"wrote {png}\n"] * 2 and not os.listdir()
+    assert [c.args[0] for c in plt.savefig.call_args_list] == [png] * 2
 
 
 def _documented_commands(text: str) -> list:
@@ -3913,7 +3969,7 @@ def _documented_commands(text: str) -> list:
     values = {"<kind>": KINDS, "<s>": ["0"], "<n>": ["2"], "<gpus>": ["2"]}
     values.update({f"${k}": [v] for k, v in re.findall(r"^\s*(\w+)=\"([^\"]*)\"", text, re.M)})
     values.update({f"${k}": v.split() for k, v in re.findall(r"\bfor (\w+) in ([^;]+);", text)})
-    scripts = "train_lra|train_uea|bench|diagnose"
+    scripts = r"train_lra|train_uea|bench|diagnose|\.ci/gpu_bench"
     script = re.compile(rf"(?:python|nproc_per_node[= ]\S+)\s+({scripts})\.py")
     found = []
     for line in lines:
@@ -3941,8 +3997,8 @@ def test_readme_test_command_is_the_one_ci_runs():
 
 
 def test_readme_and_results_commands_parse(monkeypatch, tmp_path):
-    """Every training, bench and diagnose command in README, RESULTS and NOTES parses as written
-    (`--device cuda` as on a machine with a GPU; diagnose.py's RUN folders made, empty)."""
+    """Every training, bench (.ci/ too) and diagnose command in README, RESULTS and NOTES parses
+    (`--device cuda` as on a GPU; diagnose.py's RUN folders made); .gitignore has their --out."""
 
     class Parsed(Exception):
         pass
@@ -3950,8 +4006,8 @@ def test_readme_and_results_commands_parse(monkeypatch, tmp_path):
     def parse(name: str, argv: list) -> None:
         if name in ("train_lra", "train_uea"):
             {"train_lra": train_lra, "train_uea": train_uea}[name].parse_config(argv)
-        elif name == "bench":
-            bench.parse_args(argv)
+        elif name.endswith("bench"):  # bench.py, .ci/gpu_bench.py
+            {"bench": bench, ".ci/gpu_bench": gpu_bench}[name].parse_args(argv)
         else:  # diagnose.main checks its flags, then loads the first run: stop there
             for i, arg in enumerate(argv):  # every diagnose flag takes a value
                 if not arg.startswith("-") and not (i and argv[i - 1].startswith("-")):
@@ -3963,7 +4019,11 @@ def test_readme_and_results_commands_parse(monkeypatch, tmp_path):
     commands = []
     for doc in ("README.md", "RESULTS.md", "NOTES.md"):
         commands += [(doc, *c) for c in _documented_commands((HERE / doc).read_text())]
-    assert {c[1] for c in commands} == {"train_lra", "train_uea", "bench", "diagnose"}, commands
+    outs = {a[i + 1].split("/")[0] + "/" for *_, a, _ in commands for i in range(len(a) - 1)
+            if a[i] in ("--out", "--csv")}  # fmt: skip
+    assert outs <= set((HERE / ".gitignore").read_text().split()), outs  # runs/, diagnosis/
+    assert {c[1] for c in commands} == {"train_lra", "train_uea", "bench", "diagnose",
+                                        ".ci/gpu_bench"}, commands  # fmt: skip
     assert len(commands) >= 100, commands  # the sweeps of RESULTS.md, every value of each loop
     monkeypatch.chdir(tmp_path)
     with (

@@ -83,6 +83,8 @@ def main(cfg: TrainConfig) -> dict:
     out = pathlib.Path(cfg.out)
     if master:
         print(json.dumps(dataclasses.asdict(cfg)), flush=True)  # the resolved settings first
+    if master and (cfg.task, cfg.preset, cuda) == ("listops", "paper", False):  # no GPU here
+        print("note: the paper preset is the GPU setting: on a CPU, --preset quick", flush=True)
 
     # 2) data; rank 0 first, as it may generate ListOps or download, then the others read it
     listops = dict(LISTOPS[cfg.preset], train=cfg.listops_size, val=cfg.listops_eval_size,

@@ -247,7 +247,7 @@ def main(argv=None) -> list:
         name = torch.cuda.get_device_name()
         args.bandwidth_gbs = next((v for k, v in BANDWIDTH_GBS.items() if k in name), None)
     print(f"torch {torch.__version__}, {' and '.join(args.modes)}", flush=True)
-    path = pathlib.Path(args.csv or f"runs/bench/bench_{args.device}.csv")
+    path = pathlib.Path(args.csv)  # bench.parse_args: the default never replaces a CSV
     rows = bench.Rows(path, COLUMNS)
     if "floor" in args.what:
         floors(args, rows)

@@ -9,14 +9,21 @@ AGF's O(N d²), Primal's O(N d s)), grey O(N d) or less. "≈" marks an estimate
 K > 2, Eq. 4).
 
     python figures/attentions.py      # needs matplotlib (not a dependency of the project)
+
+It writes attentions.png beside itself (figures/attentions.png), from whatever folder it is run.
 """
 
 import pathlib
+import sys
 
-import matplotlib
+try:
+    import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+    matplotlib.use("Agg")  # files only, no window
+    import matplotlib.pyplot as plt
+except ImportError:
+    sys.exit("figures/attentions.py draws with matplotlib, which is not installed: "
+             "pip install matplotlib")
 
 QUADRATIC, LINEAR, PLAIN = "#f6c9c4", "#cdebc5", "#eef0f4"
 # (title, file, cost, [(box text, colour, shape on the arrow into the next box), ...])
@@ -77,4 +84,6 @@ def draw(path: pathlib.Path) -> None:
 
 
 if __name__ == "__main__":
-    draw(pathlib.Path(__file__).with_suffix(".png"))
+    png = pathlib.Path(__file__).resolve().with_suffix(".png")  # beside this file
+    draw(png)
+    print(f"wrote {png}")
