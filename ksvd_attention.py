@@ -91,17 +91,16 @@ def ksvd_objective(
     Returns:
         J () if not per_sample, else J_b (B,)
     """
-    H = e.shape[1]
     # NOTE: differs from the official LRA loss (model_wrapper.py): it averages over all N
     #       positions, padding included. We skip padding, because junk must not change the loss.
     sq = (e.square() + r.square()).masked_fill(~mask[:, None, :, None], 0.0).sum(dim=2)  # (B,H,s)
-    energy = 0.5 * (Lambda.square() * sq).sum(-1)  # (B, H): Σ_c λ_c² Σ_i e_ic², so no λ ⊙ e kept
+    energy = 0.5 * (Lambda.square() * sq).sum(-1).mean(1)  # (B,) Σ_c λ_c² Σ_i e_ic²: no λ ⊙ e kept
     # "trace_no_x": the trace couples the *base* weights, as in the poster and every official run
     trace = (We * Wr).sum(dim=(-2, -1)).mean()  # mean_h Tr(W_e[h]ᵀ W_r[h]) = mean_h Σ W_e ⊙ W_r
     # clamp(min=1): a batch or sequence without real tokens has energy 0, not 0 / 0 = NaN
     if per_sample:
-        return energy.sum(dim=1) / (H * mask.sum(dim=1)).clamp(min=1) - trace  # (B,)
-    return energy.sum() / (H * mask.sum()).clamp(min=1) - trace  # ()
+        return energy / mask.sum(dim=1).clamp(min=1) - trace  # (B,)
+    return energy.sum() / mask.sum().clamp(min=1) - trace  # ()
 
 
 class PrimalAttention(nn.Module):
