@@ -40,6 +40,7 @@ import itertools
 import math
 import pathlib
 import re
+import signal
 import sys
 
 import torch
@@ -390,8 +391,14 @@ def main(argv=None) -> list:
     if "floor" in args.what:
         floors(args, rows)
     args.what = [w for w in args.what if w != "floor"]
+    cut = False
     with forms_registered(args):
-        bench.run(args, rows, measure_row)
+        try:  # a time limit's SIGTERM (.ci/gpu): the report still covers the rows measured
+            signal.signal(signal.SIGTERM, _cut_off)
+            bench.run(args, rows, measure_row)
+        except KeyboardInterrupt:
+            cut = True
+            print("cut off (SIGTERM): the report covers the rows measured so far", flush=True)
     if not rows.rows:
         sys.exit("nothing was measured")
     print(f"wrote {path}")
@@ -399,7 +406,13 @@ def main(argv=None) -> list:
     lines += bench.slopes(rows.rows, args.fit_min)
     print("\n".join(lines))
     bench.plot(rows.rows, path)
+    if cut:
+        sys.exit(124)  # as timeout's own code: the stage was cut off
     return lines
+
+
+def _cut_off(*_):
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
