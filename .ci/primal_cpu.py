@@ -77,39 +77,42 @@ def main(argv=None) -> None:
     torch.manual_seed(0)
     layer = PrimalAttention(64, 2, max_len=65536)
     forms = {"ours": layer, "official": lambda x, mask: official(layer, x, mask)}
+
+    def fwd_bwd(form, x, mask):
+        y, aux = form(x, mask)
+        (y.square().mean() + aux).backward()
+        x.grad = None
+        layer.zero_grad(set_to_none=True)
+
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, B=2 D=64 H=2 float32")
     for N in args.ns:
         x = torch.randn(2, N, 64, requires_grad=True)
         mask = torch.ones(2, N, dtype=torch.bool)
 
-        def fwd_bwd(form):
-            y, aux = form(x, mask)
-            (y.square().mean() + aux).backward()
-            x.grad = None
-            layer.zero_grad(set_to_none=True)
-
         times = {(name, clock): [] for name in forms for clock in ("wall", "cpu")}
         for i in range(args.repeats + 2):  # the first two rounds warm up
             for name in list(forms)[:: 1 if i % 2 else -1]:
                 t0, c0 = time.perf_counter(), time.process_time()
-                fwd_bwd(forms[name])
+                fwd_bwd(forms[name], x, mask)
                 times[name, "cpu"].append((time.process_time() - c0) * 1e3)
                 times[name, "wall"].append((time.perf_counter() - t0) * 1e3)
         ms = {key: statistics.median(t[2:]) for key, t in times.items()}
-        saved = {n: bench.saved_tensors(lambda f=f: f(x, mask)) for n, f in forms.items()}
+        saved = {n: bench.saved_tensors(lambda f=f, a=(x, mask): f(*a)) for n, f in forms.items()}
         mib = {n: sum(s[2] for s in v) / bench.MIB for n, v in saved.items()}
         line = f"N={N:5d}"
         for clock in ("wall", "cpu"):
             ours, theirs = ms["ours", clock], ms["official", clock]
             line += f"  {clock}: ours {ours:7.2f} official {theirs:7.2f} ms ({ours / theirs:.3f})"
-        print(f"{line}  saved MiB: ours {mib['ours']:.2f} official {mib['official']:.2f}", flush=True)
+        print(f"{line}  saved MiB: ours {mib['ours']:.2f}, official {mib['official']:.2f}")
         for name in forms if args.saved else ():
             for shape, dtype, nbytes, _ in sorted(saved[name], key=lambda s: -s[2]):
-                print(f"    {name:8s} {str(shape):20s} {str(dtype)[6:]:8s} {nbytes / 1024:9.1f} KiB")
+                print(
+                    f"    {name:8s} {str(shape):20s} {str(dtype)[6:]:8s} {nbytes / 2**10:8.1f} KiB"
+                )
         for name in forms if args.profile else ():
             with torch.profiler.profile() as prof:
                 for _ in range(5):
-                    fwd_bwd(forms[name])
+                    fwd_bwd(forms[name], x, mask)
             print(f"  {name}, 5 calls:")
             print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
 
