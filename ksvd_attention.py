@@ -49,7 +49,7 @@ from torch import Tensor
 def primal_scores(
     phi_q: Tensor, phi_k: Tensor, f_x: Optional[Tensor], We: Tensor, Wr: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """Primal projection scores e = Φq W_{e|X}, r = Φk W_{r|X}, evaluated in O(N d s).  (Remark 3.3)
+    """Primal projection scores e = Φq W_{e|X}, r = Φk W_{r|X}, in O(N d s H).  (Remark 3.3)
 
     Args:
         phi_q, phi_k: feature maps φ_q(x_i), φ_k(x_j).              (B, H, N, d)
@@ -58,13 +58,18 @@ def primal_scores(
         We, Wr: base weights, shared over the batch or one per      (H, m, s) or (B, H, m, s)
                 sequence ((H, d, s) when f_x is None).
     Returns:
-        e, r                                                        (B, H, N, s) each
+        e, r, views of (B, N, H, s) tensors                         (B, H, N, s) each
     """
     W_eX, W_rX = We, Wr  # the causal variant (f_x None): the base weights themselves
     if f_x is not None:  # W_{e|X} = f(X)ᵀ W_e first: O(m d s), no (N, m)-sized Φq f(X)ᵀ formed
         W_eX = f_x.transpose(-2, -1) @ We  # (B,H,d,m) @ (H,m,s) -> (B,H,d,s)
         W_rX = f_x.transpose(-2, -1) @ Wr  # (B,H,d,m) @ (H,m,s) -> (B,H,d,s)
-    return phi_q @ W_eX, phi_k @ W_rX  # (B,H,N,d) @ (B,H,d,s) -> (B,H,N,s)
+    H = phi_q.shape[1]
+    eye = torch.eye(H, dtype=We.dtype, device=We.device)[:, None, :, None]  # (H, 1, H, 1)
+    # all heads at once: Φ (B, N, H·d) in W_q's layout (no copy) @ the W_{e|X} on a block diagonal
+    blocks = [(W.unsqueeze(-2) * eye).flatten(-4, -3).flatten(-2) for W in (W_eX, W_rX)]  # H·d, H·s
+    e, r = (p.transpose(1, 2).flatten(2) @ W for p, W in zip((phi_q, phi_k), blocks, strict=True))
+    return e.unflatten(-1, (H, -1)).transpose(1, 2), r.unflatten(-1, (H, -1)).transpose(1, 2)
 
 
 def ksvd_objective(
@@ -86,18 +91,16 @@ def ksvd_objective(
     Returns:
         J () if not per_sample, else J_b (B,)
     """
-    H = e.shape[1]
-    lam = Lambda[None, :, None, :]  # (1, H, 1, s)
-    energy = 0.5 * ((lam * e).pow(2).sum(-1) + (lam * r).pow(2).sum(-1))  # (B, H, N)
     # NOTE: differs from the official LRA loss (model_wrapper.py): it averages over all N
     #       positions, padding included. We skip padding, because junk must not change the loss.
-    energy = energy.masked_fill(~mask[:, None, :], 0.0)
+    sq = (e.square() + r.square()).masked_fill(~mask[:, None, :, None], 0.0).sum(dim=2)  # (B,H,s)
+    energy = 0.5 * (Lambda.square() * sq).sum(-1).mean(1)  # (B,) Σ_c λ_c² Σ_i e_ic²: no λ ⊙ e kept
     # "trace_no_x": the trace couples the *base* weights, as in the poster and every official run
     trace = (We * Wr).sum(dim=(-2, -1)).mean()  # mean_h Tr(W_e[h]ᵀ W_r[h]) = mean_h Σ W_e ⊙ W_r
     # clamp(min=1): a batch or sequence without real tokens has energy 0, not 0 / 0 = NaN
     if per_sample:
-        return energy.sum(dim=(1, 2)) / (H * mask.sum(dim=1)).clamp(min=1) - trace  # (B,)
-    return energy.sum() / (H * mask.sum()).clamp(min=1) - trace  # ()
+        return energy / mask.sum(dim=1).clamp(min=1) - trace  # (B,)
+    return energy.sum() / mask.sum().clamp(min=1) - trace  # ()
 
 
 class PrimalAttention(nn.Module):
@@ -162,8 +165,8 @@ class PrimalAttention(nn.Module):
         k = self.W_k(x).view(B, N, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, N, d)
         if self.causal:  # mean over the past *before* the feature map, as the official code
             q, k = causal_running_mean(q, mask), causal_running_mean(k, mask)
-        # normalize's eps (1e-12) maps a zero vector to 0 instead of 0 / 0 = NaN
-        return F.normalize(q, p=2.0, dim=-1), F.normalize(k, p=2.0, dim=-1)
+        # normalize's eps (1e-12) maps a zero vector to 0, not NaN; on W_q's layout (faster)
+        return tuple(F.normalize(z.transpose(1, 2), p=2.0, dim=-1).transpose(1, 2) for z in (q, k))
 
     def sampled_tokens(self, x: Tensor, mask: Tensor) -> Optional[Tensor]:
         """f(X) split into heads by *input* channels, as the official code; None if causal.
@@ -195,12 +198,12 @@ class PrimalAttention(nn.Module):
         # squared scores in J and long running sums lose too much in fp16 / bf16.
         with torch.autocast(device_type=x.device.type, enabled=False):
             # 1-3) φ_q, φ_k; W_{e|X} = f(X)ᵀ W_e, W_{r|X}; e = Φq W_{e|X}, r = Φk W_{r|X}
-            e, r = self.scores(x, mask)  # (B, H, N, s) each                    (Remark 3.3)
+            e, r = self.scores(x, mask)  # (B, H, N, s) each, (B, N, H, s) in memory (Remark 3.3)
             # 4) o_i = W_er [e_i ; r_i], 2s -> d, the same map for every head       (poster)
-            o = self.W_er(torch.cat([e, r], dim=-1))  # (B,H,N,2s) -> (B,H,N,d)
+            o = self.W_er(torch.cat([e.transpose(1, 2), r.transpose(1, 2)], dim=-1))  # (B,N,H,d)
             # 5) merge heads, project, zero padded rows
             # NOTE: the official LRA code zeroes before the projection (padded rows = its bias)
-            y = self.W_o(o.transpose(1, 2).reshape(B, N, D))  # (B, N, D)
+            y = self.W_o(o.flatten(2))  # (B, N, D)
             y = y.masked_fill(~mask[..., None], 0.0)
             # 6) KSVD loss η·J² (or η·mean_b J_b²), J = 0 at a KSVD stationary point (poster)
             per_sample = self.ksvd_reduction == "sample"

@@ -60,6 +60,7 @@ import torch.nn.functional as F
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import agf  # noqa: E402
 import bench  # noqa: E402
 import diagnose  # noqa: E402
 import lra_data  # noqa: E402
@@ -369,6 +370,30 @@ def test_agf_fast_path_equals_dense_reference():
     # A of a padded sample has zero rows and columns at the padding
     assert graph_filter[1, :, 13:].abs().max() == 0 and graph_filter[1, :, :, 13:].abs().max() == 0
 
+
+@pytest.mark.parametrize("form", ["split", "bf16"])
+def test_agf_reductions_over_n_split_and_bf16_equal_the_plain_form(form, monkeypatch):
+    """agf.n_reduce (Vᵀ·Val, UᵀU, VᵀV) split into chunks of N (N under, at or not a multiple of
+    the chunk: zero rows pad it) or in bf16 == the sum over N written out, and AGF's y, aux and
+    gradients == the plain form's, padding included (float64; bf16 to about 3 digits)."""
+    layer, lo = _agf_layer(), form == "bf16"
+    tol = 2e-2 if lo else 1e-12  # of the largest entry
+    params = [p for p in layer.parameters() if p.requires_grad]
+    monkeypatch.setattr(agf, "CHUNK", 8)
+    for N in (5, 24, 29):
+        torch.manual_seed(N)
+        x, mask, (a, b) = torch.randn(4, N, 32, dtype=F64), _masks(N), torch.rand(2, 3, 2, N, 8)
+        got = {}
+        for f in ("plain", form):
+            monkeypatch.setattr(agf, "REDUCTION", f)
+            y, aux = layer(x.double(), mask)
+            grads = torch.autograd.grad(y.square().sum() + aux, params)
+            got[f] = (agf.n_reduce(a.double(), b.double()), y, aux, *grads)
+        want = torch.einsum("bhnc,bhne->bhce", a.double(), b.double())  # Σ_n a_nc b_ne
+        assert torch.allclose(got["plain"][0], want, rtol=1e-12)
+        for plain, other in zip(got["plain"], got[form], strict=True):
+            assert (other - plain).abs().max() <= tol * plain.abs().max() + 1e-13, N
+        assert not lo or not torch.equal(got[form][1], got["plain"][1])  # bf16 ran
 
 def test_agf_orthogonality_penalty_zero_for_orthonormal_and_official_form():
     """One-hot disjoint columns give UᵀU = VᵀV = I and a zero penalty; else the official mean."""

@@ -20,27 +20,97 @@ Every flag of bench.py, and:
       3350, H200 4800 GB/s), the time below which no implementation keeping those tensors goes.
   --what floor prints those saved tensors, one line each (one forward pass, no timing).
   A compiled row that breaks the graph names the place in the code that broke it.
+  --forms KIND...: candidate forms measured beside agf and primal (add those to --kinds), each a
+      kind of its own: agf-split (agf.REDUCTION = "split": Vᵀ·Val, UᵀU and VᵀV reduce N in
+      chunks of --chunk tokens, summed afterwards), agf-bf16 ("bf16": those products on bf16
+      operands), agf-tf32 (the plain form with TF32 float32 matmuls, a process-wide switch of
+      torch: every float32 matmul of the row) and primal-fused (FusedPrimal below: fewer
+      kernels, the same y and aux, checked first). The report then says, for each, how many
+      times as fast as its default kind it is at each point, both at their fastest, and which
+      wins by >= 20 % at every point (the issue's rule: else the plain form stays).
+  --modes: the modes measured (default: eager, compiled when compiling, graphs with CUDA graphs).
 The report adds, beside bench.py's slopes, eager against compiled and graphs at each point, and
 at each N how many times as fast as softmax attention each kind is, both at their fastest mode
 and dtype (softmax in bf16, flash attention, where measured), with a layer's time over its floor.
 """
 
 import argparse
+import contextlib
 import itertools
 import math
 import pathlib
 import re
+import signal
 import sys
 
 import torch
+import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+import agf  # noqa: E402
 import bench  # noqa: E402
+import model  # noqa: E402
+from ksvd_attention import PrimalAttention, ksvd_objective  # noqa: E402
 
 COLUMNS = (*bench.COLUMNS[:-2], "ops", "floor_mib", "floor_ms", *bench.COLUMNS[-2:])
 BANDWIDTH_GBS = {"H100": 3350, "H200": 4800}  # HBM bandwidth of the SXM parts, GB/s
 MIB = bench.MIB
+# --forms: candidate kind -> (its default kind, agf.REDUCTION, TF32 matmuls)
+FORMS = {
+    "agf-split": ("agf", "split", False),
+    "agf-bf16": ("agf", "bf16", False),
+    "agf-tf32": ("agf", "plain", True),
+    "primal-fused": ("primal", "plain", False),
+}
+WIN = 1.2  # a candidate becomes the default only if it is this many times as fast everywhere
+
+
+class FusedPrimal(PrimalAttention):
+    """PrimalAttention (non-causal) in fewer kernels, a candidate for the GPU: W_q and W_k as one
+    projection and one normalize; W_{e|X}, W_{r|X} from one product; e and r of every head from
+    one (B, N, 2D) @ (2D, 2Hs) product, its weight block-diagonal over (q, k) x heads, laid out
+    so that each head's [e; r] is adjacent for W_er. Same y and aux as PrimalAttention."""
+
+    def forward(self, x, mask=None):
+        B, N, D = x.shape
+        H, d, s = self.n_heads, self.d_head, self.We.shape[-1]
+        mask = torch.ones(B, N, dtype=torch.bool, device=x.device) if mask is None else mask
+        with torch.autocast(device_type=x.device.type, enabled=False):
+            x = x.to(self.W_q.weight.dtype).masked_fill(~mask[..., None], 0.0)
+            weight = torch.cat([self.W_q.weight, self.W_k.weight])  # (2D, D)
+            qk = F.linear(x, weight, torch.cat([self.W_q.bias, self.W_k.bias]))
+            phi = F.normalize(qk.view(B, N, 2 * H, d), p=2.0, dim=-1).flatten(2)  # (B, N, 2D)
+            W = self.sampled_tokens(x, mask).transpose(-2, -1) @ torch.cat([self.We, self.Wr], -1)
+            W = W.view(B, H, d, 2, s).permute(0, 3, 1, 2, 4)  # (B, q|k, H, d, s)
+            eye_h, eye_2 = torch.eye(H, device=x.device), torch.eye(2, device=x.device)
+            # (B, q|k, H, d, H, e|r, s): nonzero where the two heads and q|k, e|r agree
+            blocks = W[:, :, :, :, None, None, :] * eye_h[:, None, :, None, None]
+            blocks = blocks * eye_2[:, None, None, None, :, None]
+            er = (phi @ blocks.reshape(B, 2 * H * d, 2 * H * s)).view(B, N, H, 2 * s)
+            y = self.W_o(self.W_er(er).flatten(2)).masked_fill(~mask[..., None], 0.0)
+            e, r = er.transpose(1, 2).chunk(2, dim=-1)  # (B, H, N, s) each
+            per_sample = self.ksvd_reduction == "sample"
+            J = ksvd_objective(e, r, self.Lambda, self.We, self.Wr, mask, per_sample)
+            aux = self.ksvd_weight * J.pow(2).mean() if B > 0 else J.new_zeros(())
+        return y.to(x.dtype), aux
+
+
+def check_fused_primal() -> None:
+    """FusedPrimal gives PrimalAttention's y, aux and gradients (float64, padding): else stop."""
+    torch.manual_seed(0)
+    ours = PrimalAttention(32, 4, rank=5, rank_multi=3, max_len=64).double()
+    fused = FusedPrimal(32, 4, rank=5, rank_multi=3, max_len=64).double()
+    fused.load_state_dict(ours.state_dict())
+    x = torch.randn(3, 40, 32, dtype=torch.float64)
+    mask = torch.arange(40) < torch.tensor([[40], [29], [7]])  # right padding, 7 real tokens
+    outs = []
+    for layer in (ours, fused):
+        y, aux = layer(x, mask)
+        grads = torch.autograd.grad(y.square().sum() + aux, list(layer.parameters()))
+        outs.append((y, aux, *grads))
+    if not all(torch.allclose(a, b, atol=1e-12) for a, b in zip(*outs, strict=True)):
+        sys.exit("FusedPrimal differs from PrimalAttention: not measured")
 
 
 class _CountOps(TorchDispatchMode):
@@ -131,6 +201,8 @@ def measure_row(row: dict, layer, args) -> None:
     """bench.measure_row, plus the graphs mode, the operators of eager rows, the floor of eager
     layer rows and where a graph broke."""
     torch._dynamo.utils.counters.clear()
+    form = FORMS.get(row["kind"], (None, "plain", False))
+    _, agf.REDUCTION, torch.backends.cuda.matmul.allow_tf32 = form
     try:
         bench.measure_row(row, layer, args, compile_for)
     except torch._dynamo.exc.Unsupported as e:  # fullgraph: a graph break
@@ -222,14 +294,55 @@ def against_softmax(rows: list) -> list:
     return ["as fast as softmax attention, each at its fastest:", *lines] if lines else []
 
 
+def forms_verdict(rows: list) -> list:
+    """--forms: each candidate against its default kind at every point both were measured at,
+    each at its fastest (mode and dtype; layers: also that time over the floor), and which wins
+    by >= 20 % at every point: the faster such becomes the default, else the plain form stays."""
+    lines, wins = [], {}
+    for form, (kind, _, _) in FORMS.items():
+        ratios = []
+        for what, N in dict.fromkeys((r["what"], r["N"]) for r in rows if r["kind"] == form):
+            col = "step_ms" if what == "step" else "fwdbwd_ms"
+            new, old = fastest(rows, what, form, N), fastest(rows, what, kind, N)
+            if new is None or old is None:
+                continue
+            ratios.append(old[col] / new[col])
+            floors = {r["kind"]: r["floor_ms"] for r in rows if "floor_ms" in r and r["N"] == N
+                      and r["what"] == what and r["dtype"] == new["dtype"]}  # fmt: skip
+            over = "".join(f", {k} {t[col] / floors[k]:.0f}x its floor" for k, t in
+                           ((form, new), (kind, old)) if k in floors)  # fmt: skip
+            lines.append(f"  {what:5s} N={N:6d} {form} {new[col]:.3f} ms ({new['mode']} "
+                         f"{new['dtype']}) against {kind} {old[col]:.3f} ms ({old['mode']} "
+                         f"{old['dtype']}): {ratios[-1]:.2f}x{over}")  # fmt: skip
+        if ratios:
+            won = min(ratios) >= WIN
+            wins[form] = min(ratios) if won else None
+            lines.append(f"  {form}: {min(ratios):.2f}x to {max(ratios):.2f}x {kind} over "
+                         f"{len(ratios)} points: " + ("WINS by >= 20 % at every point" if won else
+                         "does not win by 20 % everywhere"))  # fmt: skip
+    for kind in dict.fromkeys(k for k, _, _ in FORMS.values()):
+        best = max((f for f in wins if FORMS[f][0] == kind and wins[f]), key=wins.get, default=None)
+        if any(FORMS[f][0] == kind for f in wins):
+            verdict = f"{best} becomes the default" if best else "stays (none wins by 20 %)"
+            lines.append(f"  {kind}: {verdict}")
+    return ["candidate forms against their default kind (--forms):", *lines] if lines else []
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    """bench.py's command line, plus --what floor, --cuda-graphs and --bandwidth-gbs."""
+    """bench.py's command line, plus --what floor, --cuda-graphs, --bandwidth-gbs, --forms,
+    --chunk and --modes."""
     p = bench.build_parser(whats=("layer", "step", "floor"))
     p.description = __doc__
     p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
                    help="also measure mode graphs (default: on CUDA with --compile)")  # fmt: skip
     p.add_argument("--bandwidth-gbs", type=float, default=None,
                    help="memory bandwidth for floor_ms (default: from the GPU's name)")  # fmt: skip
+    p.add_argument("--forms", nargs="+", default=[], choices=list(FORMS),
+                   help="candidate forms, measured beside their default kinds")  # fmt: skip
+    p.add_argument("--chunk", type=bench.at_least(1), default=agf.CHUNK,
+                   help=f"agf-split: tokens per chunk (default {agf.CHUNK})")  # fmt: skip
+    p.add_argument("--modes", nargs="+", dest="only_modes", choices=["eager", "compiled", "graphs"],
+                   help="default: from --compile and --cuda-graphs")  # fmt: skip
     args = bench.parse_args(argv, p)
     if args.bandwidth_gbs is not None and not (0 < args.bandwidth_gbs < math.inf):
         p.error(f"--bandwidth-gbs must be a finite number above 0, got {args.bandwidth_gbs}")
@@ -237,7 +350,33 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.cuda_graphs = args.compile and args.device == "cuda"
     if args.cuda_graphs:
         args.modes.append("graphs")
+    args.modes = args.only_modes or args.modes  # --modes: exactly those
+    args.kinds += [f for f in args.forms if f not in args.kinds]
     return args
+
+
+@contextlib.contextmanager
+def forms_registered(args):
+    """--forms: the candidate kinds exist (bench's kinds, model's attentions) while measuring,
+    agf.CHUNK is --chunk; afterwards all is as before, REDUCTION plain and TF32 off."""
+    if "primal-fused" in args.forms:
+        check_fused_primal()
+    saved = dict(bench.KINDS), bench.STEP_KINDS, dict(model.ATTENTION), model.AUX_KINDS, agf.CHUNK
+    for form in args.forms:
+        kind = FORMS[form][0]
+        mechanism, kwargs = bench.KINDS[kind]
+        bench.KINDS[form] = ("primal-fused" if kind == "primal" else mechanism, kwargs)
+    bench.STEP_KINDS = (*bench.STEP_KINDS, *args.forms)
+    model.ATTENTION["primal-fused"] = FusedPrimal
+    model.AUX_KINDS = (*model.AUX_KINDS, "primal-fused")
+    agf.CHUNK = args.chunk
+    try:
+        yield
+    finally:
+        kinds, bench.STEP_KINDS, attention, model.AUX_KINDS, agf.CHUNK = saved
+        bench.KINDS.clear(), bench.KINDS.update(kinds)
+        model.ATTENTION.clear(), model.ATTENTION.update(attention)
+        agf.REDUCTION, torch.backends.cuda.matmul.allow_tf32 = "plain", False
 
 
 def main(argv=None) -> list:
@@ -252,15 +391,28 @@ def main(argv=None) -> list:
     if "floor" in args.what:
         floors(args, rows)
     args.what = [w for w in args.what if w != "floor"]
-    bench.run(args, rows, measure_row)
+    cut = False
+    with forms_registered(args):
+        try:  # a time limit's SIGTERM (.ci/gpu): the report still covers the rows measured
+            signal.signal(signal.SIGTERM, _cut_off)
+            bench.run(args, rows, measure_row)
+        except KeyboardInterrupt:
+            cut = True
+            print("cut off (SIGTERM): the report covers the rows measured so far", flush=True)
     if not rows.rows:
         sys.exit("nothing was measured")
     print(f"wrote {path}")
-    lines = side_by_side(rows.rows) + against_softmax(rows.rows)
+    lines = side_by_side(rows.rows) + against_softmax(rows.rows) + forms_verdict(rows.rows)
     lines += bench.slopes(rows.rows, args.fit_min)
     print("\n".join(lines))
     bench.plot(rows.rows, path)
+    if cut:
+        sys.exit(124)  # as timeout's own code: the stage was cut off
     return lines
+
+
+def _cut_off(*_):
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
