@@ -5,8 +5,9 @@ One section per file, in the order of the project: polynomials.py, agf.py, ksvd_
 gfsa.py, model.py, lra_data.py, train_lra.py, uea_data.py, train_uea.py, diagnose.py, bench.py,
 the README, and last the CUDA tests. A test's name starts with the file it tests: test_polynomials_,
 test_agf_, test_primal_ (ksvd_attention.py), test_gfsa_, test_model_, test_lra_data_,
-test_train_lra_, test_uea_data_, test_train_uea_, test_diagnose_, test_bench_, test_readme_,
-test_cuda_; so `python -m pytest -q test_all.py -k test_gfsa_` runs the tests of one file.
+test_train_lra_, test_uea_data_, test_train_uea_, test_runs_, test_diagnose_, test_bench_,
+test_readme_, test_cuda_; a test shared by several files names each in its ids (`_id`), so
+`python -m pytest -q test_all.py -k test_gfsa_` runs every test of one file, shared ones too.
 
 CPU, float64 where a tolerance matters, fixed seeds. Kinds of test: two computational forms
 agree (a fast path against its dense N x N reference, a polynomial against its closed form, a
@@ -22,7 +23,6 @@ import contextlib
 import copy
 import csv
 import dataclasses
-import fcntl
 import functools
 import hashlib
 import io
@@ -33,7 +33,6 @@ import os
 import pathlib
 import pickle
 import re
-import resource
 import shlex
 import shutil
 import signal
@@ -112,6 +111,17 @@ UEA_DIR = HERE.parent / "shared" / "data" / "uea"  # the real archive files, bes
 TINY = ["--preset", "quick", "--d-model", "16", "--n-heads", "2", "--d-ff", "32"]
 KINDS = ["softmax", "agf", "primal", "primal+trans", "gfsa"]
 F64 = torch.float64  # where a tolerance matters
+
+
+def _id(value):
+    """A parameter's id naming the file it tests, where it is an attention (softmax: model.py) or
+    a training script: `-k test_gfsa_` selects test_model_x[test_gfsa_gfsa-causal] too."""
+    if not isinstance(value, str):
+        return None
+    kind = VARIANTS[value][0] if value in VARIANTS else value.split("+")[0]
+    if kind in ATTENTION:
+        return f"test_{'model' if kind == 'softmax' else kind}_{value}"
+    return f"test_{value[:-3]}_" if value in ("train_lra.py", "train_uea.py") else None
 
 
 def _real_uea(name: str = "JapaneseVowels") -> pathlib.Path:
@@ -721,7 +731,7 @@ def _variant(name: str) -> torch.nn.Module:
     return layer
 
 
-@pytest.mark.parametrize("name", list(VARIANTS))
+@pytest.mark.parametrize("name", list(VARIANTS), ids=_id)
 def test_model_padding_is_never_read_and_every_parameter_learns(name):
     """Junk (1e3, ±inf, NaN) at any padding changes no output nor aux; gradients are finite, 0 at
     padding, reach every parameter; padded == its real tokens alone; B = 0 gives aux 0."""
@@ -756,7 +766,7 @@ def test_model_padding_is_never_read_and_every_parameter_learns(name):
         assert logits.shape == (0, 3) and aux.item() == 0.0
 
 
-@pytest.mark.parametrize("name", [name for name in VARIANTS if "causal" in name])
+@pytest.mark.parametrize("name", [name for name in VARIANTS if "causal" in name], ids=_id)
 def test_model_causal_attentions_ignore_the_future(name):
     """New tokens after t leave the outputs <= t unchanged (left padding too); y_t follows x_t."""
     layer, x = _variant(name), torch.randn(2, 12, 16, dtype=F64)
@@ -772,7 +782,8 @@ def test_model_causal_attentions_ignore_the_future(name):
         assert (y - y_past)[:, max(t, 3)].abs().max() > 1e-6, t
 
 
-@pytest.mark.parametrize("name", ["agf", "primal", "primal-causal", "gfsa", "gfsa-linear"])
+@pytest.mark.parametrize("name", ["agf", "primal", "primal-causal", "gfsa", "gfsa-linear"],
+                         ids=_id)
 def test_model_attentions_save_no_n_by_n_tensor_for_backward(name):
     """Nothing of N·N elements is kept for backward at N = 512 (the dense AGF reference is)."""
     N, (kind, kwargs) = 512, VARIANTS[name]
@@ -825,7 +836,7 @@ BAD_ARGUMENTS = {
 }
 
 
-@pytest.mark.parametrize("kind", list(ATTENTION))
+@pytest.mark.parametrize("kind", list(ATTENTION), ids=_id)
 def test_model_every_attention_checks_its_inputs_the_same_way(kind):
     """Bad x or mask: one message naming the argument, what it expects and what it got (TypeError
     for a dtype, ValueError for a shape or device); bad constructor arguments: BAD_ARGUMENTS."""
@@ -859,7 +870,7 @@ def test_model_every_attention_checks_its_inputs_the_same_way(kind):
     assert y.shape == x.shape and torch.isfinite(y).all() and torch.isfinite(aux)
 
 
-@pytest.mark.parametrize("kind", ["softmax", "gfsa"])
+@pytest.mark.parametrize("kind", ["softmax", "gfsa"], ids=_id)
 def test_model_softmax_attention_and_gfsa_at_init_equal_explicit_softmax(kind):
     """SoftmaxAttention (SDPA), and GFSA at init ((w0, w1, wK) = (0, 1, 0), only wK learned, as
     the official code), == softmax(QKᵀ/√d) V written out; right and left padding, causal or not."""
@@ -884,7 +895,7 @@ def test_model_softmax_attention_and_gfsa_at_init_equal_explicit_softmax(kind):
 
 
 @pytest.mark.parametrize("style", ["lra", "uea", "two-tower"])
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", KINDS, ids=_id)
 def test_model_padding_is_never_read_by_the_classifier(kind, style):
     """Junk at padding (ids; features and, by a hook, embeddings: 1e3, ±inf, NaN), 4 more padded
     steps (N = 24 = max_len): logits, loss as without; gradients finite, reach every parameter."""
@@ -1134,7 +1145,7 @@ def _compile_case(kind: str):
 
 
 # primal+trans: no kind of its own here, its layers are softmax and Primal layers
-@pytest.mark.parametrize("kind", ["softmax", "agf", "primal", "gfsa", "every-variant"])
+@pytest.mark.parametrize("kind", ["softmax", "agf", "primal", "gfsa", "every-variant"], ids=_id)
 def test_model_compiled_equals_eager(kind):
     """torch.compile(fullgraph=True) == eager: loss and gradients over two SGD steps (float32,
     1e-5), no recompile on the second batch, bad ids refused. ~10-30 s a kind on 2 CPU cores."""
@@ -2210,7 +2221,7 @@ _PRESETS = [  # (script, flags, settings they lead to): the official scripts' va
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("script, flags, want", _PRESETS)
+@pytest.mark.parametrize("script, flags, want", _PRESETS, ids=_id)
 def test_train_lra_and_train_uea_presets_follow_the_official_scripts(script, flags, want):
     cfg = SCRIPTS[script][0].parse_config(flags.split())
     assert {k: getattr(cfg, k) for k in want} == want
@@ -2223,7 +2234,7 @@ _VALUES = dict(task="image", attention="gfsa", preset="quick", device="cpu", agf
                n_heads=4, gfsa_order=4, warmup=0, steps=7)  # other than each default
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", SCRIPTS, ids=_id)
 def test_train_lra_and_train_uea_every_flag_reaches_its_setting(script):
     """Each flag alone, with a value other than its default (a bool: --x and --no-x)."""
     module = SCRIPTS[script][0]
@@ -2273,7 +2284,7 @@ _BAD = [("train_uea.py", *case) for case in _BAD_FLAGS] + [("train_lra.py", *c) 
 ]]  # fmt: skip
 
 
-@pytest.mark.parametrize("script, flags, message", _BAD)
+@pytest.mark.parametrize("script, flags, message", _BAD, ids=_id)
 def test_train_lra_and_train_uea_bad_flags_are_one_sentence_before_anything_is_written(
     tmp_path, script, flags, message
 ):
@@ -2284,7 +2295,7 @@ def test_train_lra_and_train_uea_bad_flags_are_one_sentence_before_anything_is_w
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", SCRIPTS, ids=_id)
 def test_train_lra_and_train_uea_refusals_of_processes_and_devices(script):
     """A batch the processes cannot share, --device cuda without CUDA: refused when parsed; a rank
     other than 0 says nothing and waits where rank 0 would meet it (torchrun then ends it)."""
@@ -2378,7 +2389,7 @@ _LAYER = {  # what reaches a layer, read off the built module
     a.w0.unique().tolist(), a.w1.unique().tolist(), a.w0.requires_grad, a.w1.requires_grad)}
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", SCRIPTS, ids=_id)
 @pytest.mark.parametrize("attention", KINDS)
 def test_train_lra_and_train_uea_flags_alone_build_the_promised_layers(script, attention):
     """Each row of _BUILT from its flags alone, UEA's with --preset quick too (D 64, H 2, d_ff 128,
@@ -2408,8 +2419,8 @@ def test_train_lra_and_train_uea_flags_alone_build_the_promised_layers(script, a
                        10 if quick and not lra else length), (name, attention, quick)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_train_lra_and_train_uea_short_runs_of_each_attention(tmp_path, kind):
+@pytest.mark.parametrize("kind", KINDS, ids=_id)
+def test_train_lra_and_test_train_uea_short_runs_of_each_attention(tmp_path, kind):
     """LRA: 4 steps, a log line every 2 with the lr that step used, best.pt of the best
     validation. UEA (real JapaneseVowels): 2 epochs that learn; the files, RESULT last."""
     result = _lra_run(_lra_args(tmp_path / "data", tmp_path / "lra", "--attention", kind))
@@ -2518,7 +2529,7 @@ def test_train_lra_text_reuses_the_validation_score_and_logs_each_evaluation(tmp
         ["step", "2"], ["step", "4"]]  # fmt: skip
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", SCRIPTS, ids=_id)
 def test_train_lra_and_train_uea_evaluate_is_one_pass_over_a_split_in_eval_mode(script):
     """evaluate() in batches of 2 (the last one short) equals one forward pass over all 5
     examples, with dropout off while it runs and back on after."""
@@ -2590,7 +2601,7 @@ def _as_rank(module, rank: int) -> contextlib.ExitStack:
     return stack
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", SCRIPTS, ids=_id)
 def test_train_lra_and_train_uea_batches_follow_the_documented_order(tmp_path, script):
     """Epoch e: default_rng([seed, e]).permutation(n) in batches; rank r of 2 takes [r::2]."""
     module, lra = SCRIPTS[script][0], script == "train_lra.py"
@@ -2725,7 +2736,7 @@ def test_train_uea_a_constant_training_channel_is_said_and_does_not_blow_test_up
     assert result["preset"] == "default" and "Toy has no preset from the papers" in printed
 
 
-def test_train_lra_and_train_uea_from_the_command_line(tmp_path):
+def test_train_lra_and_test_train_uea_from_the_command_line(tmp_path):
     """The command line: settings first, RESULT last; missing data one line; --download."""
     run = _cli("train_lra.py", *_lra_args(tmp_path, tmp_path / "run", "--steps", "2"),
                "--attention", "softmax")  # fmt: skip
@@ -2766,7 +2777,7 @@ def _torchrun(script: str, *argv, ok=True) -> subprocess.CompletedProcess:
     return run
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", SCRIPTS, ids=_id)
 def test_train_lra_and_train_uea_torchrun_two_cpu_processes_match_one(tmp_path, script):
     """torchrun, 2 CPU processes (UEA: stopped after epoch 1, resumed): one process's weights; a
     refusal (LRA: the folder in use, UEA: a bad flag) said once, by rank 0."""
@@ -2790,7 +2801,7 @@ def test_train_lra_and_train_uea_torchrun_two_cpu_processes_match_one(tmp_path, 
     assert close.float().mean() > 0.97, f"only {close.float().mean():.1%} of weights agree"
     said = "is in use by another run" if script == "train_lra.py" else "not divisible by 2"
     with open(tmp_path / "two" / "lock", "a") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
+        runs.fcntl.flock(held, runs.fcntl.LOCK_EX)
         flags = ["--batch-size", "3"] if script == "train_uea.py" else []
         run = _torchrun(script, *_argv(tmp_path, script, tmp_path / "two", *flags), ok=False)
     assert run.stderr.count(said) == 1, run.stderr[-3000:]
@@ -2801,7 +2812,7 @@ def test_train_lra_and_train_uea_torchrun_two_cpu_processes_match_one(tmp_path, 
 # The run folder (runs.py): a transaction. Nothing of a run is lost, rewritten or mixed -------
 
 
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script", SCRIPTS, ids=_id)
 def test_train_lra_and_train_uea_compile_flag_and_a_diverged_run(tmp_path, script):
     """--compile wraps the model in torch.compile, --no-compile not; a NaN loss after the first
     checkpoint stops the run in one sentence, that checkpoint kept."""
@@ -2916,7 +2927,7 @@ def test_runs_one_run_per_folder_checked_under_the_lock(tmp_path, script):
     assert os.listdir(out) == ["lock"]
     holder.kill()
     holder.wait()
-    real = fcntl.flock
+    real = runs.fcntl.flock
 
     def meanwhile(file, how):  # another run writes its files while this one waits for the lock
         (out / "checkpoint.pt").write_text("{}")
@@ -3031,6 +3042,7 @@ def test_runs_a_failed_write_is_one_sentence_and_leaves_no_partial_file(tmp_path
     assert first[SCRIPTS[script][1]] == (2 if script == "train_lra.py" else 1)
     _train_both(tmp_path, script, out, "--resume")
     assert _result_of(out)
+    resource = pytest.importorskip("resource")  # POSIX only, as SIGXFSZ
     log, limits = (out / "metrics.jsonl").read_bytes(), resource.getrlimit(resource.RLIMIT_FSIZE)
     handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not a signal ending pytest
     try:  # a disk full 20 bytes on, half way through the next log line: whole lines stay
