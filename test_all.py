@@ -25,6 +25,7 @@ import csv
 import dataclasses
 import functools
 import hashlib
+import inspect
 import io
 import itertools
 import json
@@ -429,9 +430,6 @@ def test_agf_reduced_forms_equal_their_formulas_written_out(variant):
     x, mask = _inputs(_tiny("uea", n_features=32))  # (3, 20, 32), 2 rows padded
     torch.manual_seed(0)
     layer = AGFAttention(32, 4, variant=variant).double()
-    names = {name.split(".")[0] for name, _ in layer.named_parameters()}
-    assert ("poly_filter" in names) == (variant == "agf")
-    assert ("W_sigma" in names) == (variant != "uv")
     y, aux = layer(x, mask)
     assert torch.allclose(y, agf_dense_reference(layer, x, mask)[0], atol=1e-12)
     heads = lambda t: t.view(3, 20, 4, 8).transpose(1, 2)  # noqa: E731  (B, N, D) -> (B, H, N, d)
@@ -464,9 +462,11 @@ def _primal_layer(causal=False, reduction="batch"):
 
 
 def _masks(N: int = 12) -> torch.Tensor:
-    """(4, N), for the attention tests: right, left and scattered padding, and no real token."""
-    mask = torch.ones(4, N, dtype=torch.bool)
-    mask[0, N - 4 :], mask[1, :3], mask[2, 1::3], mask[3] = False, False, False, False
+    """(6, N), for the attention tests: right, left, scattered padding, no real token, padding on
+    both sides (the middle real), one real token."""
+    mask = torch.ones(6, N, dtype=torch.bool)
+    mask[0, N - 4 :], mask[1, :3], mask[2, 1::3], mask[3], mask[4, :3] = False, False, False, 0, 0
+    mask[4, N - 5 :], mask[5] = False, torch.arange(N) == 5
     return mask
 
 
@@ -565,17 +565,6 @@ def test_primal_sampling_takes_evenly_spaced_real_tokens():
     # fewer real tokens than samples: repeats, first and last real token included
     few = sample_real_tokens(x, torch.arange(N)[None].expand(B, N) < 4, 6)[0, :, 0]
     assert few.tolist() == [0, 0, 1, 1, 2, 3]
-
-
-def test_primal_defaults_and_shapes():
-    """Defaults = LRA ListOps Primal. preset: r = 20, m = 200; causal W is (H, d, r)."""
-    layer = PrimalAttention(64, 2)
-    assert tuple(layer.We.shape) == (2, 200, 20) and tuple(layer.Lambda.shape) == (2, 20)
-    assert layer.ksvd_weight == 0.1 and layer.ksvd_reduction == "batch"
-    assert tuple(PrimalAttention(64, 2, max_len=29).We.shape) == (2, 29, 20)
-    assert tuple(PrimalAttention(64, 2, causal=True).Wr.shape) == (2, 32, 20)
-    y, aux = layer(torch.randn(2, 300, 64))  # N > m: no error, m stays 200
-    assert y.shape == (2, 300, 64) and aux.dim() == 0
 
 
 def test_primal_file_runs_alone():
@@ -731,17 +720,37 @@ def _variant(name: str) -> torch.nn.Module:
     return layer
 
 
+def _dense_reference(layer: torch.nn.Module):
+    """x (B, N, D) -> y by the layer's dense N x N form: AGF's A, GFSA's official G (softmax: GFSA
+    at init, (w0, w1, wK) = (0, 1, 0)); Primal: itself (its dual form: test_primal_scores_...)."""
+    if isinstance(layer, (AGFAttention, PrimalAttention)):
+        agf = isinstance(layer, AGFAttention)
+        return lambda x: agf_dense_reference(layer, x)[0] if agf else layer(x)[0]
+    gfsa = isinstance(layer, GFSAttention)
+    ref = copy.deepcopy(layer) if gfsa else GFSAttention(16, 2, causal=layer.causal).double()
+    ref.load_state_dict(layer.state_dict(), strict=False)  # softmax: W_qkv, W_o
+    ref.evaluation = "official"
+    return lambda x: ref.eval()(x)[0]
+
+
 @pytest.mark.parametrize("name", list(VARIANTS), ids=_id)
 def test_model_padding_is_never_read_and_every_parameter_learns(name):
     """Junk (1e3, ±inf, NaN) at any padding changes no output nor aux; gradients are finite, 0 at
-    padding, reach every parameter; padded == its real tokens alone; B = 0 gives aux 0."""
-    layer, mask, x = _variant(name), _masks(), torch.randn(4, 12, 16, dtype=F64)
+    padding, reach every parameter; y is 0 at padding, aux 0 without an aux loss; each sequence
+    (_masks: left, middle, right, scattered padding, one real token) == the dense reference on
+    its real tokens alone (N = 16 > Primal's m = 12, 13 real > m too); B = 0 gives aux 0."""
+    layer, mask, x = _variant(name), _masks(16), torch.randn(6, 16, 16, dtype=F64)
     sdpa = F.scaled_dot_product_attention  # every query may attend to a key (else NaN somewhere)
     with mock.patch.object(F, "scaled_dot_product_attention", wraps=sdpa) as calls:
         y0, aux0 = layer(x.masked_fill(~mask[..., None], 0.0), mask)
     masks = [c.kwargs.get("attn_mask") for c in calls.call_args_list]
     assert all(m is None or m.any(-1).all() for m in masks), name
     assert torch.isfinite(y0).all() and (y0[~mask] == 0).all() and torch.isfinite(aux0)
+    assert aux0.item() == 0 or isinstance(layer, (AGFAttention, PrimalAttention)), aux0
+    dense = _dense_reference(layer)
+    for b, real in enumerate(mask):
+        if real.any():
+            assert torch.allclose(y0[b, real], dense(x[b : b + 1, real])[0], atol=1e-12), b
     for junk in (1e3, math.inf, -math.inf, math.nan):
         x_junk = x.masked_fill(~mask[..., None], junk).requires_grad_()
         y, aux = layer(x_junk, mask)
@@ -752,15 +761,11 @@ def test_model_padding_is_never_read_and_every_parameter_learns(name):
         assert torch.isfinite(x_junk.grad).all() and (x_junk.grad[~mask] == 0).all(), junk
         for n, p in layer.named_parameters():
             assert torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, f"{junk}: {n}"
-    for n_real in (7, 30):  # fewer and more real tokens than Primal's m = 12
-        x, pos = torch.randn(1, n_real + 9, 16, dtype=F64), torch.arange(n_real + 9) - 4
-        real = (pos >= 0) & (pos < n_real)  # 4 padded, n_real real, 5 padded
-        (y, aux), (y_alone, aux_alone) = layer(x, real[None]), layer(x[:, real])
-        assert torch.allclose(y[:, real], y_alone, atol=1e-12), n_real
-        assert torch.allclose(aux, aux_alone, atol=1e-14), n_real
+    x, real = torch.randn(1, 30, 16, dtype=F64), torch.arange(30) >= 5  # aux: a sequence alone
+    assert torch.allclose(layer(x, real[None])[1], layer(x[:, real])[1], atol=1e-14)
     for m in (None, mask[:0]):  # B = 0: aux exactly 0 (not NaN, nor Primal's η·Tr² alone)
-        y, aux = layer(torch.randn(0, 12, 16, dtype=F64), m)
-        assert y.shape == (0, 12, 16) and aux.dim() == 0 and aux.item() == 0.0
+        y, aux = layer(torch.randn(0, 16, 16, dtype=F64), m)
+        assert y.shape == (0, 16, 16) and aux.dim() == 0 and aux.item() == 0.0
     if name in ATTENTION:  # the Classifier too
         logits, aux = Classifier(_tiny("uea", name)).double()(torch.randn(0, 12, 5, dtype=F64))
         assert logits.shape == (0, 3) and aux.item() == 0.0
@@ -870,6 +875,111 @@ def test_model_every_attention_checks_its_inputs_the_same_way(kind):
     assert y.shape == x.shape and torch.isfinite(y).all() and torch.isfinite(aux)
 
 
+# What each attention's state_dict() (so every checkpoint) holds at D = 16, H = 2: name:shape;
+# ~name: a constant buffer, kept out of it. Every entry is a parameter that learns.
+_LIN, _O = "W_{0}.weight:16x16 W_{0}.bias:16", " W_o.weight:16x16 W_o.bias:16"
+_UV, _SIGMA = " ".join(_LIN.format(w) for w in ("u", "v", "val")) + _O, _LIN.format("sigma")
+_PRIMAL = "W_q.weight:16x16 W_q.bias:16 W_k.weight:16x16 W_k.bias:16 W_er.bias:8" + _O
+_STATE = {
+    "softmax": [({}, "W_qkv.weight:48x16 W_qkv.bias:48" + _O)],
+    "agf": [({}, f"{_UV} {_SIGMA} poly_filter.theta:5"), ({"variant": "uv"}, _UV),
+            ({"variant": "svd"}, f"{_UV} {_SIGMA}"),
+            ({"order": 3, "fix_theta0": False}, f"{_UV} {_SIGMA} poly_filter.theta:3 "
+                                                "poly_filter.theta0:")],
+    "primal": [({}, f"We:2x200x20 Wr:2x200x20 Lambda:2x20 W_er.weight:8x40 {_PRIMAL}"),
+               ({"causal": True, "rank": 3}, f"We:2x8x3 Wr:2x8x3 Lambda:2x3 W_er.weight:8x6 "
+                                              f"{_PRIMAL}"),
+               ({"max_len": 29}, f"We:2x29x20 Wr:2x29x20 Lambda:2x20 W_er.weight:8x40 {_PRIMAL}")],
+    "gfsa": [({}, "wK:2 ~w0:2 ~w1:2 W_qkv.weight:48x16 W_qkv.bias:48" + _O),
+             ({"learn_w1": True}, "wK:2 ~w0:2 w1:2 W_qkv.weight:48x16 W_qkv.bias:48" + _O),
+             ({"learn_w0": True}, "wK:2 w0:2 ~w1:2 W_qkv.weight:48x16 W_qkv.bias:48" + _O)],
+}  # fmt: skip
+_CLASSIFIER = {  # the classifier's own entries, and each block's besides its attention
+    "lra": "embed.weight:11x16 pos:24x16 norm.weight:16 norm.bias:16 head.0.weight:16x16 "
+           "head.0.bias:16 head.2.weight:3x16 head.2.bias:3",
+    "uea": "embed.weight:16x5 embed.bias:16 pos:24x16 norm.weight:16 norm.bias:16 "
+           "head.weight:3x384 head.bias:3",
+    "block": "norm1.weight:16 norm1.bias:16 norm2.weight:16 norm2.bias:16 mlp.0.weight:32x16 "
+             "mlp.0.bias:32 mlp.3.weight:16x32 mlp.3.bias:16",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(ATTENTION), ids=_id)
+def test_model_state_dict_holds_what_the_table_says(kind):
+    """state_dict() == _STATE: keys, shapes, every entry learns; constants (~) are buffers out of
+    it; the classifier's (_CLASSIFIER, both styles): its own, each block's and its attention's."""
+
+    def check(module, spec):
+        want = {k: tuple(int(n) for n in shape.split("x") if n) for k, _, shape in
+                (entry.partition(":") for entry in spec.split())}  # fmt: skip
+        state = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+        assert state == {k: v for k, v in want.items() if "~" not in k}
+        assert {k for k, p in module.named_parameters() if p.requires_grad} == set(state)
+        buffers = {k: tuple(v.shape) for k, v in module.named_buffers()}
+        assert buffers == {k.replace("~", ""): v for k, v in want.items() if "~" in k}
+
+    for kwargs, spec in _STATE[kind]:
+        check(ATTENTION[kind](16, 2, **kwargs), spec)
+    attention = " ".join("attn." + entry for entry in _STATE[kind][0][1].split())
+    for style in ("lra", "uea"):  # Primal: m = 200, as alone (its max_len, not the model's)
+        cfg = _tiny(style, kind, attention_kwargs={"primal": {"max_len": 1024}})
+        blocks = [f"blocks.{i}.{entry}" for i in range(2)
+                  for entry in f"{_CLASSIFIER['block']} {attention}".split()]  # fmt: skip
+        check(Classifier(cfg), " ".join([_CLASSIFIER[style], *blocks]))
+
+
+# Another value for each keyword argument where "bool: not, int: + 1, float: + 0.5" cannot say
+# (max_len: below m = 200); GFSA at K = 3, where high_order matters (at K = 2 Eq. 4 is exact).
+_OTHER = dict(basis="legendre", variant="svd", ksvd_reduction="sample", kernel="linear",
+              evaluation="official", high_order="exact", max_len=7)
+_PATHS = ("evaluation",)  # another way to the same numbers
+_DEFAULTS = {  # each docstring's: the official code's or, said there, our choice
+    "softmax": "dropout=0.0 causal=False",
+    "agf": "order=5 basis='jacobi' alpha=2.0 beta=-1.0 ortho_weight=0.01 fix_theta0=True "
+           "variant='agf'",
+    "primal": "rank=20 rank_multi=10 max_len=1024 ksvd_weight=0.1 causal=False "
+              "ksvd_reduction='batch'",
+    "gfsa": "order=2 w0=0.0 learn_w0=False learn_w1=False dropout=0.0 causal=False "
+            "kernel='softmax' evaluation='fast' high_order='taylor'",
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", list(ATTENTION), ids=_id)
+def test_model_every_constructor_argument_reaches_the_module(kind):
+    """By inspect.signature, each keyword argument at another value changes the state_dict (keys,
+    shapes, values), the buffers, y or aux (eval; training, seeded), off the init; learn_*, fix_*
+    change what learns; a path (_PATHS) changes nothing. Eval twice: the same (nothing cached)."""
+    x, mask = torch.randn(3, 10, 16, dtype=F64), _masks(10)[:3]
+    base = {"order": 3} if kind == "gfsa" else {}
+    signature = list(inspect.signature(ATTENTION[kind]).parameters.values())
+
+    def built(**kwargs) -> tuple[dict, set]:
+        torch.manual_seed(0)
+        layer = ATTENTION[kind](16, 2, **{**base, **kwargs}).double()
+        with torch.no_grad():  # off the init, where AGF's θ and GFSA's wK = 0 hide terms
+            for p in layer.parameters():
+                p.add_(0.5 * torch.randn_like(p))
+        (y, aux), again = layer.eval()(x, mask), layer(x, mask)
+        assert torch.equal(y, again[0]) and torch.equal(aux, again[1])
+        torch.manual_seed(1)
+        out = dict(layer.state_dict(), y=y, aux=aux, training=layer.train()(x, mask)[0])
+        out |= {"buffer " + k: v for k, v in layer.named_buffers()}
+        return out, {k for k, p in layer.named_parameters() if p.requires_grad}
+
+    default, learns = built()
+    assert [p.name for p in signature[:2]] == ["d_model", "n_heads"]
+    assert " ".join(f"{p.name}={p.default!r}" for p in signature[2:]) == _DEFAULTS[kind]
+    for p in signature[2:]:  # _OTHER's values, or bool: not, int: + 1, float: + 0.5
+        value, close = base.get(p.name, p.default), functools.partial(torch.allclose, atol=1e-12)
+        other = _OTHER.get(p.name) or (not value if isinstance(value, bool) else
+                                       value + (1 if type(value) is int else 0.5))  # fmt: skip
+        got, got_learns = built(**{p.name: other})
+        equal = close if p.name in _PATHS else torch.equal
+        same = got.keys() == default.keys() and all(equal(got[k], v) for k, v in default.items())
+        assert p.kind == p.KEYWORD_ONLY and same == (p.name in _PATHS), f"{p.name}={other!r}"
+        assert got_learns != learns or not p.name.startswith(("learn_", "fix_")), p.name
+
+
 @pytest.mark.parametrize("kind", ["softmax", "gfsa"], ids=_id)
 def test_model_softmax_attention_and_gfsa_at_init_equal_explicit_softmax(kind):
     """SoftmaxAttention (SDPA), and GFSA at init ((w0, w1, wK) = (0, 1, 0), only wK learned, as
@@ -890,8 +1000,6 @@ def test_model_softmax_attention_and_gfsa_at_init_equal_explicit_softmax(kind):
         real = torch.ones(B, N, dtype=torch.bool) if m is None else m
         assert torch.allclose(y[real], ref[real], atol=1e-12), f"causal={causal}"
         assert aux.dim() == 0 and aux.item() == 0.0
-    learned = sorted(n for n, _ in layer.named_parameters() if n.startswith("w"))
-    assert learned == (["wK"] if kind == "gfsa" else [])
 
 
 @pytest.mark.parametrize("style", ["lra", "uea", "two-tower"])
