@@ -2342,18 +2342,57 @@ _VALUES = dict(task="image", attention="gfsa", preset="quick", device="cpu", agf
                n_heads=4, gfsa_order=4, warmup=0, steps=7)  # other than each default
 
 
+# Flags that act after build (each in its own tests): the data, the loop, the run folder.
+_AFTER_BUILD = {"data_dir", "data_seed", "listops_size", "listops_eval_size", "download", "out",
+                "download_url", "batch_size", "eval_every", "epochs", "grad_clip", "resume",
+                "overwrite", "device", "amp", "compile", "attention"}  # fmt: skip
+# The kinds a flag reaches where not all (agf_*, primal_*, gfsa_*: their own kinds)
+_ONLY = {"attn_dropout": {"softmax", "gfsa", "primal+trans"}, "dataset": {"agf", "primal",
+         "primal+trans"}}  # fmt: skip
+
+
+def _built(script: str, *argv) -> list:
+    """What build() makes of the flags: each module's settings and weights, the model's config
+    (but what only its layers read), the optimiser's (and schedule's) settings; it checks that
+    the optimiser holds each parameter that learns, once."""
+    cfg, cpu, lra = SCRIPTS[script][0].parse_config(argv), torch.device("cpu"), "lra" in script
+    built = train_lra.build(cfg, cpu) if lra else train_uea.build(cfg, _uea_dummy_data(500), cpu)
+    model, opt, *schedule = built[: 3 if lra else 2]
+    learns, held = [p for p in model.parameters() if p.requires_grad], opt.param_groups[0]["params"]
+    assert len(opt.param_groups) == 1 and sorted(map(id, held)) == sorted(map(id, learns))
+    return [[(n, k, v) for n, m in model.named_modules() for k, v in vars(m).items()
+             if type(v) in (bool, int, float, str)], [(k, tuple(v.shape), v.double().sum().item())
+             for k, v in [*model.state_dict().items(), *model.named_buffers()]], len(learns),
+            {k: v for k, v in vars(model.cfg).items() if k not in ("attention_kwargs",
+             "attn_dropout")},
+            type(opt), {k: v for k, v in opt.param_groups[0].items() if k != "params"},
+            [(s.total_steps, s._schedule_phases) for s in schedule]]  # fmt: skip
+
+
 @pytest.mark.parametrize("script", SCRIPTS, ids=_id)
 def test_train_lra_and_train_uea_every_flag_reaches_its_setting(script):
-    """Each flag alone, with a value other than its default (a bool: --x and --no-x)."""
-    module = SCRIPTS[script][0]
+    """Each flag alone, with a value other than its default (a bool: --x and --no-x), reaches its
+    setting, and what build() makes (_built) for every kind the flag is for (agf_*: AGF; _ONLY)
+    and no other, unless it acts after build; the flag's range is checked at both edges."""
+    module, base = SCRIPTS[script][0], ["--d-model", "16", "--n-heads", "2", "--d-ff", "32"]
+    plain = {kind: _built(script, *base, "--attention", kind) for kind in KINDS}
     for f in dataclasses.fields(module.TrainConfig):
         name = "--" + f.name.replace("_", "-")
         if f.type is bool:
             assert getattr(module.parse_config([name]), f.name) is True, name
             assert getattr(module.parse_config(["--no-" + name[2:]]), f.name) is False, name
+            given = ["--no-" + name[2:] if getattr(module.parse_config(base), f.name) else name]
+        else:
+            value = _VALUES.get(f.name, {str: "some/where", int: 8, float: 0.25}[f.type])
+            assert getattr(module.parse_config([name, str(value)]), f.name) == value, name
+            given = [name, str(value)]
+        if f.name not in _AFTER_BUILD | ({"preset", "max_len"} if "uea" in script else set()):
+            prefix = f.name.split("_")[0]  # UEA: --preset's values are flags, max_len the data's
+            want = {k for k in KINDS if prefix in k} if prefix in ATTENTION else set(KINDS)
+            got = {k for k in KINDS if _built(script, *base, "--attention", k, *given) != plain[k]}
+            assert got == _ONLY.get(f.name, want), name
+        if f.type is bool:
             continue
-        value = _VALUES.get(f.name, {str: "some/where", int: 8, float: 0.25}[f.type])
-        assert getattr(module.parse_config([name, str(value)]), f.name) == value, name
         low, high, step = f.metadata["low"], f.metadata["high"], 1 if f.type is int else 1e-6
         # its range [low, high) at both edges: low and high - step accepted, the others refused
         edges = [] if low is None else [(low, True), (low - step, False)]
@@ -2445,25 +2484,6 @@ def test_train_uea_torch_radam_is_the_official_rectified_adam():
         else:  # the first steps: momentum SGD with bias-corrected m
             p = p - lr / (1 - b1**t) * m
         assert torch.allclose(p_torch.detach(), p, rtol=0, atol=1e-12), t
-
-
-def test_train_uea_every_preset_builds_a_model_and_the_flags_reach_it():
-    """The mask flag and both scripts' ablation flags reach the modules they name (every preset:
-    test_train_lra_and_train_uea_flags_alone_build_the_promised_layers)."""
-    data = _uea_dummy_data()
-    for flag, expected in (([], True), (["--no-attention-mask"], False)):
-        cfg = train_uea.parse_config([*TINY, *flag])
-        assert train_uea.build(cfg, data, torch.device("cpu"))[0].cfg.attention_mask is expected
-    for variant, high_order in (("uv", "exact"), ("svd", "taylor")):
-        flags = ["--agf-variant", variant, "--gfsa-high-order", high_order]
-        for attention, check in (("agf", "variant"), ("gfsa", "high_order")):
-            want = variant if attention == "agf" else high_order
-            cfg = train_uea.parse_config([*TINY, "--attention", attention, *flags])
-            model = train_uea.build(cfg, data, torch.device("cpu"))[0]
-            cfg = train_lra.parse_config(["--preset", "quick", "--attention", attention, *flags])
-            model2 = train_lra.build(cfg, torch.device("cpu"))[0]
-            for m in (model, model2):
-                assert {getattr(b.attn, check) for b in m.blocks} == {want}, (attention, want)
 
 
 # What --task/--dataset, --attention, --preset build (official: LRA lra_config.py, agf AGF_LRA/
