@@ -867,10 +867,12 @@ def test_model_state_dict_holds_what_the_table_says(kind):
         check(Classifier(cfg), " ".join([_CLASSIFIER[style], *blocks]))
 
 
-# Another value for each keyword argument where "bool: not, int: + 1, float: + 0.5" cannot say
-# (max_len: below m = 200); GFSA at K = 3, where high_order matters (at K = 2 Eq. 4 is exact).
+# Another value for each keyword argument where "the default, else bool: not, int: + 1, float:
+# + 0.5" cannot say (max_len: below m = 200). GFSA at K = 3, where high_order matters (at K = 2
+# Eq. 4 is exact), on both paths.
 _OTHER = dict(basis="legendre", variant="svd", ksvd_reduction="sample", kernel="linear",
               evaluation="official", high_order="exact", max_len=7)
+_BASES = {"gfsa": [{"order": 3}, {"order": 3, "evaluation": "official"}]}
 _PATHS = ("evaluation",)  # another way to the same numbers
 _DEFAULTS = {  # each docstring's: the official code's or, said there, our choice
     "softmax": "dropout=0.0 causal=False",
@@ -889,7 +891,7 @@ def test_model_every_constructor_argument_reaches_the_module(kind):
     shapes, values), the buffers, y or aux (eval; training, seeded), off the init; learn_*, fix_*
     change what learns; a path (_PATHS) changes nothing. Eval twice: the same (nothing cached)."""
     x, mask = torch.randn(3, 10, 16, dtype=F64), _masks(10)[:3]
-    base = {"order": 3} if kind == "gfsa" else {}
+    close = functools.partial(torch.allclose, atol=1e-12)
     signature = list(inspect.signature(ATTENTION[kind]).parameters.values())
 
     def built(**kwargs) -> tuple[dict, set]:
@@ -905,17 +907,18 @@ def test_model_every_constructor_argument_reaches_the_module(kind):
         out |= {"buffer " + k: v for k, v in layer.named_buffers()}
         return out, {k for k, p in layer.named_parameters() if p.requires_grad}
 
-    default, learns = built()
     assert [p.name for p in signature[:2]] == ["d_model", "n_heads"]
     assert " ".join(f"{p.name}={p.default!r}" for p in signature[2:]) == _DEFAULTS[kind]
-    for p in signature[2:]:  # _OTHER's values, or bool: not, int: + 1, float: + 0.5
-        value, close = base.get(p.name, p.default), functools.partial(torch.allclose, atol=1e-12)
-        other = _OTHER.get(p.name) or (not value if isinstance(value, bool) else
-                                       value + (1 if type(value) is int else 0.5))  # fmt: skip
+    for base, p in itertools.product(_BASES.get(kind, [{}]), signature[2:]):
+        (default, learns), value = built(), base.get(p.name, p.default)
+        other = _OTHER[p.name] if _OTHER.get(p.name, value) != value else p.default
+        if other == value:
+            step = 1 if type(value) is int else 0.5
+            other = not value if isinstance(value, bool) else value + step
         got, got_learns = built(**{p.name: other})
-        equal = close if p.name in _PATHS else torch.equal
+        equal = torch.equal if p.name not in _PATHS else close
         same = got.keys() == default.keys() and all(equal(got[k], v) for k, v in default.items())
-        assert p.kind == p.KEYWORD_ONLY and same == (p.name in _PATHS), f"{p.name}={other!r}"
+        assert p.kind == p.KEYWORD_ONLY and same == (p.name in _PATHS), (base, p.name, other)
         assert got_learns != learns or not p.name.startswith(("learn_", "fix_")), p.name
 
 
