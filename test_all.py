@@ -6,15 +6,15 @@ gfsa.py, model.py, lra_data.py, train_lra.py, uea_data.py, train_uea.py, diagnos
 the README, and last the CUDA tests. A test's name starts with the file it tests: test_polynomials_,
 test_agf_, test_primal_ (ksvd_attention.py), test_gfsa_, test_model_, test_lra_data_,
 test_train_lra_, test_uea_data_, test_train_uea_, test_runs_, test_diagnose_, test_bench_,
-test_readme_, test_cuda_; a test shared by several files names each in its ids (`_id`), so
-`python -m pytest -q test_all.py -k test_gfsa_` runs every test of one file, shared ones too.
+test_readme_, test_cuda_; a test shared by files names each in its ids (`_id`), so `-k test_gfsa_`
+runs every test of one file, shared ones too.
 
 CPU, float64 where a tolerance matters, fixed seeds. Kinds of test: two computational forms
-agree (a fast path against its dense N x N reference, a polynomial against its closed form, a
-generator's labels against an independent evaluator); reductions to known cases; padding never
-leaks; every parameter gets a gradient; a resumed run continues exactly; bad input gets one clear
-message; the README's code blocks run. Tests that read the real UEA files skip when those are not
-at UEA_DIR, beside the project; the CUDA tests skip without a GPU.
+agree (a fast path against its dense reference, a polynomial against its closed form, labels
+against an independent evaluator, a schedule against its formula); contracts every attention and
+flag keeps (padding never leaks, each argument and flag reaches what is built, a state_dict table);
+a resumed run continues exactly; bad input gets one clear message; the README's code blocks run.
+Tests that read the real UEA files skip when they are not at UEA_DIR; the CUDA ones, without a GPU.
 """
 
 import argparse
@@ -113,8 +113,7 @@ F64 = torch.float64  # where a tolerance matters
 
 
 def _id(value):
-    """A parameter's id naming the file it tests, where it is an attention (softmax: model.py) or
-    a training script: `-k test_gfsa_` selects test_model_x[test_gfsa_gfsa-causal] too."""
+    """An attention's or script's id names its file: -k test_gfsa_ takes test_x[test_gfsa_...]"""
     kind = isinstance(value, str) and VARIANTS.get(value, [value.split("+")[0]])[0]
     if kind in ATTENTION:
         return f"test_{'model' if kind == 'softmax' else kind}_{value}"
@@ -565,9 +564,8 @@ def test_gfsa_fast_path_equals_dense_polynomial(kernel):
         one_hot = torch.tensor([0.0, 0.0, 1.0], dtype=F64)[:, None].expand(3, 3)  # w0, w1, wK
         assert torch.equal(torch.stack([a.flatten() for a in filter_coefficients(*one_hot, 2)]),
                            one_hot)  # fmt: skip
-        graph_filter = gfsa_dense_reference(attn, v, *one_hot, order=2)[1]
-        assert torch.allclose(graph_filter, attn @ attn, atol=1e-15)
-        assert taylor_error(attn, 2)[0].max() < 1e-14
+        g = gfsa_dense_reference(attn, v, *one_hot, order=2)[1]
+        assert torch.allclose(g, attn @ attn, atol=1e-15) and taylor_error(attn, 2)[0].max() < 1e-14
         assert torch.allclose(attn.sum(-1), torch.ones_like(attn[..., 0]), atol=1e-14)
         if mask is not None and kernel == "linear":
             assert (attn.transpose(-2, -1)[~mask[:, None].expand(-1, 3, -1)] == 0).all()
@@ -652,11 +650,10 @@ def _dense_reference(layer: torch.nn.Module):
 
 @pytest.mark.parametrize("name", list(VARIANTS), ids=_id)
 def test_model_padding_is_never_read_and_every_parameter_learns(name):
-    """Junk (1e3, ±inf, NaN) at any padding changes no output nor aux; gradients are finite, 0 at
-    padding, reach every parameter; y is 0 at padding, aux 0 without an aux loss; each sequence
-    (_masks: left, middle, right, scattered padding, one real token) == the dense reference on
-    its real tokens alone (N = 16 > Primal's m = 12, 13 real > m too); causal: == the prefix
-    up to t alone; B = 0 gives aux 0."""
+    """Junk (1e3, ±inf, NaN) at padding changes no output nor aux; gradients finite, 0 at padding,
+    reach every parameter; y 0 at padding, aux 0 without an aux loss; each sequence (_masks:
+    left, middle, right, scattered padding, one real token) == the dense reference on its real
+    tokens alone (13 > Primal's m = 12), causal: the prefix up to t alone; B = 0: aux 0."""
     layer, mask, x = _variant(name), _masks(16), torch.randn(6, 16, 16, dtype=F64)
     sdpa = F.scaled_dot_product_attention  # every query may attend to a key (else NaN somewhere)
     with mock.patch.object(F, "scaled_dot_product_attention", wraps=sdpa) as calls:
@@ -666,9 +663,8 @@ def test_model_padding_is_never_read_and_every_parameter_learns(name):
     assert torch.isfinite(y0).all() and (y0[~mask] == 0).all() and torch.isfinite(aux0)
     assert aux0.item() == 0 or isinstance(layer, (AGFAttention, PrimalAttention)), aux0
     dense = _dense_reference(layer)
-    for b, real in enumerate(mask):
-        if real.any():
-            assert torch.allclose(y0[b, real], dense(x[b : b + 1, real])[0], atol=1e-12), b
+    for b, real in [(b, real) for b, real in enumerate(mask) if real.any()]:
+        assert torch.allclose(y0[b, real], dense(x[b : b + 1, real])[0], atol=1e-12), b
     for junk in (1e3, math.inf, -math.inf, math.nan):
         x_junk = x.masked_fill(~mask[..., None], junk).requires_grad_()
         y, aux = layer(x_junk, mask)
@@ -822,7 +818,7 @@ def test_model_state_dict_holds_what_the_table_says(kind):
     for kwargs, spec in _STATE[kind]:
         check(ATTENTION[kind](16, 2, **kwargs), spec)
     attention = " ".join("attn." + entry for entry in _STATE[kind][0][1].split())
-    for style in ("lra", "uea"):  # Primal: m = 200, as alone (its max_len, not the model's)
+    for style in ("lra", "uea"):  # Primal: m = 200 as alone (attention_kwargs beat the config)
         cfg = _tiny(style, kind, attention_kwargs={"primal": {"max_len": 1024}})
         blocks = [f"blocks.{i}.{entry}" for i in range(2)
                   for entry in f"{_CLASSIFIER['block']} {attention}".split()]  # fmt: skip
@@ -830,13 +826,12 @@ def test_model_state_dict_holds_what_the_table_says(kind):
                                          "norm.bias:16"]))
 
 
-# Another value for each keyword argument where "the default, else bool: not, int: + 1, float:
-# + 0.5" cannot say (max_len: below m = 200). GFSA at K = 3, where high_order matters (at K = 2
-# Eq. 4 is exact), on both paths.
+# Another value where "the default, else bool: not, int: + 1, float: + 0.5" cannot say (max_len:
+# below m = 200). GFSA at K = 3, where high_order matters (Eq. 4 is exact at 2), on both paths;
+# a path: another way to the same numbers.
 _OTHER = dict(basis="legendre", variant="svd", ksvd_reduction="sample", kernel="linear",
               evaluation="official", high_order="exact", max_len=7)
-_BASES = {"gfsa": [{"order": 3}, {"order": 3, "evaluation": "official"}]}
-_PATHS = ("evaluation",)  # another way to the same numbers
+_BASES, _PATHS = {"gfsa": [{"order": 3}, {"order": 3, "evaluation": "official"}]}, ("evaluation",)
 _DEFAULTS = {  # each docstring's: the official code's or, said there, our choice
     "softmax": "dropout=0.0 causal=False",
     "agf": "order=5 basis='jacobi' alpha=2.0 beta=-1.0 ortho_weight=0.01 fix_theta0=True "
@@ -850,9 +845,9 @@ _DEFAULTS = {  # each docstring's: the official code's or, said there, our choic
 
 @pytest.mark.parametrize("kind", list(ATTENTION), ids=_id)
 def test_model_every_constructor_argument_reaches_the_module(kind):
-    """By inspect.signature, each keyword argument at another value changes the state_dict (keys,
-    shapes, values), the buffers, y or aux (eval; training, seeded), off the init; learn_*, fix_*
-    change what learns; a path (_PATHS) changes nothing. Eval twice: the same (nothing cached)."""
+    """By inspect.signature, each keyword argument at another value changes the state (keys, shapes,
+    values, buffers), y or aux (eval, training), off the init; learn_*, fix_* change what learns;
+    a path (_PATHS) changes nothing; the defaults are _DEFAULTS; eval twice: the same."""
     x, mask = torch.randn(3, 10, 16, dtype=F64), _masks(10)[:3]
     close = functools.partial(torch.allclose, atol=1e-12)
     signature = list(inspect.signature(ATTENTION[kind]).parameters.values())
@@ -943,9 +938,6 @@ def test_model_attention_mask_false_is_the_official_uea_model():
 
 def test_model_layer_kinds_expands_a_name_and_checks_a_list():
     """A name expands ("primal+trans": Primal last), a list is kept, a bad one is refused."""
-    kwargs = {"softmax": {"dropout": 0.3}, "primal": {"max_len": 7}}  # these, not the config's
-    blocks = Classifier(_tiny("lra", ["softmax", "primal"], attention_kwargs=kwargs)).blocks
-    assert (blocks[0].attn.dropout, blocks[1].attn.n_samples) == (0.3, 7)
     assert layer_kinds("primal+trans", 3) == ["softmax", "softmax", "primal"]
     assert layer_kinds(["softmax", "agf"], 2) == ["softmax", "agf"]
     with pytest.raises(ValueError, match="entries for 2 layers"):
@@ -2177,11 +2169,8 @@ _PRESETS = [  # (script, flags, settings they lead to): the official scripts' va
     ("train_lra.py", "--task image --attention agf", dict(warmup=175, eval_every=175)),  # +_BUILT
     ("train_lra.py", "--task retrieval --attention primal+trans --primal-eta 0.3",
      dict(primal_rank=20, primal_eta=0.3, max_len=4000)),
-    ("train_lra.py", "--steps 500 --warmup 7", dict(warmup=7)),  # --steps alone: the schedule test
-    ("train_lra.py", "--preset quick", dict(listops_size=6000, max_len=100, steps=1000,
-     d_model=64, out="runs/listops/agf-quick-seed0")),
-    ("train_uea.py", "", dict(d_model=512, n_heads=8, d_ff=2048, batch_size=16, seed=666,
-     out="runs/JapaneseVowels/softmax-paper-seed666")),
+    ("train_lra.py", "--preset quick", dict(listops_size=6000, out="runs/listops/agf-quick-seed0")),
+    ("train_uea.py", "", dict(seed=666, out="runs/JapaneseVowels/softmax-paper-seed666")),
     ("train_uea.py", "--dataset Toy", dict(preset="default")),  # no preset: said as it is
     ("train_uea.py", "--dataset Toy --preset quick", dict(preset="quick")),
 ]  # fmt: skip
@@ -2190,9 +2179,7 @@ _PRESETS = [  # (script, flags, settings they lead to): the official scripts' va
 @pytest.mark.parametrize("script, flags, want", _PRESETS, ids=_id)
 def test_train_lra_and_train_uea_presets_follow_the_official_scripts(script, flags, want):
     cfg = SCRIPTS[script][0].parse_config(flags.split())
-    assert {k: getattr(cfg, k) for k in want} == want
-    presets = [train_uea.AGF, train_uea.PRIMAL["primal"], train_uea.PRIMAL["primal+trans"]]
-    assert set(presets[0]) == set(presets[1]) == set(presets[2])  # the same ten datasets
+    assert {k: getattr(cfg, k) for k in want} == want  # _BUILT: what each preset builds
 
 
 _VALUES = dict(task="image", attention="gfsa", preset="quick", device="cpu", agf_basis="monomial",
@@ -2200,19 +2187,16 @@ _VALUES = dict(task="image", attention="gfsa", preset="quick", device="cpu", agf
                n_heads=4, gfsa_order=4, warmup=0, steps=7)  # other than each default
 
 
-# Flags that act after build (each in its own tests): the data, the loop, the run folder.
 _AFTER_BUILD = {"data_dir", "data_seed", "listops_size", "listops_eval_size", "download", "out",
                 "download_url", "batch_size", "eval_every", "epochs", "grad_clip", "resume",
-                "overwrite", "device", "amp", "compile", "attention"}  # fmt: skip
-# The kinds a flag reaches where not all (agf_*, primal_*, gfsa_*: their own kinds)
+                "overwrite", "device", "amp", "compile", "attention"}  # own tests  # fmt: skip
 _ONLY = {"attn_dropout": {"softmax", "gfsa", "primal+trans"}, "dataset": {"agf", "primal",
-         "primal+trans"}}  # fmt: skip
+         "primal+trans"}}  # the kinds it reaches if not all (agf_* etc.: their own)  # fmt: skip
 
 
 def _built(script: str, *argv) -> list:
-    """What build() makes of the flags: each module's settings and weights, the model's config
-    (but what only its layers read), the optimiser's (and schedule's) settings; it checks that
-    the optimiser holds each parameter that learns, once."""
+    """What build() makes of the flags: each module's settings and weights, the model's config (but
+    what only its layers read), the optimiser's and schedule's; the optimiser holds all, once."""
     cfg, cpu, lra = SCRIPTS[script][0].parse_config(argv), torch.device("cpu"), "lra" in script
     built = train_lra.build(cfg, cpu) if lra else train_uea.build(cfg, _uea_dummy_data(500), cpu)
     model, opt, *schedule = built[: 3 if lra else 2]
@@ -2229,9 +2213,8 @@ def _built(script: str, *argv) -> list:
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=_id)
 def test_train_lra_and_train_uea_every_flag_reaches_its_setting(script):
-    """Each flag alone, with a value other than its default (a bool: --x and --no-x), reaches its
-    setting, and what build() makes (_built) for every kind the flag is for (agf_*: AGF; _ONLY)
-    and no other, unless it acts after build; the flag's range is checked at both edges."""
+    """Each flag alone at another value (a bool: --x, --no-x) reaches its setting and what build()
+    makes for each kind it is for (agf_*: AGF; _ONLY) and no other; its range at both edges."""
     module, base = SCRIPTS[script][0], ["--d-model", "16", "--n-heads", "2", "--d-ff", "32"]
     plain = {kind: _built(script, *base, "--attention", kind) for kind in KINDS}
     for f in dataclasses.fields(module.TrainConfig):
@@ -2249,8 +2232,6 @@ def test_train_lra_and_train_uea_every_flag_reaches_its_setting(script):
             want = {k for k in KINDS if prefix in k} if prefix in ATTENTION else set(KINDS)
             got = {k for k in KINDS if _built(script, *base, "--attention", k, *given) != plain[k]}
             assert got == _ONLY.get(f.name, want), name
-        if f.type is bool:
-            continue
         low, high, step = f.metadata["low"], f.metadata["high"], 1 if f.type is int else 1e-6
         # its range [low, high) at both edges: low and high - step accepted, the others refused
         edges = [] if low is None else [(low, True), (low - step, False)]
@@ -2554,11 +2535,10 @@ def test_train_lra_and_train_uea_logged_numbers_are_recomputed(tmp_path, script,
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=_id)
 def test_train_lra_and_train_uea_schedule_steps_and_clock_are_the_formulas(tmp_path, script):
-    """Written out: the lr and β₁ each step uses (LRA: OneCycleLR as in lra_config.py, linear
-    lr/25 -> lr over the warm-up, -> lr/25e4 after, β₁ 0.95 -> 0.85 -> 0.95; UEA: lr and 0.9),
-    the logged lr that of its step; --steps steps, or epochs x ceil(n / batch); time_s, wall_s
-    on a clock of 1 s a step and 10 s an evaluation; LRA's preset warm-up rescaled for --steps,
-    rounded (1 -> 2, none when it reaches --steps). Which examples each step takes: next test."""
+    """Written out: the lr and β₁ each step uses (LRA: OneCycleLR as lra_config.py, linear lr/25
+    -> lr over the warm-up (--warmup wins), -> lr/25e4 after, β₁ 0.95 -> 0.85 -> 0.95; UEA: lr,
+    0.9), the logged lr; --steps steps, or epochs x ceil(n / batch); time_s, wall_s on a clock
+    of 1 s a step, 10 s an evaluation; the warm-up rescaled for --steps (1 -> 2, 0 if >= it)."""
     module, lra, clock, seen = SCRIPTS[script][0], "lra" in script, [0.0], []
     train_step, evaluate = module.train_step, module.evaluate
 
