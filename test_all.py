@@ -662,6 +662,8 @@ def test_model_padding_is_never_read_and_every_parameter_learns(name):
     assert all(m is None or m.any(-1).all() for m in masks), name
     assert torch.isfinite(y0).all() and (y0[~mask] == 0).all() and torch.isfinite(aux0)
     assert aux0.item() == 0 or isinstance(layer, (AGFAttention, PrimalAttention)), aux0
+    for u_or_v in layer.factors(x, mask)[::2] if isinstance(layer, AGFAttention) else ():
+        assert not u_or_v.transpose(1, 2)[~mask].any()  # as agf.py says: 0 at padding
     dense = _dense_reference(layer)
     for b, real in [(b, real) for b, real in enumerate(mask) if real.any()]:
         assert torch.allclose(y0[b, real], dense(x[b : b + 1, real])[0], atol=1e-12), b
@@ -797,8 +799,7 @@ _CLASSIFIER = {  # the classifier's own entries (_tiny), and each block's beside
     "lra": "embed.weight:11x16 head.0.weight:16x16 head.0.bias:16 head.2.weight:3x16 head.2.bias:3",
     "uea": "embed.weight:16x5 embed.bias:16 head.weight:3x384 head.bias:3",
     "block": "norm1.weight:16 norm1.bias:16 norm2.weight:16 norm2.bias:16 mlp.0.weight:32x16 "
-             "mlp.0.bias:32 mlp.3.weight:16x32 mlp.3.bias:16",
-}  # fmt: skip
+             "mlp.0.bias:32 mlp.3.weight:16x32 mlp.3.bias:16"}  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", list(ATTENTION), ids=_id)
@@ -839,8 +840,7 @@ _DEFAULTS = {  # each docstring's: the official code's or, said there, our choic
     "primal": "rank=20 rank_multi=10 max_len=1024 ksvd_weight=0.1 causal=False "
               "ksvd_reduction='batch'",
     "gfsa": "order=2 w0=0.0 learn_w0=False learn_w1=False dropout=0.0 causal=False "
-            "kernel='softmax' evaluation='fast' high_order='taylor'",
-}  # fmt: skip
+            "kernel='softmax' evaluation='fast' high_order='taylor'"}  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", list(ATTENTION), ids=_id)
@@ -2535,19 +2535,18 @@ def test_train_lra_and_train_uea_logged_numbers_are_recomputed(tmp_path, script,
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=_id)
 def test_train_lra_and_train_uea_schedule_steps_and_clock_are_the_formulas(tmp_path, script):
-    """Written out: the lr and β₁ each step uses (LRA: OneCycleLR as lra_config.py, linear lr/25
-    -> lr over the warm-up (--warmup wins), -> lr/25e4 after, β₁ 0.95 -> 0.85 -> 0.95; UEA: lr,
-    0.9), the logged lr; --steps steps, or epochs x ceil(n / batch); time_s, wall_s on a clock
+    """Written out: the lr, β₁ (β₂, eps) each step uses (LRA: OneCycleLR as lra_config.py, linear
+    lr/25 -> lr over the warm-up (--warmup wins), -> lr/25e4 after, β₁ 0.95 -> 0.85 -> 0.95; UEA:
+    lr, 0.9), the logged lr; --steps steps, or epochs x ceil(n / batch); time_s, wall_s on a clock
     of 1 s a step, 10 s an evaluation; the warm-up rescaled for --steps (1 -> 2, 0 if >= it)."""
     module, lra, clock, seen = SCRIPTS[script][0], "lra" in script, [0.0], []
-    train_step, evaluate = module.train_step, module.evaluate
 
-    def step(*args):
+    def step(*args, train_step=module.train_step):
         group, clock[0] = args[1].param_groups[0], clock[0] + 1
-        seen.extend([group["lr"], group["betas"][0]])
+        seen.extend([group["lr"], *group["betas"], group["eps"], group["weight_decay"]])
         return train_step(*args)
 
-    def evaluating(*args):
+    def evaluating(*args, evaluate=module.evaluate):
         clock[0] += 10
         return evaluate(*args)
 
@@ -2559,10 +2558,11 @@ def test_train_lra_and_train_uea_schedule_steps_and_clock_are_the_formulas(tmp_p
     pct = [t / (W - 1) if t < W else (t - W + 1) / (S - W) for t in range(S)]
     want = [[lr / 25 + p * (lr - lr / 25), 0.95 - 0.1 * p] if t < W else
             [lr + p * (lr / 25e4 - lr), 0.85 + 0.1 * p] for t, p in enumerate(pct)]  # fmt: skip
-    assert seen == pytest.approx([x for pair in (want if lra else [[lr, 0.9]] * 9) for x in pair])
+    assert seen == pytest.approx([x for row in (want if lra else [[lr, 0.9]] * 9)  # + β₂, eps, no
+                                  for x in [*row, 0.999, 1e-6 if lra else 1e-8, 0]])  # decay
     log, evals = _log(tmp_path / "run"), [2, 4, 6, 7] if lra else [3, 6, 9]  # after these steps
     assert [(r["lr"], r["time_s"]) for r in log if lra] == [  # time_s: steps, evaluations so far
-        (seen[2 * k - 2], k + 10 * i) for i, k in enumerate(evals, 1) if lra]  # fmt: skip
+        (seen[5 * k - 5], k + 10 * i) for i, k in enumerate(evals, 1) if lra]  # fmt: skip
     assert result["wall_s"] == evals[-1] + 10 * len(evals) + 10 * lra  # LRA: + the test split
     for flags in [["--task", task] for task in train_lra.TASKS] + [["--preset", "quick"]]:
         preset = train_lra.QUICK if "quick" in flags else train_lra.TASKS[flags[1]]
