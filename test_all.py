@@ -1277,8 +1277,12 @@ def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
     assert rows[1:] == [[e, str(y)] for e, y in pairs[:48]]
     assert data["test"].y.tolist() == [y for _, y in pairs[60:]]
     split = data["train"]
-    assert split.x.shape == (48, 30) and split.x.dtype == np.int16 and notes == []
+    assert split.x.shape == (48, 30) and split.x.dtype == np.int16 and notes[1:] == []
     ids = [lra_data.tokenize_listops(e)[:30] for e, _ in pairs]
+    cut = sum(len(lra_data.tokenize_listops(e)) > 30 for e, _ in pairs)  # said in the first note
+    assert notes[0] == f"listops: train 48, val 12, test 12 examples from the generator (seed " \
+        f"5), written to {folder}; {lra_data.DONE['listops']}; {cut} of 72 inputs cut at max_len " \
+        "30: their ends dropped" and 0 < cut < 72  # fmt: skip
     assert all(row[: len(i)].tolist() == i for row, i in zip(split.x, ids, strict=False))
     lengths = [len(i) for i in ids]
     _lra_check_batch(split, lengths[:48])
@@ -1318,7 +1322,9 @@ def test_lra_data_imdb_and_aan_readers(tmp_path):
              "pos": ["très bien\n", "\u00a0nice\u3000\n"]}  # fmt: skip
     _lra_imdb(tmp_path, texts)
     splits, notes = lra_data.load_task("text", tmp_path, 12)
-    assert splits["val"] is splits["test"] and notes == []
+    assert splits["val"] is splits["test"] and notes == [  # one review per split is cut
+        f"text: train 6, val 6, test 6 examples from the release folder {tmp_path / 'aclImdb'}; "
+        "bytes + 1; val is test; 2 of 12 inputs cut at max_len 12: their ends dropped"]
     train = splits["train"]
     assert train.y.tolist() == [0, 0, 0, 0, 1, 1] and train.x.dtype == np.int16
     expected = [b"bad<br />fil", b"fine\r\nok", b"\x1cmeh\x1c", b"caf\xe9", "très bien".encode(),
@@ -1437,9 +1443,10 @@ def test_lra_data_image_readers_png_pathfinder_and_cifar(tmp_path):
     examples = _lra_pathfinder(folder, 22)  # 22 lines count: cut at round(17.6), round(19.8)
     splits, notes = lra_data.load_task("pathfinder", tmp_path, 16)
     empty = folder / "imgs" / "1" / "sample_empty.png"  # counted in the cuts, then skipped
-    assert notes == [f"{folder}/metadata/2.npy:2: no newline at the end: left out, as officially",
-                     f"{folder}: skipped 1 empty PNG file(s) (the first: {empty}), as the "
-                     "official pipeline does"]  # fmt: skip
+    assert "1, test 2 examples from the release folder" in notes[0] and "the hard diff" in notes[0]
+    assert notes[1:] == [f"{folder}/metadata/2.npy:2: no newline at the end: left out, as "
+                         f"officially", f"{folder}: skipped 1 empty PNG file(s) (the first: "
+                         f"{empty}), as the official pipeline does"]  # fmt: skip
     # TFDS order by hand: sorted by the MD5 hex digest of "hard" + key (same-length hex strings)
     ranked = sorted(examples, key=lambda key: hashlib.md5(f"hard{key}".encode()).hexdigest())
     for name, keys in zip(lra_data.SPLITS, (ranked[:18], ranked[18:20], ranked[20:]), strict=True):
@@ -1459,7 +1466,7 @@ def test_lra_data_image_readers_png_pathfinder_and_cifar(tmp_path):
         return sorted(range(n), key=lambda i: hashlib.md5(f"{split}{i}".encode()).hexdigest())
 
     splits, notes = lra_data.load_task("image", tmp_path, 1024)
-    assert [len(splits[s].y) for s in ("train", "val", "test")] == [22, 3, 5] and notes == []
+    assert [len(splits[s].y) for s in ("train", "val", "test")] == [22, 3, 5] and len(notes) == 1
     gray = lra_data.rgb_to_gray  # checked on every colour by the next test
     for name, order in (("train", tfds("train", 25)[:22]), ("val", tfds("train", 25)[22:])):
         assert np.array_equal(splits[name].x, gray(images[order].reshape(-1, 3, 1024)))  # 22.5: 22
@@ -1510,7 +1517,7 @@ def test_lra_data_pytorch_lra_pickles(tmp_path):
     pairs = [{"input_ids_0": np.r_[5, 6, np.zeros(6)], "input_ids_1": [7, 0, 3, 0], "label": 1}]
     _lra_pickles(tmp_path, "retrieval", pairs * 2)
     data, notes = lra_data.load_task("listops", tmp_path, 10)
-    assert data["train"].lengths.tolist() == [3, 4, 5, 6, 7, 8] and notes == []
+    assert data["train"].lengths.tolist() == [3, 4, 5, 6, 7, 8] and notes[0].endswith("; as read")
     assert data["train"].x.shape == (6, 10) and data["test"].y.tolist() == list(range(6))
     assert data["train"].x[5, :8].tolist() == items[5]["input_ids_0"][:8].tolist()
     _lra_check_batch(data["val"], [3, 4, 5, 6, 7, 8])
@@ -1562,7 +1569,18 @@ def _lra_read(kind: str, content, tmp_path: pathlib.Path):
             if content is not None:
                 _write(tmp_path / "metadata" / "0.npy", content)
         return lra_data.read_pathfinder(tmp_path, content if isinstance(content, int) else 16)
-    return lra_data.load_task(**content, data_dir=tmp_path)  # load_task: content its arguments
+    for name, text in content.get("files", {}).items():  # load_task: content its arguments
+        _write(tmp_path / name, text)  # and the files to write first
+    content = {k: v for k, v in content.items() if k != "files"}
+    return lra_data.load_task(**content, data_dir=tmp_path)
+
+
+def _lra_npy(content, labels=None) -> bytes:
+    """What numpy.save writes for content (labels: a CIFAR-10 batch of it, pickled instead)."""
+    if labels is not None:
+        return pickle.dumps({b"data": content, b"labels": labels})
+    np.save(buffer := io.BytesIO(), content)
+    return buffer.getvalue()
 
 
 _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the file)
@@ -1572,10 +1590,13 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("listops", "Source\tTarget\n[MAX 1 2 ]\n", "@:2: expected 'expression<TAB>label 0..9'"),
     ("listops", "Source\tTarget\n[MAX 1 ]\t1\t2\n", "@:2: expected 'expression<TAB>label"),
     ("listops", "Source\tTarget\n( )\t4\n", "@: no example has a real token (the first: @:2)"),
+    ("listops", "Source\tTarget\r\n", "@: no example"),  # a split with no example
     ("aan", b"1\ta\tb\tt1\tt2\n1\ta\tb\tonly four\n", "@:2: expected 5 tab-separated columns"),
-    ("aan", b"1\ta\tb\tt1\tt2\n2\ta\tb\tt1\tt2\n", "@:2: expected 5 tab-separated columns"),
-    ("aan", b"2\ta\tb\tt1\tt2\n", "id2 text1 text2', label 0/1, got 5"),
-    ("aan", b"yes\ta\tb\tt1\tt2\n", "@:1: expected 5 tab-separated columns"),
+    ("aan", b"1\ta\tb\tt1\tt2\n2\ta\tb\tt1\tt2\n", "@:2: the label '2' is not 0 or 1"),
+    ("aan", b"label\tid1\tid2\ttext1\ttext2\n", "@:1: the label 'label' is not 0 or 1 (a header?)"),
+    ("aan", b"1\ta\tb\tt1\tt2\nyes\ta\tb\tt1\tt2\n", "@:2: the label 'yes' is not 0 or 1"),
+    ("aan", b"\xef\xbb\xbf1\ta\tb\tt1\tt2\n", "@:1: starts with a byte-order mark"),
+    ("aan", b"", "@: no example"),
     ("aan", b"1\ta\tb\t\tt2\n0\ta\tb\tt1\t\n", "@: no example has a real token (the first: @:1)"),
     ("imdb", None, "no *.txt files in "),
     ("png", b"hello, not a png at all", "@: not an 8-bit grayscale non-interlaced PNG"),
@@ -1583,8 +1604,13 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("png", "filter 5", "@: row 0 has the unknown filter type 5"),
     ("png", "cut", "@: corrupt image data"),
     ("cifar", b"not a pickle", "data_batch_3: not a CIFAR-10 python batch"),
-    ("cifar", pickle.dumps({b"data": np.zeros((4, 100), np.uint8), b"labels": [0] * 4}),
-     "data_batch_3: not a CIFAR-10 python batch"),  # fmt: skip
+    ("cifar", _lra_npy(np.zeros((4, 100), np.uint8), [0] * 4), "data is uint8 (4, 100); CIFAR"),
+    ("cifar", _lra_npy(np.zeros((4, 32, 32, 3), np.uint8), [0] * 4),  # PIL's and torchvision's
+     "data_batch_3: data is uint8 (4, 32, 32, 3); CIFAR-10 holds uint8 (n, 3072)"),
+    ("cifar", _lra_npy(np.full((4, 3072), 0.5), [0] * 4), "data is float64 (4, 3072); CIFAR"),
+    ("cifar", _lra_npy(np.zeros((4, 3072), np.uint8), [0, 1, 2, 10]), "3: a label that is not a"),
+    ("cifar", _lra_npy(np.zeros((0, 3072), np.uint8), []), "data_batch_3: an empty batch"),
+    ("cifar", pickle.dumps(np.zeros((4, 3072), np.uint8)), "a pickled ndarray, not a dict"),
     ("cifar", pickle.dumps({b"data": np.zeros((4, 3072), np.uint8)}), "not a CIFAR-10 python"),
     ("cifar", 1000, "cifar-10-batches-py: CIFAR-10 images have 1024 pixels, but max_len is 1000"),
     ("pathfinder", "imgs/0 sample_0.png 0 1\nimgs/1 sample_404.png 9 0\n", "0.npy:2: image "),
@@ -1592,12 +1618,16 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("pathfinder", "imgs/0 sample_0.png 0\n", "0.npy:1: expected 'imgs/<k> sample_<i>.png i"),
     ("pathfinder", "\nimgs/0 sample_0.png 0 2\n", "0.npy:2: expected 'imgs/<k> sample_<i>.png"),
     ("pathfinder", "imgs/1 sample_empty.png 9 1\n", "the metadata names no image that is not"),
+    ("pathfinder", _lra_npy(np.array(["imgs/0 sample_0.png 0 1"])), "0.npy: binary; the release"),
+    ("pathfinder", "", "0.npy: empty; the release's metadata files each list many images"),
+    ("pathfinder", "imgs/0 sample_0.png 0 1\nimgs/2 sample_2.png 2 0\n", "no image in the val"),
     ("pathfinder", None, "no metadata/*.npy in"),
     ("pathfinder", 9, ".png: 16 pixels, but max_len is 9"),
     ("pickle:listops", b"not a pickle", "@: not a PyTorch-LRA pickle (list of dicts)"),
     ("pickle:listops", [{"input_ids_0": [3]}], "@: not a PyTorch-LRA pickle"),  # no label
     ("pickle:retrieval", [{"input_ids_0": [3], "label": 1}], "@: not a PyTorch-LRA pickle"),
     ("pickle:listops", [], "@: an empty list, no example"),
+    ("pickle:image", np.zeros((2, 16)), "@: not a PyTorch-LRA pickle (list of dicts): TypeError("),
     ("pickle:listops", [([5], 10)], "@: a label that is not a class 0..9 of task listops"),
     ("pickle:listops", [([5], 1), ([5], -1)], "@: a label that is not a class"),
     ("pickle:text", [([5], "one")], "@: a label that is not a class 0..1 of task text"),
@@ -1618,6 +1648,12 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("load_task", dict(task="listops", max_len=8, listops={
         k: v for k, v in _LRA_TINY_LISTOPS.items() if k != "max_depth"}),
      "the ListOps settings lack ['max_depth']"),
+    ("load_task", dict(task="retrieval", max_len=8, files={  # no new_aan_pairs.eval.tsv
+        f"tsv_data/new_aan_pairs.{s}.tsv": "1\ta\tb\tc\td\n" for s in ("train", "test")}),
+     "{tmp}/tsv_data/new_aan_pairs.eval.tsv: no such file"),
+    ("load_task", dict(task="listops", max_len=8, files={  # the release's, with an empty val
+        f"listops-1000/basic_{s}.tsv": "Source\tTarget\n" + "1\t1\n" * (s != "val") for s in
+        lra_data.SPLITS}), "{tmp}/listops-1000/basic_val.tsv: no example"),
 ]  # fmt: skip
 
 
@@ -1626,8 +1662,8 @@ def test_lra_data_bad_input_is_one_data_error_naming_file_and_line(kind, content
     with pytest.raises(lra_data.DataError) as err:
         _lra_read(kind, content, tmp_path)
     file = {"listops": "bad.tsv", "aan": "bad.tsv", "png": "bad.png"}.get(kind, "bad.pickle")
-    assert what.replace("@", str(tmp_path / file)) in str(err.value)
-    assert not list(tmp_path.glob("listops*"))  # nothing generated on the way
+    assert what.replace("@", str(tmp_path / file)).replace("{tmp}", str(tmp_path)) in str(err.value)
+    assert not list(tmp_path.glob("*/generator.json")) and not (tmp_path / "lra-cache").exists()
 
 
 _LRA_SKIPPED = [  # (reader, content, kept labels, kept lengths (, lengths2), the first skipped)
@@ -1666,7 +1702,8 @@ def test_lra_data_notes_unknown_listops_token_and_padding_far_beyond_the_inputs(
         _write(folder / f"basic_{split}.tsv", "\r\n".join(["Source\tTarget", *rows]) + "\r\n")
     splits, notes = lra_data.load_task("listops", tmp_path, 8)
     assert splits["val"].x[1, 0] == lra_data.LISTOPS_OOV == 16  # the official OOV id
-    [note] = notes
+    [said, note] = notes  # the sizes asked for (96000, ...) are not the folder's: said
+    assert f"from the release folder {folder} (not generated: the sizes asked for do not " in said
     assert note.startswith(f"{folder / 'basic_val.tsv'}:3: '[MAXX' is not a ListOps token")
     assert "token (0 1 2 3 4 5 6 7 8 9 [MIN [MAX [MED [SM ]);" in note
     assert note.endswith("of 2 line(s) of this file become the OOV id 16")
@@ -1676,7 +1713,7 @@ def test_lra_data_notes_unknown_listops_token_and_padding_far_beyond_the_inputs(
         "tokens, and attention pays for the padding"
     )
     _lra_pickles(tmp_path, "retrieval", [{"input_ids_0": [1], "input_ids_1": [1] * 5, "label": 0}])
-    assert lra_data.load_task("retrieval", tmp_path, 10)[1] == []  # the longest: document 2
+    assert lra_data.load_task("retrieval", tmp_path, 10)[1][1:] == []  # the longest: document 2
     assert any("max_len 11 is" in n for n in lra_data.load_task("retrieval", tmp_path, 11)[1])
 
 
@@ -2220,7 +2257,7 @@ def test_train_lra_and_train_uea_presets_follow_the_official_scripts(script, fla
 
 _VALUES = dict(task="image", attention="gfsa", preset="quick", device="cpu", agf_basis="monomial",
                optimizer="adam", agf_variant="svd", gfsa_high_order="exact", dataset="Heartbeat",
-               n_heads=4, gfsa_order=4, warmup=0, steps=7)  # other than each default
+               n_heads=4, gfsa_order=4, warmup=0, steps=7, pathfinder="easy")  # not the defaults
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

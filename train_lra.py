@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import runs
-from lra_data import LISTOPS_PAPER, N_CLASSES, VOCAB, DataError, Split, load_task
+from lra_data import LISTOPS_PAPER, N_CLASSES, PATHFINDER_DIRS, VOCAB, DataError, Split, load_task
 from model import ATTENTION, Classifier, ModelConfig, count_parameters
 from runs import flag
 
@@ -41,6 +41,8 @@ class TrainConfig(runs.Settings):  # and --out --resume --overwrite --device --a
     attention: str = flag("agf", " | ".join(ATTENTIONS))
     preset: str = flag("paper", "paper (the official scripts' settings) | quick (small, CPU)")
     data_dir: str = flag("data", "the LRA release layout, aclImdb/ and cifar-10-batches-py/")
+    cache: bool = flag(True, "keep the arrays read in <data-dir>/lra-cache (--no-cache: read anew)")
+    pathfinder: str = flag("hard", "Pathfinder: easy | intermediate | hard (the papers' choice)")
     seed: int = flag(0, "seed of the weights, dropout and the batch order", 0, runs.SEEDS)
     # optimisation: AdamW, betas (0.9, 0.999), eps 1e-6, no weight decay, OneCycleLR
     steps: int = flag(5000, "optimizer steps (a new value rescales the preset's warm-up)", 1)
@@ -74,7 +76,8 @@ def main(cfg: TrainConfig) -> dict:
     """Train, keep the weights that score best on validation, test them -> the result dict."""
     # 1) the run folder, locked and checked before anything is read or written; then the
     # processes: torchrun starts one per GPU (or per share of a CPU); rank 0 writes, prints
-    rank, world, device, autocast, ckpt = runs.start(cfg, "train_lra.py", "step", cfg.steps)
+    rank, world, device, autocast, ckpt = runs.start(cfg, "train_lra.py", "step", cfg.steps,
+                                                     may_change=("cache",))
     ddp, master, cuda = "RANK" in os.environ, rank == 0, device.type == "cuda"
     out = pathlib.Path(cfg.out)
     if master:
@@ -86,7 +89,8 @@ def main(cfg: TrainConfig) -> dict:
     if ddp and not master:
         dist.barrier()
     data_args = dict(task=cfg.task, data_dir=cfg.data_dir, max_len=cfg.max_len, seed=cfg.data_seed,
-                     listops=listops)  # kept in the checkpoints, so diagnose.py reads the same
+                     listops=listops, pathfinder_dir=PATHFINDER_DIRS[cfg.pathfinder],
+                     cache=cfg.cache)  # kept in the checkpoints, so diagnose.py reads the same
     preset_len = (QUICK if cfg.preset == "quick" else TASKS[cfg.task])["max_len"]
     data, notes = load_task(**data_args, padding_note=cfg.max_len != preset_len)  # --max-len given
     if ddp and master:
@@ -95,7 +99,7 @@ def main(cfg: TrainConfig) -> dict:
         print(note, flush=True)
     n_train = len(data["train"].y)
     if n_train < cfg.batch_size:
-        raise SystemExit(f"the training split has {n_train} examples, fewer than one batch")
+        raise DataError(f"the training split has {n_train} examples, fewer than one batch")
 
     # 3) model, optimizer, schedule: fresh, or as the interrupted run left them
     model, opt, sched, scaler = build(cfg, device)
@@ -302,7 +306,8 @@ def presets(given: dict, error) -> dict:
 def parse_config(argv=None) -> TrainConfig:
     """The flags (or `argv`) -> TrainConfig: defaults < preset < flags, all checked here."""
     choices = dict(task=list(TASKS), attention=ATTENTIONS, preset=list(LISTOPS),
-                   agf_variant=("agf", "uv", "svd"), gfsa_high_order=("taylor", "exact"))
+                   agf_variant=("agf", "uv", "svd"), gfsa_high_order=("taylor", "exact"),
+                   pathfinder=list(PATHFINDER_DIRS))
     out = "runs/{task}/{attention}-{preset}-seed{seed}"  # where --out is not given
     return runs.parse(TrainConfig, __doc__, choices, presets, out, argv)
 
