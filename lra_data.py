@@ -634,7 +634,7 @@ def _cached(file: pathlib.Path, root: pathlib.Path, sources: list, max_len: int,
             np.savez(f, meta=json.dumps(meta), **{k: a for k, a in arrays.items() if a is not None})
         os.replace(tmp, file)
     except OSError as e:  # a read-only data folder, a full disk: the run goes on without
-        tmp.unlink(missing_ok=True)
+        tmp.unlink() if tmp.exists() else None
         notes = [*notes, f"cannot write the cache {file} ({e.strerror}): the next run reads again"]
     return splits, notes + [f"{file}: rebuilt, as {why}"] * bool(why), False
 

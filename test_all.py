@@ -1717,6 +1717,80 @@ def test_lra_data_notes_unknown_listops_token_and_padding_far_beyond_the_inputs(
     assert any("max_len 11 is" in n for n in lra_data.load_task("retrieval", tmp_path, 11)[1])
 
 
+def _lra_aan(root: pathlib.Path, rows="1\ta\tb\tabc\tdefgh\n0\tc\td\tx\t\n0\te\tf\ty\tz\n"):
+    for name in ("train", "eval", "test"):  # (the second pair is skipped: an empty text)
+        _write(root / "tsv_data" / f"new_aan_pairs.{name}.tsv", rows)
+
+
+_LRA_SOURCES = {  # a folder of each kind -> (task, max_len); listops: generated
+    "listops": ("listops", 30, lambda root: None),
+    "text": ("text", 6, lambda root: _lra_imdb(root, {"neg": ["bad film", " "], "pos": ["good"]})),
+    "retrieval": ("retrieval", 4, _lra_aan),
+    "image": ("image", 1024, lambda root: _lra_cifar(root / "cifar-10-batches-py")),
+    "pathfinder": ("pathfinder", 16, lambda root: _lra_pathfinder(root / lra_data.PATH_HARD, 22)),
+    "pickles": ("retrieval", 3, lambda root: _lra_pickles(root, "retrieval", [
+        {"input_ids_0": [5, 6, 7, 8, 0], "input_ids_1": [7, 0, 3], "label": 1}] * 2)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("source", _LRA_SOURCES)
+def test_lra_data_cache_hit_equals_a_fresh_read(source, tmp_path):
+    """The first load writes the cache, the next reads it alone: the same arrays, the same notes
+    as a read of the files (cache=False), but for the source said; nothing else is written."""
+    task, max_len, write = _LRA_SOURCES[source]
+    write(tmp_path)
+    args = dict(task=task, data_dir=tmp_path, max_len=max_len, listops=_LRA_TINY_LISTOPS)
+    first, notes = lra_data.load_task(**args)
+    [cache] = (tmp_path / "lra-cache").iterdir()  # no temporary file left
+    with mock.patch.multiple(lra_data, _read_each=mock.DEFAULT, _read_release=mock.DEFAULT) as m:
+        for reader in m.values():
+            reader.side_effect = AssertionError("a hit reads no source file")
+        hit, hit_notes = lra_data.load_task(**args)
+    fresh, fresh_notes = lra_data.load_task(**args, cache=False)
+    assert hit_notes[0] == notes[0].replace(" from ", f" from the prepared cache {cache} of ", 1)
+    assert fresh_notes == notes and hit_notes[1:] == notes[1:]  # the readers' notes kept too:
+    assert len(notes) > 1 or source in ("listops", "image", "pickles")  # none for these
+    for name in lra_data.SPLITS:
+        for field in dataclasses.fields(lra_data.Split):
+            a, b = (np.asarray(getattr(data[name], field.name)) for data in (hit, fresh))
+            assert np.array_equal(a, b) and a.dtype == b.dtype, (name, field.name)  # None: same
+    assert (hit["val"] is hit["test"]) == (task == "text") and fresh["train"].x.dtype == np.int16
+
+
+def test_lra_data_cache_is_rebuilt_when_its_source_or_version_change_or_it_is_damaged(tmp_path):
+    """A changed source file, a new CACHE_VERSION, a truncated or damaged cache: read anew, with
+    one note saying why; an unwritable cache folder: a note, and the data all the same."""
+    _lra_aan(tmp_path)
+    cache, train = tmp_path / "lra-cache" / "tsv_data-4.npz", tmp_path / "tsv_data"
+    train /= "new_aan_pairs.train.tsv"
+    want = lra_data.load_task("retrieval", tmp_path, 4, cache=False)[0]["test"].x2
+
+    def rebuilt(why: str) -> None:
+        data, notes = lra_data.load_task("retrieval", tmp_path, 4)
+        assert notes[-1] == f"{cache}: rebuilt, as {why}" and " cache " not in notes[0]
+        assert np.array_equal(data["test"].x2, want)  # and the next load reads the new cache:
+        assert " cache " in lra_data.load_task("retrieval", tmp_path, 4)[1][0]
+
+    lra_data.load_task("retrieval", tmp_path, 4)
+    os.utime(train, ns=(0, 0))  # the same bytes, another time
+    rebuilt(f"{train} changed")
+    with mock.patch.object(lra_data, "CACHE_VERSION", 2):
+        rebuilt("the readers changed (version 1, now 2)")
+    cache.write_bytes(cache.read_bytes()[:-100])
+    rebuilt("it was damaged (BadZipFile)")
+    data = bytearray(cache.read_bytes())
+    data[data.index(b"\x93NUMPY") + 200] ^= 1  # a bit of the first array
+    cache.write_bytes(bytes(data))
+    rebuilt("it was damaged (BadZipFile)")
+    _lra_aan(tmp_path, "0\ta\tb\tq\tr\n")  # another content: another result, not the cache
+    assert lra_data.load_task("retrieval", tmp_path, 4)[0]["val"].y.tolist() == [0]
+    shutil.rmtree(cache.parent)
+    cache.parent.write_text("")  # a file where the cache folder goes: it cannot be written
+    data, notes = lra_data.load_task("retrieval", tmp_path, 4)
+    assert f"cannot write the cache {cache} (File exists): the next run reads again" in notes
+    assert data["val"].y.tolist() == [0] and cache.parent.read_text() == ""
+
+
 # ----------------------------------------------------------------------------------------------
 # uea_data.py: the UEA data
 # ----------------------------------------------------------------------------------------------
@@ -2501,6 +2575,40 @@ def test_train_lra_two_tower_and_image_runs_from_pickles():
             flags += ["--batch-size", "4", "--max-len", "8" if task == "retrieval" else "16"]
             result = _lra_run(flags + ["--d-model", "16", "--d-ff", "32"])
             assert result["task"] == task and result["config"]["max_len"] in (8, 16)
+
+
+_LRA_REFUSED = [  # (flags, files written over a CIFAR-10 folder of 5 images a batch, said)
+    (["--task", "image"], {"data_batch_2": _lra_npy(np.zeros((5, 32, 32, 3), np.uint8), [1] * 5)},
+     "data_batch_2: data is uint8 (5, 32, 32, 3)"),
+    (["--task", "image"], {"test_batch": _lra_npy(np.zeros((0, 3072), np.uint8), [])},
+     "test_batch: an empty batch"),  # a test split with no example: NaN, once
+    (["--task", "image"], {}, "the training split has 22 examples, fewer than one batch"),
+    (["--task", "pathfinder", "--pathfinder", "easy"], {}, "pathfinder32/curv_baseline/metadata"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("flags, files, said", _LRA_REFUSED)
+def test_train_lra_refuses_bad_data_before_training_and_leaves_no_run_folder(
+    flags, files, said, tmp_path
+):
+    folder = tmp_path / "cifar-10-batches-py"
+    _lra_cifar(folder)
+    for name, content in files.items():
+        _write(folder / name, content)
+    cfg = train_lra.parse_config([*flags, "--data-dir", str(tmp_path), "--out", f"{tmp_path}/a/b"])
+    with pytest.raises(SystemExit) as stop, mock.patch.object(train_lra, "build") as build:
+        runs.run(train_lra.main, cfg, "step", lra_data.DataError)
+    assert said in stop.value.code and stop.value.code.startswith("error: ") and not build.called
+    assert not (tmp_path / "a").exists()
+
+
+def test_runs_finish_writes_no_result_with_a_number_that_is_not_finite(tmp_path):
+    for bad in (math.nan, -math.inf):
+        with pytest.raises(SystemExit, match="the result's test_acc is not a finite number"):
+            runs.finish(tmp_path, dict(task="image", val_acc=0.5, test_acc=bad, n=3))
+    assert list(tmp_path.iterdir()) == []
+    assert runs.finish(tmp_path, dict(test_acc=0.5))["test_acc"] == 0.5  # a finite one: written
+    assert json.loads((tmp_path / "result.json").read_text()) == dict(test_acc=0.5)
 
 
 def _lra_stubbed(tmp: pathlib.Path, scores: list, *flags) -> tuple:
