@@ -619,7 +619,7 @@ def _cached(file: pathlib.Path, root: pathlib.Path, sources: list, max_len: int,
         old, new = ({tuple(source) for source in k["sources"]} for k in (meta["key"], key))
         why = f"the readers changed (version {meta['key']['version']}, now {CACHE_VERSION})"
         why = f"{root / min(old ^ new)[0]} changed" if old != new else why
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no cache yet
         pass
     except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
         why = f"it was damaged ({type(e).__name__})"
