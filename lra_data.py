@@ -257,7 +257,8 @@ def read_listops_tsv(path: pathlib.Path, max_len: int) -> tuple:
             f"unknown tokens of {len(unknown)} line(s) of this file become the OOV id {LISTOPS_OOV}"
         )
     x, lengths, cut = pack(sequences, max_len)
-    split, skipped = _drop_empty(Split(x, lengths, np.array(labels), cut=cut), places, path)
+    split = Split(x, lengths, np.array(labels, np.int64), cut=cut)
+    split, skipped = _drop_empty(split, places, path)
     return split, notes + skipped
 
 
@@ -281,7 +282,7 @@ def read_imdb(folder: pathlib.Path, max_len: int) -> tuple:
             text = file.read_bytes().strip()  # tfds imdb.py: f.read().strip(), file opened "rb"
             texts.append(np.frombuffer(text, np.uint8))
         x, lengths, cut = pack(texts, max_len, 1)
-        split = Split(x, lengths, np.array([0] * len(neg) + [1] * len(pos)), cut=cut)
+        split = Split(x, lengths, np.array([0] * len(neg) + [1] * len(pos), np.int64), cut=cut)
         splits[name], skipped = _drop_empty(split, neg + pos, folder / name)
         notes += skipped
     return {"train": splits["train"], "val": splits["test"], "test": splits["test"]}, notes
@@ -310,7 +311,8 @@ def read_aan_tsv(path: pathlib.Path, max_len: int) -> tuple:
                 labels.append(None)  # not a number: on line 1, a header?
             if labels[-1] not in (0, 1):  # a word on line 1: a header, which the release lacks
                 what = " (a header?)" * (labels[-1] is None and line_num == 1)
-                raise DataError(f"{where}: the label {fields[0].decode()!r} is not 0 or 1{what}")
+                what = f"the label {fields[0].decode('latin-1')!r} is not 0 or 1{what}"
+                raise DataError(f"{where}: {what}")
             # lra_benchmarks/matching/input_pipeline.py: each text cut to 10000 bytes, then max_len
             docs1.append(np.frombuffer(fields[3][:10000], np.uint8))
             docs2.append(np.frombuffer(fields[4][:10000], np.uint8))
@@ -490,7 +492,7 @@ def read_lra_pickle(path: pathlib.Path, task: str, max_len: int) -> tuple:
         raise DataError(f"{path}: an empty list, no example")
     documents, cut = [], 0  # ids, lengths of input_ids_0 (, of input_ids_1); inputs cut
     for key in keys:
-        try:  # rows cut to max_len, each padded on its own: they need not share a length
+        try:  # rows cut to max_len and padded each on its own (pack): any lengths
             rows = [np.asarray(a, dtype=np.int64).reshape(-1) for a in columns[key]]
         except (TypeError, ValueError) as e:
             raise DataError(f"{path}: {key} holds something other than token ids ({e})") from None
@@ -578,7 +580,7 @@ def load_task(
             "docstring."
         )
     if missing := [path for path in sources if not path.exists()]:  # a new_aan_pairs.eval.tsv
-        raise DataError(f"{missing[0]}: no such file, though {task} reads {missing[0].parent}")
+        raise DataError(f"{missing[0]}: no such file; the {task} data there is incomplete")
     name = f"{stem}-pickles" if sources is pickles else folder.name
     file = root / "lra-cache" / f"{name}-{max_len}.npz"
     splits, notes, hit = _cached(file, root, sources, max_len, read) if cache else (*read(), False)
