@@ -2623,7 +2623,7 @@ def test_train_lra_text_reuses_the_validation_score_and_logs_each_evaluation(tmp
         result = train_lra.main(train_lra.parse_config(argv))
     assert evaluate.call_count == 2 and result["test_acc"] == result["val_acc"]
     lines = printed.getvalue().splitlines()
-    assert lines[1].startswith("max_len 32 is more than twice the longest input (10 tokens)")
+    assert lines[2].startswith("max_len 32 is more than twice the longest input (10 tokens)")
     assert [line.split()[:2] for line in lines if line.startswith("step ")] == [
         ["step", "2"], ["step", "4"]]  # fmt: skip
 
