@@ -4,13 +4,16 @@ Each reader returns `Split`s: int16 ids right-padded with 0 and the true lengths
 is `arange(N) < length`, never `ids != 0` (a pixel of value 0 is a real token), together with
 notes: plain sentences on what is surprising in the data (skipped examples, unknown tokens),
 which the training script prints. Examples with no real token never reach the model.
-load_task(task, data_dir, max_len) -> ({"train", "val", "test"} -> Split, notes) picks the reader;
+load_task(task, data_dir, max_len) -> ({"train", "val", "test"} -> Split, notes) picks the reader,
+checks the splits, says what it read (the first note) and keeps the arrays in a cache file;
 download_task fetches a task's folder (ARCHIVES) with download.py, as load_task(download=...).
 Official code: google-research/long-range-arena lra_benchmarks/, mlpen/Nystromformer LRA/.
 Depends on: numpy, tqdm, download.py
 """
 
 import csv
+import functools
+import glob
 import hashlib
 import json
 import multiprocessing
@@ -22,6 +25,7 @@ import signal
 import statistics
 import struct
 import uuid
+import zipfile
 import zlib
 from dataclasses import dataclass
 
@@ -59,6 +63,13 @@ ARCHIVES = {
     "retrieval": dict(url=RELEASE, size=None, md5=None, folder="tsv_data", keep=".*"),
     "pathfinder": dict(url=RELEASE, size=None, md5=None, folder=PATH_HARD, keep=".*"),
 }  # fmt: skip
+PATHFINDER_DIRS = {name: f"pathfinder32/{folder}" for folder, name in PATHFINDER_SPLITS.items()}
+# What the readers do to each task's release files, said in the run's log
+DONE = dict(listops="words to ids 1..15, 16 for any other", text="bytes + 1; val is test")
+DONE |= dict(retrieval="bytes + 1, each text first cut to 10,000 bytes, as officially")
+DONE |= dict(image="grey as tf.image.rgb_to_grayscale; TFDS order, train cut at 90 %")
+DONE |= dict(pathfinder="the {} difficulty; TFDS order, cut at 80 % and 90 %", pickles="as read")
+CACHE_VERSION = 1  # of the readers' rules: raise it when they change, and every cache is rebuilt
 
 
 class DataError(ValueError):
@@ -74,6 +85,7 @@ class Split:
     y: np.ndarray  # (n,) int64 labels
     x2: np.ndarray | None = None  # (n, max_len) Retrieval: the second document
     lengths2: np.ndarray | None = None  # (n,)
+    cut: int = 0  # inputs (documents) cut at max_len
 
     def batch(self, idx: np.ndarray) -> dict:
         """Examples `idx` as model inputs: int64 ids x (B, N), bool mask (B, N), int64 labels
@@ -197,13 +209,14 @@ def write_listops(folder: pathlib.Path, settings: dict, progress: bool = True) -
 
 
 def pack(sequences: list, max_len: int, shift: int = 0) -> tuple:
-    """Cut to max_len, add shift, right-pad with 0 -> (ids (n, max_len) int16, lengths (n,))."""
+    """Cut to max_len, add shift, right-pad with 0 -> (ids (n, max_len) int16, lengths (n,),
+    how many sequences were cut)."""
     # shift=1 for bytes (tfds ByteTextEncoder: id = byte + 1, 0 = padding); int16 holds ids < 257
     x, lengths = np.zeros((len(sequences), max_len), np.int16), np.zeros(len(sequences), np.int64)
     for i, seq in enumerate(sequences):
         seq = np.asarray(seq[:max_len], dtype=np.int16) + shift
         x[i, : len(seq)], lengths[i] = seq, len(seq)
-    return x, lengths
+    return x, lengths, sum(len(seq) > max_len for seq in sequences)
 
 
 def _drop_empty(split: Split, places: list, source: str) -> tuple:
@@ -212,6 +225,8 @@ def _drop_empty(split: Split, places: list, source: str) -> tuple:
     The model pools over real tokens, so an example without one has nothing to attend to (and
     a mask with no True row fails in the attention). places[i] says where example i came from.
     """
+    if not len(split.y):  # a split without examples: an evaluation would divide by zero
+        raise DataError(f"{source}: no example")
     empty = split.lengths == 0
     if split.lengths2 is not None:
         empty |= split.lengths2 == 0
@@ -226,7 +241,7 @@ def _drop_empty(split: Split, places: list, source: str) -> tuple:
         f"{source}: skipped {empty.sum()} of {len(empty)} examples with no real token (the "
         f"first: {first}): the model would have nothing to attend to"
     )
-    return Split(split.x[keep], split.lengths[keep], split.y[keep], *arrays), [note]
+    return Split(split.x[keep], split.lengths[keep], split.y[keep], *arrays, split.cut), [note]
 
 
 def read_listops_tsv(path: pathlib.Path, max_len: int) -> tuple:
@@ -262,7 +277,8 @@ def read_listops_tsv(path: pathlib.Path, max_len: int) -> tuple:
             f"{path}:{line}: {word!r} is not a ListOps token ({vocabulary}); it and the other "
             f"unknown tokens of {len(unknown)} line(s) of this file become the OOV id {LISTOPS_OOV}"
         )
-    split = Split(*pack(sequences, max_len), np.array(labels, dtype=np.int64))
+    x, lengths, cut = pack(sequences, max_len)
+    split = Split(x, lengths, np.array(labels, np.int64), cut=cut)
     split, skipped = _drop_empty(split, places, path)
     return split, notes + skipped
 
@@ -285,9 +301,9 @@ def read_imdb(folder: pathlib.Path, max_len: int) -> tuple:
         texts = []
         for file in tqdm(neg + pos, desc=f"reading {name}", leave=False, disable=None):
             text = file.read_bytes().strip()  # tfds imdb.py: f.read().strip(), file opened "rb"
-            texts.append(np.frombuffer(text[:max_len], np.uint8))
-        labels = np.array([0] * len(neg) + [1] * len(pos), dtype=np.int64)
-        split = Split(*pack(texts, max_len, 1), labels)
+            texts.append(np.frombuffer(text, np.uint8))
+        x, lengths, cut = pack(texts, max_len, 1)
+        split = Split(x, lengths, np.array([0] * len(neg) + [1] * len(pos), np.int64), cut=cut)
         splits[name], skipped = _drop_empty(split, neg + pos, folder / name)
         notes += skipped
     return {"train": splits["train"], "val": splits["test"], "test": splits["test"]}, notes
@@ -302,22 +318,28 @@ def read_aan_tsv(path: pathlib.Path, max_len: int) -> tuple:
     docs1, docs2, labels, places = [], [], [], []
     with open(path, "rb") as f:  # bytes: the texts are encoded byte by byte anyway
         for line_num, line in enumerate(f, start=1):
-            fields = line.rstrip(b"\r\n").split(b"\t")
+            where, fields = f"{path}:{line_num}", line.rstrip(b"\r\n").split(b"\t")
             if fields == [b""]:  # a blank line
                 continue
+            if line.startswith(b"\xef\xbb\xbf"):
+                raise DataError(f"{where}: starts with a byte-order mark, which the release lacks")
+            if len(fields) != 5:
+                what = "5 tab-separated columns 'label id1 id2 text1 text2'"
+                raise DataError(f"{where}: expected {what}, got {len(fields)}")
             try:  # the official reader parses the label as a float, then casts it to int
                 labels.append(int(float(fields[0])))
-                if len(fields) != 5 or labels[-1] not in (0, 1):
-                    raise ValueError
             except (ValueError, OverflowError):
-                msg = "expected 5 tab-separated columns 'label id1 id2 text1 text2', label 0/1"
-                raise DataError(f"{path}:{line_num}: {msg}, got {len(fields)}") from None
+                labels.append(None)  # not a number: on line 1, a header?
+            if labels[-1] not in (0, 1):  # a word on line 1: a header, which the release lacks
+                what = " (a header?)" * (labels[-1] is None and line_num == 1)
+                what = f"the label {fields[0].decode('latin-1')!r} is not 0 or 1{what}"
+                raise DataError(f"{where}: {what}")
             # lra_benchmarks/matching/input_pipeline.py: each text cut to 10000 bytes, then max_len
-            docs1.append(np.frombuffer(fields[3][:10000][:max_len], np.uint8))
-            docs2.append(np.frombuffer(fields[4][:10000][:max_len], np.uint8))
-            places.append(f"{path}:{line_num}")
-    (x, lengths), (x2, lengths2) = pack(docs1, max_len, 1), pack(docs2, max_len, 1)  # byte + 1
-    split = Split(x, lengths, np.array(labels, dtype=np.int64), x2, lengths2)
+            docs1.append(np.frombuffer(fields[3][:10000], np.uint8))
+            docs2.append(np.frombuffer(fields[4][:10000], np.uint8))
+            places.append(where)
+    (x, lengths, cut), (x2, lengths2, cut2) = pack(docs1, max_len, 1), pack(docs2, max_len, 1)
+    split = Split(x, lengths, np.array(labels, dtype=np.int64), x2, lengths2, cut + cut2)
     return _drop_empty(split, places, path)
 
 
@@ -352,14 +374,23 @@ def read_cifar(folder: pathlib.Path, max_len: int = 1024) -> dict:
     if max_len != 1024:  # as read_pathfinder: an image is as long as its pixels, never cut
         raise DataError(f"{folder}: CIFAR-10 images have 1024 pixels, but max_len is {max_len}")
     xs, ys = [], []  # data_batch_1..5, test_batch
-    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+    for file in [folder / f"data_batch_{i}" for i in range(1, 6)] + [folder / "test_batch"]:
         try:
-            batch = pickle.loads((folder / name).read_bytes(), encoding="bytes")
-            ys.append(np.asarray(batch[b"labels"], dtype=np.int64))
-            rgb = np.asarray(batch[b"data"], dtype=np.uint8).reshape(len(ys[-1]), 3, 1024)
+            batch = pickle.loads(file.read_bytes(), encoding="bytes")
+            if not isinstance(batch, dict):
+                raise TypeError(f"a pickled {type(batch).__name__}, not a dict")
+            data, labels = np.asarray(batch[b"data"]), np.asarray(batch[b"labels"])
         except (OSError, pickle.UnpicklingError, KeyError, TypeError, EOFError, ValueError) as e:
-            raise DataError(f"{folder / name}: not a CIFAR-10 python batch ({e!r})") from None
-        xs.append(rgb_to_gray(rgb))  # (n, 1024)
+            raise DataError(f"{file}: not a CIFAR-10 python batch ({e!r})") from None
+        if not len(labels):  # one empty batch would silently drop a fifth of the images
+            raise DataError(f"{file}: an empty batch, no image")
+        if data.dtype != np.uint8 or data.shape != (len(labels), 3072):  # (n, 32, 32, 3), floats
+            what = "uint8 (n, 3072): 1024 red, green, then blue values"
+            raise DataError(f"{file}: data is {data.dtype} {data.shape}; CIFAR-10 holds {what}")
+        if labels.dtype.kind not in "iu" or labels.min() < 0 or labels.max() > 9:  # a crash
+            raise DataError(f"{file}: a label that is not a class 0..9")  # after all training
+        xs.append(rgb_to_gray(data.reshape(-1, 3, 1024)))  # (n, 1024)
+        ys.append(labels.astype(np.int64))
     x, y = np.concatenate(xs[:5]), np.concatenate(ys[:5])  # (50000, 1024), (50000,)
     train, val = tfds_split("train", [str(i) for i in range(len(x))], (90,))  # [:90%], [90%:]
     (test,) = tfds_split("test", [str(i) for i in range(len(ys[5]))])
@@ -420,7 +451,12 @@ def read_pathfinder(folder: pathlib.Path, max_len: int) -> tuple:
         raise DataError(f"no metadata/*.npy in {folder}")
     keys, examples, notes = [], [], []  # examples: (png, label) per key
     for meta in metas:
-        lines = meta.read_text().split("\n")  # the official reader: text.split("\n")[:-1]
+        try:  # the official reader: text.split("\n")[:-1]
+            lines = meta.read_bytes().decode().split("\n")
+        except UnicodeDecodeError:  # numpy.save's files, say, which the suffix invites
+            raise DataError(f"{meta}: binary; the release's metadata files are text") from None
+        if not "".join(lines).strip():  # reading on would silently drop its share of the data
+            raise DataError(f"{meta}: empty; the release's metadata files each list many images")
         if lines[-1]:
             notes.append(f"{meta}:{len(lines)}: no newline at the end: left out, as officially")
         for line_num, line in enumerate(lines[:-1], start=1):
@@ -452,6 +488,8 @@ def read_pathfinder(folder: pathlib.Path, max_len: int) -> tuple:
         splits[name] = Split(x, lengths, np.array(labels, dtype=np.int64))
     if len(empty) == len(examples):
         raise DataError(f"{folder}: the metadata names no image that is not empty")
+    if none := [name for name in SPLITS if not len(splits[name].y)]:
+        raise DataError(f"{folder}: no image in the {none[0]} split of {len(keys)} metadata lines")
     if empty:
         what = f"{len(empty)} empty PNG file(s) (the first: {empty[0]})"
         notes.append(f"{folder}: skipped {what}, as the official pipeline does")
@@ -466,21 +504,24 @@ def read_lra_pickle(path: pathlib.Path, task: str, max_len: int) -> tuple:
     """
     keys = ["input_ids_0", "input_ids_1"] if task == "retrieval" else ["input_ids_0"]
     try:
-        items = pickle.loads(path.read_bytes())
+        if not isinstance(items := pickle.loads(path.read_bytes()), list):  # a pickled ndarray
+            raise TypeError(f"a pickled {type(items).__name__}")
         columns = {key: [item[key] for item in items] for key in ["label", *keys]}
-    except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError) as e:
+    except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError, IndexError) as e:
         raise DataError(f"{path}: not a PyTorch-LRA pickle (list of dicts): {e!r}") from None
     if not items:
         raise DataError(f"{path}: an empty list, no example")
-    documents = []  # ids, lengths of input_ids_0 (, of input_ids_1)
+    documents, cut = [], 0  # ids, lengths of input_ids_0 (, of input_ids_1); inputs cut
     for key in keys:
-        try:  # rows cut to max_len, each padded on its own: they need not share a length
-            rows = [np.asarray(a, dtype=np.int64).reshape(-1)[:max_len] for a in columns[key]]
+        try:  # rows cut to max_len and padded each on its own (pack): any lengths
+            rows = [np.asarray(a, dtype=np.int64).reshape(-1) for a in columns[key]]
         except (TypeError, ValueError) as e:
             raise DataError(f"{path}: {key} holds something other than token ids ({e})") from None
         if any(len(row) and (row.min() < 0 or row.max() >= VOCAB[task]) for row in rows):
             raise DataError(f"{path}: {key} outside [0, {VOCAB[task]}) for task {task}")
-        x, row_lengths = pack(rows, max_len)
+        x, row_lengths, cut_rows = pack(rows, max_len)  # token rows: real ids cut, not padding
+        image = task in ("image", "pathfinder")
+        cut += cut_rows if image else sum(len(np.trim_zeros(row, "b")) > max_len for row in rows)
         # The pickles pad token sequences with 0 themselves: real tokens end at the last non-0.
         # NOTE: images keep every pixel; mlpen/Nystromformer LRA/code/dataset.py masks ids == 0
         nonzero = x != 0
@@ -493,7 +534,7 @@ def read_lra_pickle(path: pathlib.Path, task: str, max_len: int) -> tuple:
     except (TypeError, ValueError):
         what = f"a label that is not a class 0..{N_CLASSES[task] - 1} of task {task}"
         raise DataError(f"{path}: {what}") from None
-    split = Split(*documents[:2], labels, *documents[2:])
+    split = Split(*documents[:2], labels, *documents[2:], cut=cut)
     return _drop_empty(split, [f"{path}, item {i}" for i in range(len(items))], path)
 
 
@@ -507,6 +548,7 @@ def load_task(
     pathfinder_dir: str = PATH_HARD,
     padding_note: bool = True,
     download: str | None = None,
+    cache: bool = True,
 ) -> tuple:
     """One LRA task's three splits: the release format if present, else PyTorch-LRA pickles,
     else (ListOps) generated with the settings `listops` and seed.
@@ -522,10 +564,13 @@ def load_task(
         padding_note: add the note on padding far beyond the longest input (see the Returns).
         download: None, or fetch the task's folder when it is missing (and no pickles are
             there), from this URL ("" = its URL in ARCHIVES): download_task.
+        cache: keep the arrays in <data_dir>/lra-cache/<folder>-<max_len>.npz and read them
+            from there while the files they came from and CACHE_VERSION stay the same (_cached).
 
     Returns:
-        ({"train", "val", "test"} -> Split, notes): notes are plain sentences for the run's log
-        (skipped examples, unknown ListOps tokens, padding far beyond the longest input).
+        ({"train", "val", "test"} -> Split, notes): notes are plain sentences for the run's log:
+        first what was read (split sizes, source, what was done to it, inputs cut at max_len),
+        then skipped examples, unknown ListOps tokens, padding far beyond the longest input.
 
     Raises:
         DataError: no data, malformed data or bad arguments; the message names the file.
@@ -544,20 +589,85 @@ def load_task(
         if task != "listops" or folder.name == ARCHIVES[task]["folder"]:  # else: generated
             download_task(task, root, download, pathfinder_dir)
     if task == "listops" and ((folder / marker).exists() or not all(pickles)):
-        splits, notes = _load_listops(folder, listops, seed, max_len)
+        sources = _listops_files(folder, listops, seed)  # generated first, where absent
+        how = f"the release folder {folder} (not generated: the sizes asked for do not apply)"
+        how = f"the generator (seed {seed}), written to {folder}" if len(sources) > 3 else how
+        read = functools.partial(_read_each, read_listops_tsv, sources[:3], max_len)
     elif (folder / marker).exists():
-        splits, notes = _read_release(task, folder, max_len)
+        sources, how = _release_files(task, folder), f"the release folder {folder}"
+        read = functools.partial(_read_release, task, folder, max_len)
     elif all(pickles):
-        results = [read_lra_pickle(path, task, max_len) for path in pickles]  # (Split, notes)
-        splits = dict(zip(SPLITS, [split for split, _ in results], strict=True))
-        notes = [note for _, split_notes in results for note in split_notes]
+        sources, how = pickles, f"the PyTorch-LRA pickles {root}/{stem}.*.pickle"
+        reader = functools.partial(read_lra_pickle, task=task)
+        read = functools.partial(_read_each, reader, pickles, max_len)
     else:
         raise DataError(
             f"no data for task {task}: expected {folder / marker} (from {source}) or the "
             f"PyTorch-LRA pickles {root}/{stem}.{{train,dev,test}}.pickle; --download fetches "
             f"{ARCHIVES[task]['url']}"
         )
-    return splits, notes + (_padding_notes(splits, max_len) if padding_note else [])
+    try:  # the cache's key: each source's name (under root), size and modification time
+        stats = [(str(path).removeprefix(f"{root}{os.sep}"), os.stat(path)) for path in sources]
+    except FileNotFoundError as e:  # a new_aan_pairs.eval.tsv, say
+        raise DataError(f"{e.filename}: no such file; the {task} data is incomplete") from None
+    name = f"{stem}-pickles" if sources is pickles else folder.name
+    file = root / "lra-cache" / f"{name}-{max_len}.npz"
+    splits, notes, hit = _cached(file, root, stats, max_len, read) if cache else (*read(), False)
+    parts = {id(split): split for split in splits.values()}.values()  # Text: val is test
+    cut, inputs = sum(p.cut for p in parts), sum(len(p.y) * (1 + (p.x2 is not None)) for p in parts)
+    done = DONE["pickles" if sources is pickles else task].format(PATHFINDER_SPLITS.get(name))
+    said = ", ".join(f"{split} {len(part.y)}" for split, part in splits.items())
+    said = f"{task}: {said} examples from {f'the prepared cache {file} of ' * hit}{how}; {done}"
+    said += f"; {cut} of {inputs} inputs cut at max_len {max_len}: their ends dropped" * bool(cut)
+    return splits, [said, *notes, *(_padding_notes(splits, max_len) if padding_note else [])]
+
+
+def _read_each(reader, files: list, max_len: int) -> tuple:
+    """reader(file, max_len) -> (Split, notes) of train, val, test's files -> (splits, notes)."""
+    results = [reader(file, max_len=max_len) for file in files]
+    splits = dict(zip(SPLITS, [split for split, _ in results], strict=True))
+    return splits, [note for _, split_notes in results for note in split_notes]
+
+
+def _cached(file: pathlib.Path, root: pathlib.Path, stats: list, max_len: int, read) -> tuple:
+    """read() -> (splits, notes) once; later what it returned, from the cache `file`, while the
+    key (stats' names, sizes and modification times, max_len, CACHE_VERSION) stays the
+    same -> (splits, notes, from the cache?). A damaged cache or one of another key is rebuilt,
+    with a note saying why; it is written under a name of its own, then renamed (two runs at
+    once: the file that lands is whole)."""
+    stamps = [[name, stat.st_size, stat.st_mtime_ns] for name, stat in stats]
+    key = dict(version=CACHE_VERSION, max_len=max_len, sources=stamps)
+    why, fields = None, ("x", "lengths", "y", "x2", "lengths2")
+    try:
+        with np.load(file) as npz:  # every array read whole: a damaged one fails here
+            arrays = {name: npz[name] for name in npz.files}
+        meta = json.loads(str(arrays.pop("meta")))
+        if meta["key"] == key:
+            found = {n: Split(*(arrays.get(f"{n}.{f}") for f in fields), cut=cut)
+                     for n, cut in meta["cut"].items()}  # fmt: skip
+            return {name: found.get(name, found["test"]) for name in SPLITS}, meta["notes"], True
+        old, new = ({tuple(source) for source in k["sources"]} for k in (meta["key"], key))
+        why = f"{root / min(old ^ new)[0]} changed" if old != new else "its sources changed"
+        if (then := meta["key"]["version"]) != CACHE_VERSION:
+            why = f"the readers changed (version {then}, now {CACHE_VERSION})"
+    except (FileNotFoundError, NotADirectoryError):  # no cache yet
+        pass
+    except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
+        why = f"it was damaged ({type(e).__name__})"
+    splits, notes = read()
+    kept = {n: s for n, s in splits.items() if n == "test" or s is not splits["test"]}
+    arrays = {f"{n}.{f}": getattr(s, f) for n, s in kept.items() for f in fields}
+    meta = dict(key=key, notes=notes, cut={name: split.cut for name, split in kept.items()})
+    tmp = file.with_name(f"{file.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        file.parent.mkdir(exist_ok=True)
+        with open(tmp, "wb") as f:
+            np.savez(f, meta=json.dumps(meta), **{k: a for k, a in arrays.items() if a is not None})
+        os.replace(tmp, file)
+    except OSError as e:  # a read-only data folder, a full disk: the run goes on without
+        tmp.unlink() if tmp.exists() else None
+        notes = [*notes, f"cannot write the cache {file} ({e.strerror}): the next run reads again"]
+    return splits, notes + [f"{file}: rebuilt, as {why}"] * bool(why), False
 
 
 def _release_folder(task: str, root: pathlib.Path, listops: dict, pathfinder_dir: str) -> tuple:
@@ -594,16 +704,28 @@ def _read_release(task: str, folder: pathlib.Path, max_len: int) -> tuple:
         return read_cifar(folder, max_len), []
     if task == "pathfinder":
         return read_pathfinder(folder, max_len)
-    results = [  # Retrieval: (Split, notes) per file; the LRA "eval" file is our val
-        read_aan_tsv(folder / f"new_aan_pairs.{name}.tsv", max_len)
-        for name in ("train", "eval", "test")
-    ]
-    splits = dict(zip(SPLITS, [split for split, _ in results], strict=True))
-    return splits, [note for _, split_notes in results for note in split_notes]
+    return _read_each(read_aan_tsv, _release_files(task, folder), max_len)
 
 
-def _load_listops(folder: pathlib.Path, listops: dict, seed: int, max_len: int) -> tuple:
-    """ListOps from folder's basic_*.tsv, generated there first if absent -> (splits, notes).
+def _release_files(task: str, folder: pathlib.Path) -> list:
+    """The files the reader of task's release folder reads (Text: 50,000 paths as strings, which
+    are quicker); Pathfinder: the metadata and the image folders (whose times change when an
+    image is added, removed or renamed)."""
+    if task == "text":
+        where = glob.escape(str(folder))
+        parts = [f"{where}/{s}/{p}/*.txt" for s in ("train", "test") for p in ("neg", "pos")]
+        return [file for part in parts for file in sorted(glob.glob(part))]
+
+    if task == "retrieval":  # the LRA "eval" file is our val
+        return [folder / f"new_aan_pairs.{name}.tsv" for name in ("train", "eval", "test")]
+    if task == "image":
+        return [folder / f"data_batch_{i}" for i in range(1, 6)] + [folder / "test_batch"]
+    images = [path for path in sorted((folder / "imgs").glob("*")) if path.is_dir()]
+    return sorted((folder / "metadata").glob("*.npy")) + images
+
+
+def _listops_files(folder: pathlib.Path, listops: dict, seed: int) -> list:
+    """ListOps: folder's basic_{train,val,test}.tsv (and generator.json), generated first if absent.
 
     A folder we generated holds generator.json, the settings that made it: other settings
     are refused (the files would not be what this run asks for). The release has none.
@@ -622,9 +744,7 @@ def _load_listops(folder: pathlib.Path, listops: dict, seed: int, max_len: int) 
             f"{folder} was generated with {generator_json.read_text().strip()}, but this run asks "
             f"for {json.dumps(settings)}: pick another ListOps folder or delete that one"
         )
-    results = [read_listops_tsv(file, max_len) for file in files]  # (Split, notes) per file
-    splits = dict(zip(SPLITS, [split for split, _ in results], strict=True))
-    return splits, [note for _, split_notes in results for note in split_notes]
+    return files + [generator_json] * generator_json.exists()
 
 
 def _padding_notes(splits: dict, max_len: int) -> list:

@@ -196,7 +196,7 @@ def save(path: pathlib.Path, obj) -> None:
     tmp = path.with_name(path.name + ".tmp")
     try:
         if path.suffix == ".json":
-            tmp.write_text(json.dumps(obj, indent=2))
+            tmp.write_text(json.dumps(obj, indent=2, allow_nan=False))
         elif path.suffix == ".jsonl":
             tmp.write_text((path.read_text() if path.exists() else "") + json.dumps(obj) + "\n")
         else:
@@ -213,9 +213,11 @@ def save(path: pathlib.Path, obj) -> None:
 
 def finish(out: pathlib.Path, result: dict) -> dict:
     """Rank 0 writes result.json and prints RESULT {json} as the last line; processes part."""
+    if bad := [k for k, v in (result or {}).items() if v != v or v in (math.inf, -math.inf)]:
+        raise SystemExit(f"the result's {', '.join(bad)} is not a finite number: nothing written")
     if RANK == 0:
         save(out / "result.json", result)
-        print("RESULT " + json.dumps(result), flush=True)
+        print("RESULT " + json.dumps(result, allow_nan=False), flush=True)
     if dist.is_initialized():
         dist.destroy_process_group()
     return result

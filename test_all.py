@@ -1289,8 +1289,11 @@ def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
     assert rows[1:] == [[e, str(y)] for e, y in pairs[:48]]
     assert data["test"].y.tolist() == [y for _, y in pairs[60:]]
     split = data["train"]
-    assert split.x.shape == (48, 30) and split.x.dtype == np.int16 and notes == []
+    assert split.x.shape == (48, 30) and split.x.dtype == np.int16 and notes[1:] == []
     ids = [lra_data.tokenize_listops(e)[:30] for e, _ in pairs]
+    cut = sum(len(lra_data.tokenize_listops(e)) > 30 for e, _ in pairs)  # said in the first note
+    assert notes[0].endswith(f"(seed 5), written to {folder}; {lra_data.DONE['listops']}; {cut} "
+                             "of 72 inputs cut at max_len 30: their ends dropped")  # fmt: skip
     assert all(row[: len(i)].tolist() == i for row, i in zip(split.x, ids, strict=False))
     lengths = [len(i) for i in ids]
     _lra_check_batch(split, lengths[:48])
@@ -1330,7 +1333,8 @@ def test_lra_data_imdb_and_aan_readers(tmp_path):
              "pos": ["très bien\n", "\u00a0nice\u3000\n"]}  # fmt: skip
     _lra_imdb(tmp_path, texts)
     splits, notes = lra_data.load_task("text", tmp_path, 12)
-    assert splits["val"] is splits["test"] and notes == []
+    assert splits["val"] is splits["test"] and notes[1:] == [] and notes[0].endswith(
+        "; bytes + 1; val is test; 2 of 12 inputs cut at max_len 12: their ends dropped")
     train = splits["train"]
     assert train.y.tolist() == [0, 0, 0, 0, 1, 1] and train.x.dtype == np.int16
     expected = [b"bad<br />fil", b"fine\r\nok", b"\x1cmeh\x1c", b"caf\xe9", "très bien".encode(),
@@ -1449,9 +1453,9 @@ def test_lra_data_image_readers_png_pathfinder_and_cifar(tmp_path):
     examples = _lra_pathfinder(folder, 22)  # 22 lines count: cut at round(17.6), round(19.8)
     splits, notes = lra_data.load_task("pathfinder", tmp_path, 16)
     empty = folder / "imgs" / "1" / "sample_empty.png"  # counted in the cuts, then skipped
-    assert notes == [f"{folder}/metadata/2.npy:2: no newline at the end: left out, as officially",
-                     f"{folder}: skipped 1 empty PNG file(s) (the first: {empty}), as the "
-                     "official pipeline does"]  # fmt: skip
+    assert notes[1:] == [f"{folder}/metadata/2.npy:2: no newline at the end: left out, as "
+                         f"officially", f"{folder}: skipped 1 empty PNG file(s) (the first: "
+                         f"{empty}), as the official pipeline does"] and "the hard " in notes[0]
     # TFDS order by hand: sorted by the MD5 hex digest of "hard" + key (same-length hex strings)
     ranked = sorted(examples, key=lambda key: hashlib.md5(f"hard{key}".encode()).hexdigest())
     for name, keys in zip(lra_data.SPLITS, (ranked[:18], ranked[18:20], ranked[20:]), strict=True):
@@ -1471,7 +1475,7 @@ def test_lra_data_image_readers_png_pathfinder_and_cifar(tmp_path):
         return sorted(range(n), key=lambda i: hashlib.md5(f"{split}{i}".encode()).hexdigest())
 
     splits, notes = lra_data.load_task("image", tmp_path, 1024)
-    assert [len(splits[s].y) for s in ("train", "val", "test")] == [22, 3, 5] and notes == []
+    assert [len(splits[s].y) for s in ("train", "val", "test")] == [22, 3, 5] and len(notes) == 1
     gray = lra_data.rgb_to_gray  # checked on every colour by the next test
     for name, order in (("train", tfds("train", 25)[:22]), ("val", tfds("train", 25)[22:])):
         assert np.array_equal(splits[name].x, gray(images[order].reshape(-1, 3, 1024)))  # 22.5: 22
@@ -1522,7 +1526,7 @@ def test_lra_data_pytorch_lra_pickles(tmp_path):
     pairs = [{"input_ids_0": np.r_[5, 6, np.zeros(6)], "input_ids_1": [7, 0, 3, 0], "label": 1}]
     _lra_pickles(tmp_path, "retrieval", pairs * 2)
     data, notes = lra_data.load_task("listops", tmp_path, 10)
-    assert data["train"].lengths.tolist() == [3, 4, 5, 6, 7, 8] and notes == []
+    assert data["train"].lengths.tolist() == [3, 4, 5, 6, 7, 8] and notes[0].endswith("; as read")
     assert data["train"].x.shape == (6, 10) and data["test"].y.tolist() == list(range(6))
     assert data["train"].x[5, :8].tolist() == items[5]["input_ids_0"][:8].tolist()
     _lra_check_batch(data["val"], [3, 4, 5, 6, 7, 8])
@@ -1574,7 +1578,15 @@ def _lra_read(kind: str, content, tmp_path: pathlib.Path):
             if content is not None:
                 _write(tmp_path / "metadata" / "0.npy", content)
         return lra_data.read_pathfinder(tmp_path, content if isinstance(content, int) else 16)
+    if kind == "retrieval":  # content: new_aan_pairs.train.tsv, the only file
+        _write(tmp_path / "tsv_data" / "new_aan_pairs.train.tsv", content)
+        return lra_data.load_task("retrieval", tmp_path, 8)
     return lra_data.load_task(**content, data_dir=tmp_path)  # load_task: content its arguments
+
+
+def _lra_npy(data, labels=None) -> bytes:  # numpy.save's bytes; labels: a CIFAR-10 batch instead
+    np.save(buffer := io.BytesIO(), data)
+    return buffer.getvalue() if labels is None else pickle.dumps({b"data": data, b"labels": labels})
 
 
 _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the file)
@@ -1584,10 +1596,13 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("listops", "Source\tTarget\n[MAX 1 2 ]\n", "@:2: expected 'expression<TAB>label 0..9'"),
     ("listops", "Source\tTarget\n[MAX 1 ]\t1\t2\n", "@:2: expected 'expression<TAB>label"),
     ("listops", "Source\tTarget\n( )\t4\n", "@: no example has a real token (the first: @:2)"),
+    ("listops", "Source\tTarget\r\n", "@: no example"),  # a split with no example
     ("aan", b"1\ta\tb\tt1\tt2\n1\ta\tb\tonly four\n", "@:2: expected 5 tab-separated columns"),
-    ("aan", b"1\ta\tb\tt1\tt2\n2\ta\tb\tt1\tt2\n", "@:2: expected 5 tab-separated columns"),
-    ("aan", b"2\ta\tb\tt1\tt2\n", "id2 text1 text2', label 0/1, got 5"),
-    ("aan", b"yes\ta\tb\tt1\tt2\n", "@:1: expected 5 tab-separated columns"),
+    ("aan", b"1\ta\tb\tt1\tt2\n2\ta\tb\tt1\tt2\n", "@:2: the label '2' is not 0 or 1"),
+    ("aan", b"label\tid1\tid2\ttext1\ttext2\n", "@:1: the label 'label' is not 0 or 1 (a header?)"),
+    ("aan", b"1\ta\tb\tt1\tt2\nyes\ta\tb\tt1\tt2\n", "@:2: the label 'yes' is not 0 or 1"),
+    ("aan", b"\xef\xbb\xbf1\ta\tb\tt1\tt2\n", "@:1: starts with a byte-order mark"),
+    ("aan", b"", "@: no example"),
     ("aan", b"1\ta\tb\t\tt2\n0\ta\tb\tt1\t\n", "@: no example has a real token (the first: @:1)"),
     ("imdb", None, "no *.txt files in "),
     ("png", b"hello, not a png at all", "@: not an 8-bit grayscale non-interlaced PNG"),
@@ -1595,8 +1610,12 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("png", "filter 5", "@: row 0 has the unknown filter type 5"),
     ("png", "cut", "@: corrupt image data"),
     ("cifar", b"not a pickle", "data_batch_3: not a CIFAR-10 python batch"),
-    ("cifar", pickle.dumps({b"data": np.zeros((4, 100), np.uint8), b"labels": [0] * 4}),
-     "data_batch_3: not a CIFAR-10 python batch"),  # fmt: skip
+    ("cifar", _lra_npy(np.zeros((4, 32, 32, 3), np.uint8), [0] * 4),  # PIL's and torchvision's
+     "data_batch_3: data is uint8 (4, 32, 32, 3); CIFAR-10 holds uint8 (n, 3072)"),
+    ("cifar", _lra_npy(np.full((4, 3072), 0.5), [0] * 4), "data is float64 (4, 3072); CIFAR"),
+    ("cifar", _lra_npy(np.zeros((4, 3072), np.uint8), [0, 1, 2, 10]), "3: a label that is not a"),
+    ("cifar", _lra_npy(np.zeros((0, 3072), np.uint8), []), "data_batch_3: an empty batch"),
+    ("cifar", pickle.dumps(np.zeros((4, 3072), np.uint8)), "a pickled ndarray, not a dict"),
     ("cifar", pickle.dumps({b"data": np.zeros((4, 3072), np.uint8)}), "not a CIFAR-10 python"),
     ("cifar", 1000, "cifar-10-batches-py: CIFAR-10 images have 1024 pixels, but max_len is 1000"),
     ("pathfinder", "imgs/0 sample_0.png 0 1\nimgs/1 sample_404.png 9 0\n", "0.npy:2: image "),
@@ -1604,12 +1623,16 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("pathfinder", "imgs/0 sample_0.png 0\n", "0.npy:1: expected 'imgs/<k> sample_<i>.png i"),
     ("pathfinder", "\nimgs/0 sample_0.png 0 2\n", "0.npy:2: expected 'imgs/<k> sample_<i>.png"),
     ("pathfinder", "imgs/1 sample_empty.png 9 1\n", "the metadata names no image that is not"),
+    ("pathfinder", _lra_npy(np.array(["imgs/0 sample_0.png 0 1"])), "0.npy: binary; the release"),
+    ("pathfinder", "", "0.npy: empty; the release's metadata files each list many images"),
+    ("pathfinder", "imgs/0 sample_0.png 0 1\nimgs/2 sample_2.png 2 0\n", "no image in the val"),
     ("pathfinder", None, "no metadata/*.npy in"),
     ("pathfinder", 9, ".png: 16 pixels, but max_len is 9"),
     ("pickle:listops", b"not a pickle", "@: not a PyTorch-LRA pickle (list of dicts)"),
     ("pickle:listops", [{"input_ids_0": [3]}], "@: not a PyTorch-LRA pickle"),  # no label
     ("pickle:retrieval", [{"input_ids_0": [3], "label": 1}], "@: not a PyTorch-LRA pickle"),
     ("pickle:listops", [], "@: an empty list, no example"),
+    ("pickle:image", np.zeros((2, 16)), "@: not a PyTorch-LRA pickle (list of dicts): TypeError("),
     ("pickle:listops", [([5], 10)], "@: a label that is not a class 0..9 of task listops"),
     ("pickle:listops", [([5], 1), ([5], -1)], "@: a label that is not a class"),
     ("pickle:text", [([5], "one")], "@: a label that is not a class 0..1 of task text"),
@@ -1630,6 +1653,7 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("load_task", dict(task="listops", max_len=8, listops={
         k: v for k, v in _LRA_TINY_LISTOPS.items() if k != "max_depth"}),
      "the ListOps settings lack ['max_depth']"),
+    ("retrieval", "1\ta\tb\tc\td\n", "{tmp}/tsv_data/new_aan_pairs.eval.tsv: no such file"),
 ]  # fmt: skip
 
 
@@ -1638,8 +1662,8 @@ def test_lra_data_bad_input_is_one_data_error_naming_file_and_line(kind, content
     with pytest.raises(lra_data.DataError) as err:
         _lra_read(kind, content, tmp_path)
     file = {"listops": "bad.tsv", "aan": "bad.tsv", "png": "bad.png"}.get(kind, "bad.pickle")
-    assert what.replace("@", str(tmp_path / file)) in str(err.value)
-    assert not list(tmp_path.glob("listops*"))  # nothing generated on the way
+    assert what.replace("@", str(tmp_path / file)).replace("{tmp}", str(tmp_path)) in str(err.value)
+    assert not list(tmp_path.glob("*/generator.json")) and not (tmp_path / "lra-cache").exists()
 
 
 _LRA_SKIPPED = [  # (reader, content, kept labels, kept lengths (, lengths2), the first skipped)
@@ -1678,7 +1702,8 @@ def test_lra_data_notes_unknown_listops_token_and_padding_far_beyond_the_inputs(
         _write(folder / f"basic_{split}.tsv", "\r\n".join(["Source\tTarget", *rows]) + "\r\n")
     splits, notes = lra_data.load_task("listops", tmp_path, 8)
     assert splits["val"].x[1, 0] == lra_data.LISTOPS_OOV == 16  # the official OOV id
-    [note] = notes
+    [said, note] = notes  # the sizes asked for (96000, ...) are not the folder's: said
+    assert f"from the release folder {folder} (not generated: the sizes asked for do not " in said
     assert note.startswith(f"{folder / 'basic_val.tsv'}:3: '[MAXX' is not a ListOps token")
     assert "token (0 1 2 3 4 5 6 7 8 9 [MIN [MAX [MED [SM ]);" in note
     assert note.endswith("of 2 line(s) of this file become the OOV id 16")
@@ -1688,7 +1713,7 @@ def test_lra_data_notes_unknown_listops_token_and_padding_far_beyond_the_inputs(
         "tokens, and attention pays for the padding"
     )
     _lra_pickles(tmp_path, "retrieval", [{"input_ids_0": [1], "input_ids_1": [1] * 5, "label": 0}])
-    assert lra_data.load_task("retrieval", tmp_path, 10)[1] == []  # the longest: document 2
+    assert lra_data.load_task("retrieval", tmp_path, 10)[1][1:] == []  # the longest: document 2
     assert any("max_len 11 is" in n for n in lra_data.load_task("retrieval", tmp_path, 11)[1])
 
 
@@ -1795,7 +1820,71 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
             list(pool.map(lambda u: lra_data.download_task("retrieval", data, u), [slow] * 2))
     assert asked.count(slow[len(url) :]) == 1 and "is downloading into" in capsys.readouterr().err
     assert sorted(os.listdir(data)) + os.listdir(data / "pathfinder32") == ["aclImdb",  # no more
-        "cifar-10-batches-py", "listops-1000", "pathfinder32", "tsv_data", "curv_contour_length_14"]
+        "cifar-10-batches-py", "listops-1000", "lra-cache", "pathfinder32", "tsv_data",
+        "curv_contour_length_14"]
+
+
+def _lra_aan(root: pathlib.Path, rows="1\ta\tb\tabc\tdefgh\n0\tc\td\tx\t\n0\te\tf\ty\tz\n"):
+    for name in ("train", "eval", "test"):  # (the second pair is skipped: an empty text)
+        _write(root / "tsv_data" / f"new_aan_pairs.{name}.tsv", rows)
+
+
+_LRA_SOURCES = {  # a folder of each kind -> (task, max_len); listops: generated
+    "listops": ("listops", 30, lambda root: None),
+    "text": ("text", 6, lambda root: _lra_imdb(root, {"neg": ["bad film", " "], "pos": ["good"]})),
+    "retrieval": ("retrieval", 4, _lra_aan),
+    "image": ("image", 1024, lambda root: _lra_cifar(root / "cifar-10-batches-py")),
+    "pathfinder": ("pathfinder", 16, lambda root: _lra_pathfinder(root / lra_data.PATH_HARD, 22)),
+    "pickles": ("retrieval", 3, lambda root: _lra_pickles(root, "retrieval", [
+        {"input_ids_0": [5, 6, 7, 8, 0], "input_ids_1": [7, 0, 3], "label": 1}] * 2)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("source", _LRA_SOURCES)
+def test_lra_data_cache_hit_equals_a_fresh_read(source, tmp_path):
+    """A hit reads no source; the same arrays and notes as a fresh read, but the source said."""
+    task, max_len, write = _LRA_SOURCES[source]
+    write(tmp_path)
+    args = dict(task=task, data_dir=tmp_path, max_len=max_len, listops=_LRA_TINY_LISTOPS)
+    notes = lra_data.load_task(**args)[1]
+    [cache] = (tmp_path / "lra-cache").iterdir()  # no temporary file left
+    fail = mock.Mock(side_effect=AssertionError("a hit reads no source file"))
+    with mock.patch.multiple(lra_data, _read_each=fail, _read_release=fail):
+        hit, hit_notes = lra_data.load_task(**args)
+    fresh, fresh_notes = lra_data.load_task(**args, cache=False)
+    assert hit_notes[0] == notes[0].replace(" from ", f" from the prepared cache {cache} of ", 1)
+    assert fresh_notes == notes and hit_notes[1:] == notes[1:]  # the readers' notes kept too:
+    assert len(notes) > 1 or source in ("listops", "image", "pickles")  # none for these
+    for name, field in itertools.product(lra_data.SPLITS, dataclasses.fields(lra_data.Split)):
+        a, b = (np.asarray(getattr(data[name], field.name)) for data in (hit, fresh))
+        assert np.array_equal(a, b) and a.dtype == b.dtype, (name, field.name)  # None: same
+    assert (hit["val"] is hit["test"]) == (task == "text") and fresh["train"].x.dtype == np.int16
+
+
+def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_path, monkeypatch):
+    """Read anew, with a note saying why, and cached again; an unwritable cache: said."""
+    _lra_aan(tmp_path)
+    cache = tmp_path / "lra-cache/tsv_data-4.npz"
+    train = tmp_path / "tsv_data/new_aan_pairs.train.tsv"
+    want = lra_data.load_task("retrieval", tmp_path, 4)[0]["test"].x2  # writes the cache
+
+    for change, why in [
+        (lambda: os.utime(train, ns=(0, 0)), f"{train} changed"),  # the same bytes, another time
+        (lambda: cache.write_bytes(cache.read_bytes()[:-100]), "it was damaged (BadZipFile)"),
+        (lambda: cache.write_bytes(cache.read_bytes().replace(b"v\0\0\0e", b"V\0\0\0e", 1)),
+         "it was damaged (BadZipFile)"),  # a letter of its key (UTF-32): the CRC does not match
+        (lambda: monkeypatch.setattr(lra_data, "CACHE_VERSION", 2), "the readers changed (version "
+         "1, now 2)"),
+    ]:  # fmt: skip
+        change()
+        data, notes = lra_data.load_task("retrieval", tmp_path, 4)
+        assert notes[-1] == f"{cache}: rebuilt, as {why}" and " cache " not in notes[0]
+        assert np.array_equal(data["test"].x2, want)  # and the next load reads the new cache:
+        assert " cache " in lra_data.load_task("retrieval", tmp_path, 4)[1][0]
+    shutil.rmtree(cache.parent)
+    cache.parent.write_text("")  # a file where the cache folder goes: it cannot be written
+    data, notes = lra_data.load_task("retrieval", tmp_path, 4)
+    assert np.array_equal(data["test"].x2, want) and f"the cache {cache} (File exists)" in notes[-1]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2327,12 +2416,12 @@ def test_train_lra_and_train_uea_presets_follow_the_official_scripts(script, fla
 
 _VALUES = dict(task="image", attention="gfsa", preset="quick", device="cpu", agf_basis="monomial",
                optimizer="adam", agf_variant="svd", gfsa_high_order="exact", dataset="Heartbeat",
-               n_heads=4, gfsa_order=4, warmup=0, steps=7)  # other than each default
+               n_heads=4, gfsa_order=4, warmup=0, steps=7, pathfinder="easy")  # not the defaults
 
 
 _AFTER_BUILD = {"data_dir", "data_seed", "listops_size", "listops_eval_size", "download", "out",
-                "download_url", "batch_size", "eval_every", "epochs", "grad_clip", "resume",
-                "overwrite", "device", "amp", "compile", "attention"}  # own tests  # fmt: skip
+                "download_url", "batch_size", "eval_every", "epochs", "grad_clip", "resume", "cache",
+                "overwrite", "device", "amp", "compile", "attention", "pathfinder"}  # own tests  # fmt: skip
 _ONLY = {"attn_dropout": {"softmax", "gfsa", "primal+trans"}, "dataset": {"agf", "primal",
          "primal+trans"}}  # the kinds it reaches if not all (agf_* etc.: their own)  # fmt: skip
 
@@ -2568,6 +2657,28 @@ def test_train_lra_two_tower_and_image_runs_from_pickles():
             assert result["task"] == task and result["config"]["max_len"] in (8, 16)
 
 
+@pytest.mark.parametrize("flags, empty, said", [  # CIFAR-10, 5 images a batch; test_batch empty?
+    ("--task image --batch-size 2", True, "test_batch: an empty batch"),  # test_acc NaN, once
+    ("--task image", False, "the training split has 22 examples, fewer than one batch"),
+    ("--task pathfinder --pathfinder easy", False, "pathfinder32/curv_baseline/metadata")])
+def test_train_lra_refuses_bad_data_before_training_no_folder_left(flags, empty, said, tmp_path):
+    _lra_cifar(tmp_path / "cifar-10-batches-py")
+    if empty:
+        _write(tmp_path / "cifar-10-batches-py/test_batch", _lra_npy(np.zeros((0, 3072)), []))
+    cfg = train_lra.parse_config(f"{flags} --data-dir {tmp_path} --out {tmp_path}/a/b".split())
+    with pytest.raises(SystemExit) as stop, mock.patch.object(train_lra, "build") as build:
+        runs.run(train_lra.main, cfg, "step", lra_data.DataError)
+    assert said in stop.value.code and stop.value.code.startswith("error: ") and not build.called
+    assert not (tmp_path / "a").exists()
+
+
+def test_runs_finish_writes_no_result_with_a_number_that_is_not_finite(tmp_path):
+    for bad in (math.nan, -math.inf):
+        with pytest.raises(SystemExit, match="the result's test_acc is not a finite number"):
+            runs.finish(tmp_path, dict(task="image", val_acc=0.5, test_acc=bad, n=3))
+    assert list(tmp_path.iterdir()) == [] and runs.finish(tmp_path, dict(a=0.5)) == dict(a=0.5)
+
+
 def _lra_stubbed(tmp: pathlib.Path, scores: list, *flags) -> tuple:
     """A tiny ListOps run whose validation scores are `scores` -> (result, calls): calls holds,
     per evaluation, the split's size and a fingerprint of the weights it was given."""
@@ -2615,7 +2726,7 @@ def test_train_lra_text_reuses_the_validation_score_and_logs_each_evaluation(tmp
         result = train_lra.main(train_lra.parse_config(argv))
     assert evaluate.call_count == 2 and result["test_acc"] == result["val_acc"]
     lines = printed.getvalue().splitlines()
-    assert lines[1].startswith("max_len 32 is more than twice the longest input (10 tokens)")
+    assert lines[2].startswith("max_len 32 is more than twice the longest input (10 tokens)")
     assert [line.split()[:2] for line in lines if line.startswith("step ")] == [
         ["step", "2"], ["step", "4"]]  # fmt: skip
 

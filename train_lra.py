@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 import runs
-from lra_data import LISTOPS_PAPER, N_CLASSES, VOCAB, DataError, Split, load_task
+from lra_data import LISTOPS_PAPER, N_CLASSES, PATHFINDER_DIRS, VOCAB, DataError, Split, load_task
 from model import ATTENTION, Classifier, ModelConfig, count_parameters
 from runs import flag
 
@@ -44,8 +44,10 @@ class TrainConfig(runs.Settings):  # and --out --resume --overwrite --device --a
     data_dir: str = flag("data", "the LRA release layout, aclImdb/ and cifar-10-batches-py/")
     download: bool = flag(False, "fetch the task's folder into --data-dir when it is missing")
     download_url: str = flag("", "with --download: a mirror or file:// copy of the task's archive")
+    cache: bool = flag(True, "keep the arrays read in <data-dir>/lra-cache (--no-cache: read anew)")
+    pathfinder: str = flag("hard", "Pathfinder: easy | intermediate | hard (the papers' choice)")
     seed: int = flag(0, "seed of the weights, dropout and the batch order", 0, runs.SEEDS)
-    # optimisation: AdamW (β₂ 0.999; OneCycleLR cycles β₁), eps 1e-6, no weight decay, OneCycleLR
+    # optimisation: AdamW (β₂ 0.999, β₁ cycled by OneCycleLR), eps 1e-6, no weight decay
     steps: int = flag(5000, "optimizer steps (a new value rescales the preset's warm-up)", 1)
     warmup: int = flag(1000, "linear warm-up steps: 0, or 2 .. steps - 1", 0)
     lr: float = flag(1e-4, "peak learning rate (> 0)")
@@ -77,8 +79,8 @@ def main(cfg: TrainConfig) -> dict:
     """Train, keep the weights that score best on validation, test them -> the result dict."""
     # 1) the run folder, locked and checked before anything is read or written; then the
     # processes: torchrun starts one per GPU (or per share of a CPU); rank 0 writes, prints
-    rank, world, device, autocast, ckpt = runs.start(cfg, "train_lra.py", "step", cfg.steps,
-                                                     may_change=("download", "download_url"))
+    rank, world, device, autocast, ckpt = runs.start(
+        cfg, "train_lra.py", "step", cfg.steps, may_change=("download", "download_url", "cache"))
     ddp, master, cuda = "RANK" in os.environ, rank == 0, device.type == "cuda"
     out = pathlib.Path(cfg.out)
     if master:
@@ -92,7 +94,8 @@ def main(cfg: TrainConfig) -> dict:
     if ddp and not master:
         dist.barrier()
     data_args = dict(task=cfg.task, data_dir=cfg.data_dir, max_len=cfg.max_len, seed=cfg.data_seed,
-                     listops=listops)  # kept in the checkpoints, so diagnose.py reads the same
+                     listops=listops, pathfinder_dir=PATHFINDER_DIRS[cfg.pathfinder],
+                     cache=cfg.cache)  # kept in the checkpoints, so diagnose.py reads the same
     preset_len = (QUICK if cfg.preset == "quick" else TASKS[cfg.task])["max_len"]
     fetch = cfg.download_url if cfg.download and master else None  # --download: rank 0 only
     data, notes = load_task(**data_args, padding_note=cfg.max_len != preset_len, download=fetch)
@@ -102,7 +105,7 @@ def main(cfg: TrainConfig) -> dict:
         print(note, flush=True)
     n_train = len(data["train"].y)
     if n_train < cfg.batch_size:
-        raise SystemExit(f"the training split has {n_train} examples, fewer than one batch")
+        raise DataError(f"the training split has {n_train} examples, fewer than one batch")
 
     # 3) model, optimizer, schedule: fresh, or as the interrupted run left them
     model, opt, sched, scaler = build(cfg, device)
@@ -309,7 +312,8 @@ def presets(given: dict, error) -> dict:
 def parse_config(argv=None) -> TrainConfig:
     """The flags (or `argv`) -> TrainConfig: defaults < preset < flags, all checked here."""
     choices = dict(task=list(TASKS), attention=ATTENTIONS, preset=list(LISTOPS),
-                   agf_variant=("agf", "uv", "svd"), gfsa_high_order=("taylor", "exact"))
+                   agf_variant=("agf", "uv", "svd"), gfsa_high_order=("taylor", "exact"),
+                   pathfinder=list(PATHFINDER_DIRS))
     out = "runs/{task}/{attention}-{preset}-seed{seed}"  # where --out is not given
     return runs.parse(TrainConfig, __doc__, choices, presets, out, argv)
 
