@@ -2419,9 +2419,10 @@ _VALUES = dict(task="image", attention="gfsa", preset="quick", device="cpu", agf
                n_heads=4, gfsa_order=4, warmup=0, steps=7, pathfinder="easy")  # not the defaults
 
 
-_AFTER_BUILD = {"data_dir", "data_seed", "listops_size", "listops_eval_size", "download", "out",
-                "download_url", "batch_size", "eval_every", "epochs", "grad_clip", "resume", "cache",
-                "overwrite", "device", "amp", "compile", "attention", "pathfinder"}  # own tests  # fmt: skip
+_AFTER_BUILD = set(  # flags that act after build(): their own tests
+    "data_dir data_seed listops_size listops_eval_size download download_url out batch_size cache "
+    "eval_every epochs grad_clip resume overwrite device amp compile attention pathfinder".split()
+)
 _ONLY = {"attn_dropout": {"softmax", "gfsa", "primal+trans"}, "dataset": {"agf", "primal",
          "primal+trans"}}  # the kinds it reaches if not all (agf_* etc.: their own)  # fmt: skip
 
