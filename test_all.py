@@ -1,20 +1,18 @@
 """
 test_all.py: the whole test suite.  `python -m pytest -q test_all.py`
 
-One section per file, in the order of the project: polynomials.py, agf.py, ksvd_attention.py,
-gfsa.py, model.py, lra_data.py, train_lra.py, uea_data.py, train_uea.py, diagnose.py, bench.py,
-the README, and last the CUDA tests. A test's name starts with the file it tests: test_polynomials_,
-test_agf_, test_primal_ (ksvd_attention.py), test_gfsa_, test_model_, test_lra_data_,
-test_train_lra_, test_uea_data_, test_train_uea_, test_runs_, test_diagnose_, test_bench_,
-test_readme_, test_cuda_; a test shared by files names each in its ids (`_id`), so `-k test_gfsa_`
-runs every test of one file, shared ones too.
+One section per file, in the project's order. A test's name starts with the file it tests:
+test_polynomials_, test_agf_, test_primal_ (ksvd_attention.py), test_gfsa_, test_model_,
+test_lra_data_ (and download.py), test_train_lra_, test_uea_data_, test_train_uea_, test_runs_,
+test_diagnose_, test_bench_, test_readme_, test_cuda_; a test shared by files names each in its
+ids (`_id`), so `-k test_gfsa_` runs every test of one file, shared ones too.
 
-CPU, float64 where a tolerance matters, fixed seeds. Kinds of test: two computational forms
-agree (a fast path against its dense reference, a polynomial against its closed form, labels
-against an independent evaluator, a schedule against its formula); contracts every attention and
-flag keeps (padding never leaks, each argument and flag reaches what is built, a state_dict table);
-a resumed run continues exactly; bad input gets one clear message; the README's code blocks run.
-Tests that read the real UEA files skip when they are not at UEA_DIR; the CUDA ones, without a GPU.
+CPU, float64 where a tolerance matters, fixed seeds. Kinds of test: two computational forms agree
+(a fast path and its dense reference, a polynomial and its closed form, labels and an independent
+evaluator, a schedule and its formula); contracts every attention and flag keeps (padding never
+leaks, each argument and flag reaches what is built, a state_dict table); a resumed run continues
+exactly; bad input gets one clear message; the README's code blocks run. Tests of the real UEA
+files skip when they are not at UEA_DIR; the CUDA ones, without a GPU.
 """
 
 import argparse
@@ -2989,11 +2987,6 @@ def test_train_lra_and_test_train_uea_from_the_command_line(tmp_path):
     assert "step 2  lr" in run.stdout  # stdout a pipe, no bar: a line per evaluation instead
     assert "twice the longest input" not in run.stdout  # no note for the preset's own max_len
     assert json.loads(lines[-1][len("RESULT ") :]) == _result_of(tmp_path / "run")
-    with pytest.raises(SystemExit) as missing:  # no folder is left of a run never begun
-        cfg = train_lra.parse_config(["--task", "image", "--data-dir", str(tmp_path), "--out",
-                                      str(tmp_path / "runs" / "image")])  # fmt: skip
-        runs.run(train_lra.main, cfg, "step", lra_data.DataError)
-    assert "cifar-10-batches-py" in missing.value.code and not (tmp_path / "runs").exists()
     run = _cli("train_uea.py", "--dataset", "Heartbeat", "--data-dir", str(tmp_path), cwd=tmp_path)
     assert run.returncode == 1 and "Traceback" not in run.stderr
     assert str(tmp_path / "Heartbeat" / "Heartbeat_TRAIN.ts") in run.stderr
@@ -3907,10 +3900,10 @@ def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path,
         assert float(r["tokens_per_s"]) == pytest.approx(2 * 32e3 / float(r["step_ms"]), rel=1e-3)
         assert float(r["mem_mib"]) > 0 and r["mode"] == "eager" and r["fwd_ms"] == ""
     assert len(lines) == 1 + len(bench.KINDS) and "time" in lines[1] and "memory" in lines[1]
-    for kind, line in zip(bench.KINDS, lines[1:], strict=True):  # 2 decimals printed
-        a, b = (r for r in layers if r["kind"] == kind)
+    for kind, line in zip(bench.KINDS, lines[1:], strict=True):  # 2 decimals printed: ± 0.005,
+        a, b = (r for r in layers if r["kind"] == kind)  # and the CSV's 4 digits: < 0.0015 more
         want = [math.log(float(b[k]) / float(a[k])) / math.log(2) for k in ("fwdbwd_ms", "mem_mib")]
-        assert [float(line.split()[i]) for i in (4, 6)] == pytest.approx(want, abs=0.0051), line
+        assert [float(line.split()[i]) for i in (4, 6)] == pytest.approx(want, abs=0.0066), line
     assert bench.slope([1, 2, 4], [3, 12, 48]) == pytest.approx(2.0)  # quadratic
     rows = [dict(what="layer", kind="agf", dtype="float32", mode="graphs", N=n, fwdbwd_ms=n / 4)
             for n in (8, 16)]  # fmt: skip
