@@ -2863,6 +2863,7 @@ def test_train_lra_and_train_uea_batches_follow_the_documented_order(tmp_path, s
             mock.patch.object(module, "to_batch", recording),
         ):
             _train_both(tmp_path, script, tmp_path / f"r{rank}", *more, "--batch-size", str(batch))
+        assert torch.initial_seed() == seed + (rank or 0)  # dropout's: a seed of each process
     orders = [np.random.default_rng([seed, e]).permutation(n).tolist() for e in
               ((0, 1, 2) if lra else (1, 2))]  # fmt: skip
     per_epoch = range(0, n - size + 1 if lra else n, size)
