@@ -213,8 +213,8 @@ def run(args, rows: Rows, measure_row=measure_row) -> None:
                 mechanism, kwargs = KINDS[kind]
                 layers[kind] = build_attention(mechanism, **LAYER, **kwargs).to(args.device)
             B = args.step_batch if what == "step" else args.batch
-            row = dict(what=what, kind=kind, N=N, dtype=dtype, mode=mode, B=B,
-                       D=LAYER["d_model"], H=LAYER["n_heads"], device=args.device)  # fmt: skip
+            row = dict(what=what, kind=kind, N=N, dtype=dtype, mode=mode, B=B)
+            row.update(D=LAYER["d_model"], H=LAYER["n_heads"], device=args.device)
             try:
                 measure_row(row, layers[kind] if what == "layer" else None, args)
             except torch.cuda.OutOfMemoryError:  # N < stop_at here: this N is the new limit
@@ -241,10 +241,9 @@ def slopes(rows: list, fit_min: int) -> list:
     for key in dict.fromkeys((r["kind"], r["dtype"], r["mode"]) for r in rows):
         fit = [r for r in rows if (r["kind"], r["dtype"], r["mode"]) == key]
         ns = [r["N"] for r in fit]
-        time_mem = [[r.get(col) for r in fit] for col in ("fwdbwd_ms", "mem_mib")]
-        time_mem = [f"{slope(ns, v):5.2f}" if len(ns) > 1 and None not in v else "    -"
-                    for v in time_mem]  # fmt: skip
-        lines.append(f"  {' '.join(key):30s} time {time_mem[0]}   memory {time_mem[1]}   N {ns}")
+        cols = [[r.get(col) for r in fit] for col in ("fwdbwd_ms", "mem_mib")]
+        t, m = [f"{slope(ns, v):5.2f}" if len(ns) > 1 and None not in v else "    -" for v in cols]
+        lines.append(f"  {' '.join(key):30s} time {t}   memory {m}   N {ns}")
     head = f"log-log slope over N >= {fit_min} (1 = linear, 2 = quadratic):"
     none = [f"no log-log slopes: every N measured is below --fit-min {fit_min}"] * bool(layer)
     return [head, *lines] if lines else none
@@ -289,19 +288,19 @@ def at_least(low: int):
 
 def build_parser(whats: tuple = ("layer", "step")) -> argparse.ArgumentParser:
     """bench.py's command line; whats: the choices of --what."""
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    raw = argparse.RawDescriptionHelpFormatter  # the docstring's lines kept
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
     kinds = list(dict.fromkeys([*KINDS, *STEP_KINDS]))
     p.add_argument("--what", nargs="+", default=["layer"], choices=whats)
-    p.add_argument("--kinds", nargs="+", default=kinds, choices=kinds,
-                   help="default: all; each --what takes the kinds it has")  # fmt: skip
-    p.add_argument("--dtypes", nargs="+", default=["float32"],
-                   choices=["float32", "bfloat16", "float16"])  # fmt: skip
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="also torch.compile each point (default: on CUDA only)")  # fmt: skip
+    each = "default: all; each --what takes the kinds it has"
+    p.add_argument("--kinds", nargs="+", default=kinds, choices=kinds, help=each)
+    dtypes = ["float32", "bfloat16", "float16"]
+    p.add_argument("--dtypes", nargs="+", default=dtypes[:1], choices=dtypes)
+    also = "also torch.compile each point (default: on CUDA only)"
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help=also)
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--ns", type=at_least(1), nargs="+",
-                   help="layer: N (default: 256, doubling, to 8192; CUDA: to 32768)")  # fmt: skip
+    doubling = "layer: N (default: 256, doubling, to 8192; CUDA: to 32768)"
+    p.add_argument("--ns", type=at_least(1), nargs="+", help=doubling)
     p.add_argument("--fit-min", type=at_least(1), default=1024, help="smallest N of the slopes")
     p.add_argument("--batch", type=at_least(1), default=2, help="layer: batch size B")
     p.add_argument("--step-ns", type=at_least(1), nargs="+", default=[1024, 4096])
@@ -334,8 +333,8 @@ def parse_args(argv=None, parser=None) -> argparse.Namespace:
 def main(argv=None) -> list:
     """Measure, write the CSV (and the PNG), print the slopes; returns the slope lines."""
     args = parse_args(argv)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, "
-          f"{' and '.join(args.modes)}", flush=True)  # fmt: skip
+    modes = " and ".join(args.modes)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {modes}", flush=True)
     run(args, rows := Rows(path := pathlib.Path(args.csv)))
     if not rows.rows:
         sys.exit("nothing was measured")

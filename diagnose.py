@@ -24,8 +24,7 @@ What a glob matches that is no run (comparison.csv, PNGs), or a run it cannot re
 with a note. Writes summary.txt and each figure as CSV (and PNG) to <run>/diagnose/ (--split
 train: train/ in it; then LRA --weights last: last/ in that) or OUT/<run name>/; several runs add
 comparison.csv (--split train: comparison_train.csv) and a cosine_per_layer plot beside them.
-Dims: B batch, N tokens, D width, H heads, d = D/H.
-Depends on: torch, numpy, model.py, the mechanism and data files; matplotlib optional.
+Dims: B batch, N tokens, D width, H heads, d = D/H. Depends on torch, numpy; matplotlib optional.
 """
 
 import argparse
@@ -52,8 +51,9 @@ from polynomials import frequency_response
 # LoadedRun: model (Classifier, eval mode); batches (dicts x, mask (B, N) bool [, x2, mask2], on
 # the model's device); label (str); folder (the run's); accuracy (the result.json accuracies of
 # the weights analysed, by protocol name); weights (str: which file, step or epoch).
-LoadedRun = namedtuple("LoadedRun", "model batches label folder accuracy weights",
-                       defaults=[{}, ""])
+LoadedRun = namedtuple(
+    "LoadedRun", "model batches label folder accuracy weights", defaults=[{}, ""]
+)
 
 
 class NotARun(Exception):
@@ -80,8 +80,8 @@ def read_checkpoint(path, weights: str | None = None) -> tuple[dict, pathlib.Pat
     if path.is_dir():
         best, last = path / "best.pt", path / "checkpoint.pt"
         if weights == "best" and not best.is_file() and last.is_file():
-            _fail(f"{path} has no best.pt (a UEA run keeps only its last epoch's checkpoint.pt): "
-                  "use --weights last")  # fmt: skip
+            why = "a UEA run keeps only its last epoch's checkpoint.pt"
+            _fail(f"{path} has no best.pt ({why}): use --weights last")
         file = best if weights != "last" and best.is_file() else last
         if not file.is_file():
             raise NotARun(f"{path} is a folder without checkpoint.pt or best.pt")
@@ -92,10 +92,8 @@ def read_checkpoint(path, weights: str | None = None) -> tuple[dict, pathlib.Pat
     except Exception as e:  # truncated, empty, not a torch file: name the file
         _fail(f"{file} cannot be read as a checkpoint ({type(e).__name__}: {e!s:.99})")
     if not isinstance(ckpt, dict) or not {"model", "model_config", "data"} <= set(ckpt):
-        _fail(
-            f"{file} holds no model settings beside its weights: it was written by an older "
-            "train_*.py, before checkpoints said what they hold; train that run again"
-        )
+        why = "it was written by an older train_*.py, before checkpoints said what they hold"
+        _fail(f"{file} holds no model settings beside its weights: {why}; train that run again")
     kept = "last" if "optimizer" in ckpt else "best"  # checkpoint.pt: to resume; best.pt: not
     if weights and weights != kept:
         _fail(f"{file} holds the {kept} weights, not --weights {weights}: name the run folder")
@@ -110,9 +108,8 @@ def which_weights(ckpt: dict, file: pathlib.Path) -> tuple[str, dict]:
     result = json.loads(result.read_text()) if result.is_file() else {}
     if "optimizer" not in ckpt:  # best.pt; the training script may write its step beside it
         step = ckpt.get("step", result.get("best_step"))
-        accuracy = dict(val_acc=ckpt.get("val_acc", result.get("val_acc")))
-        accuracy.update(test_acc=result.get("test_acc"))
-        accuracy = {k: v for k, v in accuracy.items() if v is not None}
+        val, test = ckpt.get("val_acc", result.get("val_acc")), result.get("test_acc")
+        accuracy = {k: v for k, v in dict(val_acc=val, test_acc=test).items() if v is not None}
         return f"{file.name} ({'' if step is None else f'step {step}, '}best val_acc)", accuracy
     state, uea = ckpt.get("state", {}), "name" in ckpt["data"]
     at, key = ("epoch", "final_test_acc") if uea else ("step", "final_val_acc")
@@ -129,23 +126,20 @@ def _spread(n_real: np.ndarray, n_cases: int | None) -> np.ndarray:
     return candidates[np.linspace(0, len(candidates) - 1, n).round().astype(int)]
 
 
-def load_run(path, data_dir=None, split="test", n_cases=64, batch_size=16, device="cpu",
-             weights=None):  # fmt: skip
-    """A run's model, rebuilt from its saved settings with model.py, with its weights (see
-    read_checkpoint), and n_cases sequences of `split` (None = all, see _spread) from data_dir
-    (None: the run's)."""
+def load_run(
+    path, data_dir=None, split="test", n_cases=64, batch_size=16, device="cpu", weights=None
+):
+    """A run's model rebuilt from its saved settings (model.py) with its weights (read_checkpoint),
+    and n_cases sequences of `split` (None: all; _spread) from data_dir (None: the run's)."""
     ckpt, file = read_checkpoint(path, weights)
-    state_dict, model_config, data_args = ckpt["model"], ckpt["model_config"], ckpt["data"]
     folder = file.parent
-    data_args = dict(data_args, **({"data_dir": data_dir} if data_dir else {}))
+    data_args = dict(ckpt["data"], **({"data_dir": data_dir} if data_dir else {}))
     uea = "name" in data_args  # uea_data.load_uea(data_dir, name, max_len), else a LRA task
     try:  # (a generated ListOps that is missing is generated again, seeded, as in training)
         data = uea_data.load_uea(**data_args) if uea else lra_data.load_task(**data_args)[0]
     except uea_data.DatasetNotFoundError:
-        _fail(
-            f"UEA dataset {data_args['name']} is not in {data_args['data_dir']}: point "
-            "--data-dir at its data"
-        )
+        where = f"{data_args['name']} is not in {data_args['data_dir']}"
+        _fail(f"UEA dataset {where}: point --data-dir at its data")
     except (uea_data.TsFormatError, lra_data.DataError) as e:
         _fail(f"{e} (point --data-dir at the data of {folder})")
     if uea:
@@ -159,9 +153,9 @@ def load_run(path, data_dir=None, split="test", n_cases=64, batch_size=16, devic
         tensors = {k: torch.from_numpy(v) for k, v in chosen.batch(index).items() if k != "y"}
     if not len(index):
         _fail(f"no sequence of the {split} split of {folder} has 2 real tokens")
-    model = Classifier(ModelConfig(**model_config))
+    model = Classifier(ModelConfig(**ckpt["model_config"]))
     try:
-        model.load_state_dict(state_dict)
+        model.load_state_dict(ckpt["model"])
     except Exception as e:  # the weights of another model, or no state_dict at all
         _fail(f"the weights of {folder} do not fit the model of its settings ({e!r:.150})")
     chunks = torch.arange(len(index)).split(batch_size)
@@ -229,8 +223,8 @@ def gfsa_response(layer, x: Tensor, mask: Tensor, n_points: int = 199) -> dict:
     (power 2; K with a = w0, w1, wK for high_order="exact"). -> dict: a (3, H), power, lam
     (n_points,) on [-1, 1]; grid (H, n_points) = p(lam); eig: per sequence (H, n_b)."""
     power = layer.order if layer.high_order == "exact" else 2
-    a = (layer.w0, layer.w1, layer.wK) if power != 2 else filter_coefficients(
-        layer.w0, layer.w1, layer.wK, layer.order)  # fmt: skip
+    w = (layer.w0, layer.w1, layer.wK)
+    a = w if power != 2 else filter_coefficients(*w, layer.order)
     a = torch.stack([c.view(-1) for c in a]).detach().double().cpu()  # (3, H)
     lam, eig = torch.linspace(-1.0, 1.0, n_points, dtype=torch.float64), []
     for b, real in enumerate(mask):  # one sequence at a time: (1, H, N, N) stays small
@@ -298,13 +292,12 @@ def summary(run: LoadedRun, results: dict) -> list:
             add(f"AGF layer {i}: θ̃ = {' '.join(f'{t:+.3f}' for t in theta)} ({neg})")
             add(f"  g(s) = Σ θ̃_k P_k(s): {g[0]:.3f} at s→0, {g[-1]:.3f} at s→1")
             add(f"  range [{g.min():.3f}, {g.max():.3f}]; s on the data 5/50/95 %: {seen}")
-        if "gfsa" in layer:
+        if gfsa := layer.get("gfsa"):
             # every λ but each sequence's largest, the λ = 1 of the constant vector: (H, ...)
-            rest = torch.cat([e.gather(1, e.real.argsort(1, descending=True)[:, 1:]) for e in
-                              layer["gfsa"]["eig"]], dim=1)  # fmt: skip
-            power = layer["gfsa"]["power"]
+            rest = [e.gather(1, e.real.argsort(1, descending=True)[:, 1:]) for e in gfsa["eig"]]
+            rest, power = torch.cat(rest, dim=1), gfsa["power"]
             add(f"GFSA layer {i}: p(λ) = a0 + a1·λ + a2·λ^{power}, off-DC gain: mean |p(λ)/p(1)|")
-            for h, (a0, a1, a2) in enumerate(layer["gfsa"]["a"].T.tolist()):
+            for h, (a0, a1, a2) in enumerate(gfsa["a"].T.tolist()):
                 lam = rest[h]  # off-DC gain: what G keeps of a non-constant signal
                 gain = (a0 + a1 * lam + a2 * lam**power).abs().mean() / abs(a0 + a1 + a2)
                 a = f"a = ({a0:+.3f}, {a1:+.3f}, {a2:+.3f}), p(1) = {a0 + a1 + a2:.3f}"
@@ -330,17 +323,16 @@ def figures(results: dict) -> list:
             grid.setdefault("A alone: p(lambda) = lambda", (r["lam"], r["lam"]))
     at_eigenvalues = ("gfsa_eigenvalues", "|1 - lambda|", "|p(lambda)|", ".", gains)
     out += [[("gfsa_filter", "lambda", "p(lambda)", "-", grid), at_eigenvalues]] * bool(grid)
-    spectra = {f"layer {i} {r['kind']}": (range(1, len(r["spectrum"]) + 1), r["spectrum"])
-               for i, r in layers}  # fmt: skip
+    ranked = {f"layer {i} {r['kind']}": r["spectrum"] for i, r in layers}
+    spectra = {k: (range(1, len(c) + 1), c) for k, c in ranked.items()}
     return out + [[("singular_values", "k", "cumulative share of sigma", "-", spectra)]]
 
 
 def write_csv(path: pathlib.Path, header: list, rows) -> pathlib.Path:
     """One CSV file; floats with 6 significant digits."""
     with open(path, "w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(header)
-        writer.writerows([f"{v:.6g}" if isinstance(v, float) else v for v in row] for row in rows)
+        rows = ([f"{v:.6g}" if isinstance(v, float) else v for v in row] for row in rows)
+        csv.writer(f).writerows([header, *rows])
     return path
 
 
@@ -357,8 +349,8 @@ def save_figures(data: list, out: pathlib.Path, title: str = "") -> list:
     paths = []
     for panels in data:
         for name, x, y, _, curves in panels:
-            rows = [(label, float(u), float(v)) for label, (us, vs) in curves.items()
-                    for u, v in zip(us, vs, strict=True)]  # fmt: skip
+            pairs = [(label, zip(us, vs, strict=True)) for label, (us, vs) in curves.items()]
+            rows = [(label, float(u), float(v)) for label, uv in pairs for u, v in uv]
             paths.append(write_csv(out / f"{name}.csv", ["curve", x, y], rows))
         if plt is None:
             continue
@@ -382,8 +374,8 @@ def comparison_table(rows: list) -> tuple[list, list]:
     """(header, lines of a fixed-width table): one row per run; text left, numbers right."""
     header = ["run", "weights", "attention", "layers", "cos_per_layer", "cos_last"]
     header += list(dict.fromkeys(k for row in rows for k in row if k.endswith("_acc")))
-    cells = [header] + [[f"{r[k]:.4f}" if isinstance(r.get(k), float) else str(r.get(k, "-"))
-                         for k in header] for r in rows]  # fmt: skip
+    cells = [[r.get(k, "-") for k in header] for r in rows]
+    cells = [header] + [[f"{v:.4f}" if isinstance(v, float) else str(v) for v in r] for r in cells]
     widths = [max(len(row[j]) for row in cells) for j in range(len(header))]
     left = ("run", "weights", "attention", "cos_per_layer")
     align = [str.ljust if k in left else str.rjust for k in header]
@@ -404,8 +396,8 @@ def main(argv: list | None = None) -> list:
     add("--points", type=int, default=199, help="grid of the filter responses (default 199)")
     add("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
     add("--weights", choices=("best", "last"), help="best.pt (LRA's default), checkpoint.pt (last)")
-    add("--out", help="OUT/<run name>/ and OUT/comparison.csv (default: <run>/diagnose/, and\n"
-        "the table of several runs in the folder that holds them, e.g. runs/depth/)")
+    where = "OUT/<run name>/ and OUT/comparison.csv (default: <run>/diagnose/, and\nthe table of "
+    add("--out", help=where + "several runs in the folder that holds them, e.g. runs/depth/)")
     args = p.parse_args(argv)
     if min(args.batches, args.batch_size, args.dense, args.points) < 1:
         p.error("--batches, --batch-size, --dense and --points must be at least 1")
@@ -413,19 +405,18 @@ def main(argv: list | None = None) -> list:
         p.error("--device cuda: this machine has no CUDA device")
     # A glob such as runs/sweep/* also matches what an earlier call wrote there (comparison.csv,
     # PNGs, an --out folder): files other than *.pt are skipped here, such folders by load_run.
-    runs = [q for q in map(pathlib.Path, args.runs) if not q.is_file() or q.suffix == ".pt"]
-    skipped = [f"{q} is a file, not a run folder or *.pt" for q in map(pathlib.Path, args.runs)
-               if q not in runs]  # fmt: skip
+    given = list(map(pathlib.Path, args.runs))
+    runs = [q for q in given if not q.is_file() or q.suffix == ".pt"]
+    skipped = [f"{q} is a file, not a run folder or *.pt" for q in given if q not in runs]
     names = [(q if q.is_dir() else q.parent).resolve().name for q in runs]
     if args.out and len(set(names)) < len(names):
         p.error(f"--out: runs of the same folder name would share an output folder: {names}")
     _say(*(f"skipped: {reason}" for reason in skipped))
     everything, tag = [], "" if args.split == "test" else f"_{args.split}"  # train/, *_train.csv
+    how = (args.data_dir, args.split, args.batches * args.batch_size, args.batch_size, args.device)
     for path, name in zip(runs, names, strict=True):
-        n_cases = args.batches * args.batch_size
         try:
-            run = load_run(path, args.data_dir, args.split, n_cases, args.batch_size, args.device,
-                           args.weights)  # fmt: skip
+            run = load_run(path, *how, args.weights)
         except (NotARun, SystemExit) as e:  # of several runs, one that cannot be read is skipped
             skipped.append(str(e).removeprefix("error: "))
             _say(f"skipped: {skipped[-1]}")
@@ -444,16 +435,15 @@ def main(argv: list | None = None) -> list:
             _fail(f"cannot write to {out} ({e.strerror}): choose a folder to write to with --out")
         _say(f"wrote summary.txt and {len(paths)} files to {out}: {' '.join(paths)}")
         cos = results["cosine"].tolist()
-        row = dict(run=str(run.folder.resolve()), weights=run.weights, layers=len(cos) - 1,
-                   attention=run.model.cfg.attention, cos_last=cos[-1],
-                   cos_per_layer=" ".join(f"{c:.3f}" for c in cos))  # fmt: skip
+        row = dict(run=str(run.folder.resolve()), weights=run.weights, layers=len(cos) - 1)
+        row.update(attention=run.model.cfg.attention, cos_last=cos[-1])
+        row.update(cos_per_layer=" ".join(f"{c:.3f}" for c in cos))
         results["row"], results["name"] = dict(row, **run.accuracy), name
         everything.append(results)
     if not everything:
         _fail(f"no run to diagnose: {'; '.join(skipped)}")
     if len(everything) > 1:
-        rows = [r["row"] for r in everything]
-        header, lines = comparison_table(rows)
+        header, lines = comparison_table(rows := [r["row"] for r in everything])
         _say("", "cosine similarity per layer (embedding first), accuracy", *lines)
         beside = os.path.commonpath([r["row"]["run"] for r in everything])  # holds the runs
         path = pathlib.Path(args.out or beside, f"comparison{tag}.csv")

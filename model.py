@@ -243,8 +243,7 @@ class Classifier(nn.Module):
         h = F.pad(h, (0, 0, 0, self.cfg.max_len - h.shape[1]))  # shorter inputs: pad to max_len
         return h.flatten(1)
 
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None, x2: Optional[Tensor] = None,
-                mask2: Optional[Tensor] = None, return_hidden: bool = False):  # fmt: skip
+    def forward(self, x: Tensor, mask=None, x2=None, mask2=None, return_hidden=False):
         """Classify x: token ids (B, N) long or features (B, N, F) float, with mask (B, N) bool
         (True = real token; None = no padding); x2, mask2: the second document of a two-tower
         model (LRA Retrieval). Returns logits (B, C), aux_loss () and, if return_hidden, the hidden

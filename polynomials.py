@@ -52,10 +52,9 @@ def jacobi_recurrence(order: int, alpha: float, beta: float) -> list:
         raise ValueError(f"Jacobi needs alpha + beta > -2, got alpha={a}, beta={b}")
     coefs = [((a + b + 2) / 2, (a - b) / 2, 0.0)][:order]
     for k in range(2, order + 1):
-        n = 2 * k + a + b
-        coefs.append((n * (n - 1) / (2 * k * (k + a + b)),
-                      (n - 1) * (a * a - b * b) / (2 * k * (k + a + b) * (n - 2)),
-                      (k + a - 1) * (k + b - 1) * n / (k * (k + a + b) * (n - 2))))  # fmt: skip
+        n, kab = 2 * k + a + b, k * (k + a + b)  # kab = k (k+α+β), in every denominator
+        a_k, b_k = n * (n - 1) / (2 * kab), (n - 1) * (a * a - b * b) / (2 * kab * (n - 2))
+        coefs.append((a_k, b_k, (k + a - 1) * (k + b - 1) * n / (kab * (n - 2))))  # c_k last
     return coefs
 
 
@@ -187,8 +186,7 @@ class PolynomialFilter(nn.Module):
         forward(s (any shape)) -> g(s) (same shape)
     """
 
-    def __init__(self, order: int, basis: str = "jacobi", alpha: float = 0.0, beta: float = 0.0,
-                 fix_theta0: bool = True):  # fmt: skip
+    def __init__(self, order: int, basis="jacobi", alpha=0.0, beta=0.0, fix_theta0=True):
         super().__init__()
         if order < 0:
             raise ValueError(f"order K={order} must be >= 0")

@@ -80,7 +80,8 @@ def main(cfg: TrainConfig) -> dict:
     # 1) the run folder, locked and checked before anything is read or written; then the
     # processes: torchrun starts one per GPU (or per share of a CPU); rank 0 writes, prints
     rank, world, device, autocast, ckpt = runs.start(
-        cfg, "train_lra.py", "step", cfg.steps, may_change=("download", "download_url", "cache"))
+        cfg, "train_lra.py", "step", cfg.steps, may_change=("download", "download_url", "cache")
+    )
     ddp, master, cuda = "RANK" in os.environ, rank == 0, device.type == "cuda"
     out = pathlib.Path(cfg.out)
     if master:
@@ -89,13 +90,13 @@ def main(cfg: TrainConfig) -> dict:
         print("note: the paper preset is the GPU setting: on a CPU, --preset quick", flush=True)
 
     # 2) data; rank 0 first, as it may generate ListOps or download, then the others read it
-    listops = dict(LISTOPS[cfg.preset], train=cfg.listops_size, val=cfg.listops_eval_size,
-                   test=cfg.listops_eval_size)
+    n_eval = cfg.listops_eval_size
+    listops = dict(LISTOPS[cfg.preset], train=cfg.listops_size, val=n_eval, test=n_eval)
     if ddp and not master:
         dist.barrier()
-    data_args = dict(task=cfg.task, data_dir=cfg.data_dir, max_len=cfg.max_len, seed=cfg.data_seed,
-                     listops=listops, pathfinder_dir=PATHFINDER_DIRS[cfg.pathfinder],
-                     cache=cfg.cache)  # kept in the checkpoints, so diagnose.py reads the same
+    data_args = dict(task=cfg.task, data_dir=cfg.data_dir, max_len=cfg.max_len, seed=cfg.data_seed)
+    pathfinder_dir = PATHFINDER_DIRS[cfg.pathfinder]  # data_args: checkpointed, read by diagnose.py
+    data_args.update(listops=listops, pathfinder_dir=pathfinder_dir, cache=cfg.cache)
     preset_len = (QUICK if cfg.preset == "quick" else TASKS[cfg.task])["max_len"]
     fetch = cfg.download_url if cfg.download and master else None  # --download: rank 0 only
     data, notes = load_task(**data_args, padding_note=cfg.max_len != preset_len, download=fetch)
@@ -114,8 +115,8 @@ def main(cfg: TrainConfig) -> dict:
     runs.restore(ckpt, parts, state, seed=cfg.seed + rank)
     if master:
         runs.save(out / "config.json", dataclasses.asdict(cfg))  # the settings of this start
-    about = dict(config=dataclasses.asdict(cfg), script="train_lra.py", data=data_args,
-                 model_config=dataclasses.asdict(model.cfg))  # in the checkpoints: diagnose.py
+    about = dict(config=dataclasses.asdict(cfg), script="train_lra.py", data=data_args)
+    about.update(model_config=dataclasses.asdict(model.cfg))  # in the checkpoints: diagnose.py
     # fast: compiled (fixed shapes: one graph per batch shape); net: what trains (DDP under
     # torchrun). model holds the weights: it is saved and loaded, fast and net share them.
     fast = torch.compile(model, dynamic=False) if cfg.compile else model
@@ -123,13 +124,12 @@ def main(cfg: TrainConfig) -> dict:
 
     # 4) train. Batch k is a function of (seed, k) alone, so a resumed run sees the batches it
     # would have seen; each process takes its share of every batch.
-    bar = tqdm(total=cfg.steps, initial=state["step"], desc=cfg.attention,
-               disable=not master or None)  # None: shown on a terminal only
+    hide = not master or None  # None: shown on a terminal only
+    bar = tqdm(total=cfg.steps, initial=state["step"], desc=cfg.attention, disable=hide)
     sums = torch.zeros(3, device=device)
     t0 = time.time()
-    per_epoch = n_train // cfg.batch_size
     while state["step"] < cfg.steps:
-        epoch, k = divmod(state["step"], per_epoch)
+        epoch, k = divmod(state["step"], n_train // cfg.batch_size)
         order = np.random.default_rng([cfg.seed, epoch]).permutation(n_train)
         idx = order[k * cfg.batch_size : (k + 1) * cfg.batch_size][rank::world]
         lr = opt.param_groups[0]["lr"]  # the rate this step uses (the schedule moves on after it)
@@ -145,20 +145,20 @@ def main(cfg: TrainConfig) -> dict:
         loss_sum, n_correct, n = sums.tolist()
         sums.zero_()
         if not math.isfinite(loss_sum):
-            raise SystemExit(f"the training loss is {loss_sum / n} at step {step}: the run "
-                             "diverged (a smaller --lr may help); its last good checkpoint stays")
+            why = "the run diverged (a smaller --lr may help); its last good checkpoint stays"
+            raise SystemExit(f"the training loss is {loss_sum / n} at step {step}: {why}")
         val_acc, val_loss = evaluate(fast, data["val"], cfg.batch_size, device, autocast)
         state["val_acc"] = round(val_acc, 5)
         if val_acc > state["best_val_acc"]:  # the first of equal scores is kept
             state.update(best_val_acc=val_acc, best_step=step)
             if master:
-                runs.save(out / "best.pt", dict(model=model.state_dict(), step=step,
-                                                val_acc=val_acc, **about))
+                best = dict(model=model.state_dict(), step=step, val_acc=val_acc, **about)
+                runs.save(out / "best.pt", best)
         state["elapsed"] += time.time() - t0
         t0 = time.time()
-        record = dict(step=step, lr=lr, train_loss=round(loss_sum / n, 5),
-                      train_acc=round(n_correct / n, 5), val_acc=round(val_acc, 5),
-                      val_loss=round(val_loss, 5), time_s=round(state["elapsed"], 1))
+        record = dict(step=step, lr=lr, train_loss=round(loss_sum / n, 5))
+        record.update(train_acc=round(n_correct / n, 5), val_acc=round(val_acc, 5))
+        record.update(val_loss=round(val_loss, 5), time_s=round(state["elapsed"], 1))
         bar.set_postfix(loss=record["train_loss"], val=record["val_acc"])
         if master:  # the checkpoint first: a crash in between loses a log line, not a step
             runs.save(out / "checkpoint.pt", runs.checkpoint(parts, state, **about))
@@ -176,41 +176,41 @@ def main(cfg: TrainConfig) -> dict:
         # NOTE: differs from the official test loader (drop_last=True): every example counts.
         test_acc, _ = evaluate(fast, data["test"], cfg.batch_size, device, autocast)
     if master:
-        result = dict(
-            task=cfg.task, attention=cfg.attention, seed=cfg.seed, preset=cfg.preset,
-            protocol="test_acc of the weights with the best val_acc"
-            + (" (Text: val = test, as the LRA pipeline)" if cfg.task == "text" else ""),
-            val_acc=round(state["best_val_acc"], 5), test_acc=round(test_acc, 5),
-            final_val_acc=state["val_acc"],
-            best_step=state["best_step"], steps=cfg.steps, n_params=count_parameters(model),
-            wall_s=round(state["elapsed"] + time.time() - t0, 1),
-            device=f"{torch.cuda.get_device_name(device) if cuda else 'cpu'} x {world}",
-            config=dataclasses.asdict(cfg))
+        text = " (Text: val = test, as the LRA pipeline)" if cfg.task == "text" else ""
+        result = dict(task=cfg.task, attention=cfg.attention, seed=cfg.seed, preset=cfg.preset)
+        result.update(protocol=f"test_acc of the weights with the best val_acc{text}")
+        result.update(val_acc=round(state["best_val_acc"], 5), test_acc=round(test_acc, 5))
+        result.update(final_val_acc=state["val_acc"], best_step=state["best_step"], steps=cfg.steps)
+        gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
+        wall_s = round(state["elapsed"] + time.time() - t0, 1)
+        result.update(n_params=count_parameters(model), wall_s=wall_s, device=f"{gpu} x {world}")
+        result.update(config=dataclasses.asdict(cfg))
     return runs.finish(out, result)  # result.json, and RESULT {json} as the last line
 
 
 def build(cfg: TrainConfig, device: torch.device) -> tuple:
     """-> (model, AdamW, OneCycleLR, GradScaler), with the same initial weights in every process."""
     torch.manual_seed(cfg.seed)
-    kwargs = {  # each attention's constructor arguments (model.py passes them on)
-        "agf": dict(order=cfg.agf_order, basis="jacobi", alpha=cfg.agf_alpha, beta=cfg.agf_beta,
-                    ortho_weight=cfg.agf_gamma, fix_theta0=True, variant=cfg.agf_variant),
-        # the LRA code samples m = s · rank_multi tokens, rank_multi = 10; KSVD loss of batch means
-        "primal": dict(rank=cfg.primal_rank, rank_multi=10, ksvd_weight=cfg.primal_eta,
-                       ksvd_reduction="batch"),
-        "gfsa": dict(order=cfg.gfsa_order, dropout=cfg.dropout, high_order=cfg.gfsa_high_order),
-    }
-    model = Classifier(ModelConfig(
-        n_classes=N_CLASSES[cfg.task], max_len=cfg.max_len, vocab_size=VOCAB[cfg.task],
-        style="lra", two_tower=cfg.task == "retrieval", d_model=cfg.d_model, n_heads=cfg.n_heads,
-        n_layers=cfg.n_layers, d_ff=cfg.d_ff, dropout=cfg.dropout, attn_dropout=cfg.dropout,
-        attention=cfg.attention, attention_kwargs=kwargs)).to(device)
+    agf = dict(order=cfg.agf_order, basis="jacobi", alpha=cfg.agf_alpha, beta=cfg.agf_beta)
+    agf.update(ortho_weight=cfg.agf_gamma, fix_theta0=True, variant=cfg.agf_variant)
+    # the LRA code samples m = s · rank_multi tokens, rank_multi = 10; KSVD loss of batch means
+    ksvd = dict(
+        rank=cfg.primal_rank, rank_multi=10, ksvd_weight=cfg.primal_eta, ksvd_reduction="batch"
+    )
+    gfsa = dict(order=cfg.gfsa_order, dropout=cfg.dropout, high_order=cfg.gfsa_high_order)
+    kwargs = dict(agf=agf, primal=ksvd, gfsa=gfsa)  # each attention's, passed on by model.py
+    arch = dict(n_classes=N_CLASSES[cfg.task], max_len=cfg.max_len, vocab_size=VOCAB[cfg.task])
+    arch.update(style="lra", two_tower=cfg.task == "retrieval", d_model=cfg.d_model)
+    arch.update(n_heads=cfg.n_heads, n_layers=cfg.n_layers, d_ff=cfg.d_ff, dropout=cfg.dropout)
+    arch.update(attn_dropout=cfg.dropout, attention=cfg.attention, attention_kwargs=kwargs)
+    model = Classifier(ModelConfig(**arch)).to(device)
     # fused on CUDA (one kernel for every parameter: fewer launches), as nanoGPT; same update
-    opt = torch.optim.AdamW(model.parameters(), cfg.lr, (0.9, 0.999), eps=1e-6, weight_decay=0,
-                            fused=device.type == "cuda")
+    adamw = dict(eps=1e-6, weight_decay=0, fused=device.type == "cuda")
+    opt = torch.optim.AdamW(model.parameters(), cfg.lr, (0.9, 0.999), **adamw)
     # As the official code: linear warm-up lr/25 -> lr, linear decay -> lr/25e4, β₁ 0.95 <-> 0.85
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, cfg.lr, cfg.steps, anneal_strategy="linear",
-                                                pct_start=cfg.warmup / cfg.steps)
+    sched = torch.optim.lr_scheduler.OneCycleLR(
+        opt, cfg.lr, cfg.steps, anneal_strategy="linear", pct_start=cfg.warmup / cfg.steps
+    )
     fp16 = device.type == "cuda" and cfg.amp and not torch.cuda.is_bf16_supported()
     return model, opt, sched, torch.amp.GradScaler("cuda", enabled=fp16)  # bf16 needs no scaling
 
@@ -311,9 +311,9 @@ def presets(given: dict, error) -> dict:
 
 def parse_config(argv=None) -> TrainConfig:
     """The flags (or `argv`) -> TrainConfig: defaults < preset < flags, all checked here."""
-    choices = dict(task=list(TASKS), attention=ATTENTIONS, preset=list(LISTOPS),
-                   agf_variant=("agf", "uv", "svd"), gfsa_high_order=("taylor", "exact"),
-                   pathfinder=list(PATHFINDER_DIRS))
+    choices = dict(task=list(TASKS), attention=ATTENTIONS, preset=list(LISTOPS))
+    choices.update(agf_variant=("agf", "uv", "svd"), gfsa_high_order=("taylor", "exact"))
+    choices.update(pathfinder=list(PATHFINDER_DIRS))
     out = "runs/{task}/{attention}-{preset}-seed{seed}"  # where --out is not given
     return runs.parse(TrainConfig, __doc__, choices, presets, out, argv)
 

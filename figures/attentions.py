@@ -22,8 +22,10 @@ try:
     matplotlib.use("Agg")  # files only, no window
     import matplotlib.pyplot as plt
 except ImportError:
-    sys.exit("figures/attentions.py draws with matplotlib, which is not installed: "
-             "pip install matplotlib")
+    sys.exit(
+        "figures/attentions.py draws with matplotlib, which is not installed: "
+        "pip install matplotlib"
+    )
 
 QUADRATIC, LINEAR, PLAIN = "#f6c9c4", "#cdebc5", "#eef0f4"
 # (title, file, cost, [(box text, colour, shape on the arrow into the next box), ...])
@@ -57,11 +59,12 @@ COLUMNS = [
         ("e = φ_q W_e|X,  r = φ_k W_r|X\n(aux loss η·J², KSVD)", LINEAR, "N×s  each"),
         ("y = W_er [e; r]   (2s -> d)", LINEAR, "N×d"),
     ]),
-]
+]  # fmt: skip
 
 
 def draw(path: pathlib.Path) -> None:
     fig, axes = plt.subplots(1, len(COLUMNS), figsize=(16, 6.6))
+    shape_style = dict(fontsize=9, color="#1f4e9a", va="center", style="italic")  # on the arrows
     for ax, (title, where, cost, steps) in zip(axes, COLUMNS, strict=True):
         ax.set(xlim=(0, 1), ylim=(0, 1))
         ax.axis("off")
@@ -75,11 +78,13 @@ def draw(path: pathlib.Path) -> None:
                 gap = 0.055 + 0.02 * text.count("\n")
                 arrow = dict(arrowstyle="-|>", color="#333333", lw=1)
                 ax.annotate("", (0.5, ys[i + 1] + 0.05), (0.5, y - gap), arrowprops=arrow)
-                ax.text(0.53, (y + ys[i + 1]) / 2, shape, fontsize=9, color="#1f4e9a",
-                        va="center", style="italic")
-    fig.text(0.5, 0.02, "N tokens, D model width, d head width, s rank, m sampled tokens;  ≈: an "
-             "estimate.\nThe cost of a box, per head: red O(N² d); green a product linear in N "
-             "(O(N D d), O(N d²), O(N d s)); grey O(N d) or less", ha="center", fontsize=9.5)
+                ax.text(0.53, (y + ys[i + 1]) / 2, shape, **shape_style)
+    legend = (
+        "N tokens, D model width, d head width, s rank, m sampled tokens;  ≈: an estimate.\n"
+        "The cost of a box, per head: red O(N² d); green a product linear in N "
+        "(O(N D d), O(N d²), O(N d s)); grey O(N d) or less"
+    )
+    fig.text(0.5, 0.02, legend, ha="center", fontsize=9.5)
     fig.savefig(path, dpi=110, bbox_inches="tight")
 
 
