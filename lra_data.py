@@ -197,8 +197,8 @@ def write_listops(folder: pathlib.Path, settings: dict, progress: bool = True) -
     folder.mkdir(parents=True, exist_ok=True)
     # Written whole under temporary names of this call's own, then renamed together at the end:
     # no half files, and runs generating into one folder at once each rename their own files.
-    tmp = {name: folder / f"{name}.{uuid.uuid4().hex}.tmp"
-           for name in ["generator.json", *(f"basic_{split}.tsv" for split in SPLITS)]}  # fmt: skip
+    names = ["generator.json", *(f"basic_{split}.tsv" for split in SPLITS)]
+    tmp = {name: folder / f"{name}.{uuid.uuid4().hex}.tmp" for name in names}
     tmp["generator.json"].write_text(json.dumps(settings) + "\n")
     for split, start in zip(SPLITS, [0, sizes[0], sizes[0] + sizes[1]], strict=True):
         with open(tmp[f"basic_{split}.tsv"], "w", newline="") as f:
@@ -237,10 +237,8 @@ def _drop_empty(split: Split, places: list, source: str) -> tuple:
         raise DataError(f"{source}: no example has a real token (the first: {first})")
     keep = ~empty
     arrays = [None if a is None else a[keep] for a in (split.x2, split.lengths2)]
-    note = (
-        f"{source}: skipped {empty.sum()} of {len(empty)} examples with no real token (the "
-        f"first: {first}): the model would have nothing to attend to"
-    )
+    what = f"{empty.sum()} of {len(empty)} examples with no real token (the first: {first})"
+    note = f"{source}: skipped {what}: the model would have nothing to attend to"
     return Split(split.x[keep], split.lengths[keep], split.y[keep], *arrays, split.cut), [note]
 
 
@@ -512,6 +510,7 @@ def read_lra_pickle(path: pathlib.Path, task: str, max_len: int) -> tuple:
     if not items:
         raise DataError(f"{path}: an empty list, no example")
     documents, cut = [], 0  # ids, lengths of input_ids_0 (, of input_ids_1); inputs cut
+    image = task in ("image", "pathfinder")
     for key in keys:
         try:  # rows cut to max_len and padded each on its own (pack): any lengths
             rows = [np.asarray(a, dtype=np.int64).reshape(-1) for a in columns[key]]
@@ -520,13 +519,12 @@ def read_lra_pickle(path: pathlib.Path, task: str, max_len: int) -> tuple:
         if any(len(row) and (row.min() < 0 or row.max() >= VOCAB[task]) for row in rows):
             raise DataError(f"{path}: {key} outside [0, {VOCAB[task]}) for task {task}")
         x, row_lengths, cut_rows = pack(rows, max_len)  # token rows: real ids cut, not padding
-        image = task in ("image", "pathfinder")
         cut += cut_rows if image else sum(len(np.trim_zeros(row, "b")) > max_len for row in rows)
         # The pickles pad token sequences with 0 themselves: real tokens end at the last non-0.
         # NOTE: images keep every pixel; mlpen/Nystromformer LRA/code/dataset.py masks ids == 0
         nonzero = x != 0
         lengths = np.where(nonzero.any(1), max_len - np.argmax(nonzero[:, ::-1], axis=1), 0)
-        documents += [x, row_lengths if task in ("image", "pathfinder") else lengths]
+        documents += [x, row_lengths if image else lengths]
     try:  # one class index per item; a wrong one would only fail inside the loss, on a GPU
         labels = np.asarray(columns["label"], np.int64).reshape(len(items))
         if labels.min() < 0 or labels.max() >= N_CLASSES[task]:
@@ -643,8 +641,8 @@ def _cached(file: pathlib.Path, root: pathlib.Path, stats: list, max_len: int, r
             arrays = {name: npz[name] for name in npz.files}
         meta = json.loads(str(arrays.pop("meta")))
         if meta["key"] == key:
-            found = {n: Split(*(arrays.get(f"{n}.{f}") for f in fields), cut=cut)
-                     for n, cut in meta["cut"].items()}  # fmt: skip
+            cuts = meta["cut"].items()
+            found = {n: Split(*(arrays.get(f"{n}.{f}") for f in fields), cut=c) for n, c in cuts}
             return {name: found.get(name, found["test"]) for name in SPLITS}, meta["notes"], True
         old, new = ({tuple(source) for source in k["sources"]} for k in (meta["key"], key))
         why = f"{root / min(old ^ new)[0]} changed" if old != new else "its sources changed"
@@ -687,13 +685,12 @@ def download_task(task: str, data_dir, url: str = "", pathfinder_dir: str = PATH
     """Fetch the task's folder (ARCHIVES; Pathfinder: pathfinder_dir) into data_dir from `url`, a
     mirror or a file:// copy ("" = the table's URL): the archive's size and MD5 are checked where
     known. Raises DataError, one sentence: what failed, the URL, how to fetch it by hand."""
-    archive, root = ARCHIVES[task], pathlib.Path(data_dir)
-    folder = pathfinder_dir if task == "pathfinder" else archive["folder"]
+    folder = pathfinder_dir if task == "pathfinder" else ARCHIVES[task]["folder"]
+    root, archive = pathlib.Path(data_dir), dict(ARCHIVES[task], folder=folder)
     marker = _release_folder(task, root, LISTOPS_PAPER, pathfinder_dir)[1]  # what it must yield
     url = url or archive["url"]
     by_hand = f"; by hand: download {url} and unpack the {folder}/ in it as {root / folder}"
-    download.fetch(url, root / folder, folder, archive["keep"], [marker], md5=archive["md5"],
-                   size=archive["size"], by_hand=by_hand, error=DataError)  # fmt: skip
+    download.fetch(url, root / folder, [marker], archive, error=DataError, by_hand=by_hand)
 
 
 def _read_release(task: str, folder: pathlib.Path, max_len: int) -> tuple:
@@ -749,16 +746,8 @@ def _listops_files(folder: pathlib.Path, listops: dict, seed: int) -> list:
 
 def _padding_notes(splits: dict, max_len: int) -> list:
     """A note when max_len is more than twice the longest input: padding that only costs time."""
-    longest = max(
-        int(lengths.max(initial=0))
-        for split in splits.values()
-        for lengths in (split.lengths, split.lengths2)
-        if lengths is not None
-    )
-    width = max(split.x.shape[1] for split in splits.values())
-    if width <= 2 * longest:
-        return []
-    return [
-        f"max_len {max_len} is more than twice the longest input ({longest} tokens): every "
-        f"input is padded to {width} tokens, and attention pays for the padding"
-    ]
+    parts = [s.lengths for s in splits.values()] + [s.lengths2 for s in splits.values()]
+    if 2 * (longest := max(int(p.max(initial=0)) for p in parts if p is not None)) >= max_len:
+        return []  # every input is padded to max_len (the arrays' width)
+    what = f"the longest input ({longest} tokens): every input is padded to {max_len} tokens"
+    return [f"max_len {max_len} is more than twice {what}, and attention pays for the padding"]

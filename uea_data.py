@@ -15,14 +15,11 @@ Depends on: numpy, download.py (the training script turns the arrays into tensor
 import pathlib
 import re
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 
 import download
 
-# ---------------------------------------------------------------------------------------------
-# The .ts reader (format: the aeon / sktime readers), standard library + numpy.
 ARCHIVE_PAGE = "https://www.timeseriesclassification.com/dataset.php"
 ARCHIVE_ZIPS = "https://timeseriesclassification.com/aeon-toolkit"  # <Name>.zip, as aeon uses
 HEADER_TAGS = ("problemname", "timestamps", "missing", "univariate", "dimensions", "equallength",
@@ -33,7 +30,7 @@ NUMBER = r"[-+.\deE?]+"  # a value or '?', as it may stand in the label's place
 class TsFormatError(ValueError):
     """A malformed .ts file. The message names the file, the line and what is wrong."""
 
-    def __init__(self, path, line_no: Optional[int], what: str):
+    def __init__(self, path, line_no: int | None, what: str):
         super().__init__(f"{path}:{line_no}: {what}" if line_no else f"{path}: {what}")
         self.path, self.line_no = str(path), line_no
 
@@ -50,7 +47,7 @@ class TsFile:
     path: str
     header: dict  # lower-case tag -> value as written, e.g. {"problemname": "JapaneseVowels"}
     series: list  # one float64 array (L_i, F) per case; missing values already interpolated
-    labels: Optional[np.ndarray]  # int64 (n,) indices into class_names, float64 targets, or None
+    labels: np.ndarray | None  # int64 (n,) indices into class_names, float64 targets, or None
     class_names: list  # the @classLabel vocabulary, in the order the header lists it
     line_numbers: list  # the file line of each case, for error messages
 
@@ -236,10 +233,6 @@ def _parse_label(label, class_names: list, header: dict, path, line_no):
     return None
 
 
-# ---------------------------------------------------------------------------------------------
-# Finding (or downloading) a dataset, then turning it into padded tensors.
-
-
 def dataset_paths(data_dir: str, name: str) -> tuple[pathlib.Path, pathlib.Path]:
     """(<data-dir>/<Name>/<Name>_TRAIN.ts, ..._TEST.ts), always by name (never a glob).
 
@@ -267,15 +260,13 @@ def missing_dataset_message(data_dir: str, name: str, base_url: str, download: b
 
 def download_dataset(name: str, data_dir: str, base_url: str, progress: bool = True):
     """Fetch <base_url>/<Name>.zip and unpack <Name>_TRAIN.ts / _TEST.ts (wherever they stand
-    in the zip) into <data-dir>/<Name>/, when either is missing; download.py writes nothing else.
-    """
+    in the zip, named in any case) into <data-dir>/<Name>/, when either is missing; download.py
+    writes nothing else."""
     paths = dataset_paths(data_dir, name)
-    if all(p.exists() for p in paths):
-        return  # both files are there: nothing to fetch
     url, names = f"{base_url.rstrip('/')}/{name}.zip", [p.name for p in paths]
     by_hand = "\n" + missing_dataset_message(data_dir, name, base_url, download=False)
-    download.fetch(url, paths[0].parent, "", "|".join(map(re.escape, names)), names, kind="zip",
-                   progress=progress, by_hand=by_hand, error=DatasetNotFoundError)  # fmt: skip
+    archive = dict(kind="zip", keep="|".join(map(re.escape, names)))  # no folder: by name alone
+    download.fetch(url, paths[0].parent, names, archive, progress, DatasetNotFoundError, by_hand)
 
 
 @dataclass
@@ -343,13 +334,11 @@ def load_uea(data_dir: str, name: str, max_len: int = 0) -> UEAData:
     constant = std < 10 * np.finfo(np.float64).eps * np.maximum(1.0, np.abs(mean))
     scale = np.where(constant, 1.0, std)
     max_len = int(max_len) or max(len(s) for s in train.series)
-    x_train, mask_train = _standardise(train, mean, scale, max_len)
-    x_test, mask_test = _standardise(test, mean, scale, max_len)
+    train_xmy = (*_standardise(train, mean, scale, max_len), train.labels)  # x, mask, y
+    test_xmy = (*_standardise(test, mean, scale, max_len), y_test)
     n_clipped = [sum(len(s) > max_len for s in split.series) for split in (train, test)]
-    data = UEAData(
-        x_train, mask_train, train.labels, x_test, mask_test, y_test, train.class_names, mean,
-        std, *n_clipped, constant_channels=np.flatnonzero(constant).tolist(),
-    )  # fmt: skip
+    constant = np.flatnonzero(constant).tolist()
+    data = UEAData(*train_xmy, *test_xmy, train.class_names, mean, std, *n_clipped, constant)
     data.notes = _notes(data, train, test)
     return data
 
@@ -370,16 +359,12 @@ def _standardise(split: TsFile, mean: np.ndarray, scale: np.ndarray, max_len: in
 def _notes(data: UEAData, train: TsFile, test: TsFile) -> list:
     """What the run's log should say about this dataset, one plain sentence each."""
     notes, max_len = [], data.x_train.shape[1]
-    if data.constant_channels:
-        notes.append(
-            f"channels {data.constant_channels} are constant in TRAIN: centred, not scaled "
-            "(0-based indices; dividing by their std of ~0 would blow TEST values up)"
-        )
+    if channels := data.constant_channels:
+        why = "(0-based indices; dividing by their std of ~0 would blow TEST values up)"
+        notes.append(f"channels {channels} are constant in TRAIN: centred, not scaled {why}")
     if len(train_classes := np.unique(data.y_train)) == 1:
-        notes.append(
-            f"TRAIN holds one class only ({data.class_names[train_classes[0]]!r}): the model can "
-            "learn nothing but to predict it"
-        )
+        only = f"TRAIN holds one class only ({data.class_names[train_classes[0]]!r})"
+        notes.append(f"{only}: the model can learn nothing but to predict it")
     if test_only := sorted(set(data.y_test.tolist()) - set(train_classes.tolist())):
         names = [data.class_names[k] for k in test_only]
         n = int(np.isin(data.y_test, test_only).sum())
@@ -395,11 +380,10 @@ def _notes(data: UEAData, train: TsFile, test: TsFile) -> list:
             f"and {data.n_clipped_test} of {len(data.y_test)} TEST cases (longest {longest[0]} "
             f"and {longest[1]} steps): their later steps are dropped, as the official loader does"
         )
-    if max_len > 2 * max(longest):
-        notes.append(
-            f"max_len {max_len} is more than twice the longest series ({max(longest)} steps): "
-            f"every case is zero-padded to {max_len} steps (0 = the longest TRAIN series)"
-        )
+    if max_len > 2 * (most := max(longest)):
+        far = f"max_len {max_len} is more than twice the longest series ({most} steps)"
+        pad = f"every case is zero-padded to {max_len} steps (0 = the longest TRAIN series)"
+        notes.append(f"{far}: {pad}")
     return notes
 
 
