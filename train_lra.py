@@ -97,7 +97,8 @@ def main(cfg: TrainConfig) -> dict:
                      listops=listops, pathfinder_dir=PATHFINDER_DIRS[cfg.pathfinder],
                      cache=cfg.cache)  # kept in the checkpoints, so diagnose.py reads the same
     preset_len = (QUICK if cfg.preset == "quick" else TASKS[cfg.task])["max_len"]
-    fetch = cfg.download_url if cfg.download and master else None  # --download: rank 0 only
+    # --download: rank 0 only; a --download-url alone implies it (a mirror, a file:// copy)
+    fetch = cfg.download_url if master and (cfg.download or cfg.download_url) else None
     data, notes = load_task(**data_args, padding_note=cfg.max_len != preset_len, download=fetch)
     if ddp and master:
         dist.barrier()
