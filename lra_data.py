@@ -48,20 +48,23 @@ PATH_HARD = "pathfinder32/curv_contour_length_14"  # and the paper's "Path": Pat
 # lra_benchmarks/data/pathfinder.py: each difficulty folder is the TFDS split of this name
 PATHFINDER_SPLITS = dict(curv_baseline="easy", curv_contour_length_9="intermediate")
 PATHFINDER_SPLITS |= dict(curv_contour_length_14="hard")
-# --download: each task's archive, its size in bytes and MD5 where published (torchtext checks
-# IMDB's, torchvision CIFAR-10's; the LRA release has none), the folder it yields under data_dir
-# (found by name wherever it stands in the archive; Pathfinder: the difficulty asked for), and
-# the files kept below it. The release (~7.7 GB) is read as it arrives, up to the folder's end.
+# Each task's standard folder under data_dir (ListOps, Pathfinder: the one asked for), a file that
+# shows it is there; for --download its archive, size in bytes and MD5 where published (torchtext
+# checks IMDB's, torchvision CIFAR-10's; the release, read as it arrives up to the folder's end,
+# has none), the files kept below the folder (default all), found by name anywhere in the archive.
 RELEASE = "https://storage.googleapis.com/long-range-arena/lra_release.gz"  # a gzipped tar
 ARCHIVES = {
     "text": dict(url="https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz", size=None,
-                 md5="7c2ac02c03563afcf9b574c7e56c153a", folder="aclImdb",
+                 md5="7c2ac02c03563afcf9b574c7e56c153a", folder="aclImdb", need="train",
                  keep=r"(train|test)/(pos|neg)/[^/]+\.txt"),  # not unsup/, not the *.feat files
     "image": dict(url="https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", size=170498071,
-                  md5="c58f30108f718f92721af3b95e74349a", folder="cifar-10-batches-py", keep=".*"),
-    "listops": dict(url=RELEASE, size=None, md5=None, folder="listops-1000", keep=".*"),
-    "retrieval": dict(url=RELEASE, size=None, md5=None, folder="tsv_data", keep=".*"),
-    "pathfinder": dict(url=RELEASE, size=None, md5=None, folder=PATH_HARD, keep=".*"),
+                  md5="c58f30108f718f92721af3b95e74349a", folder="cifar-10-batches-py",
+                  need="data_batch_1"),
+    "listops": dict(url=RELEASE, size=None, md5=None, folder="listops-1000",
+                    need="basic_train.tsv"),
+    "retrieval": dict(url=RELEASE, size=None, md5=None, folder="tsv_data",
+                      need="new_aan_pairs.train.tsv"),
+    "pathfinder": dict(url=RELEASE, size=None, md5=None, folder=PATH_HARD, need="metadata"),
 }  # fmt: skip
 PATHFINDER_DIRS = {name: f"pathfinder32/{folder}" for folder, name in PATHFINDER_SPLITS.items()}
 # What the readers do to each task's release files, said in the run's log
@@ -106,6 +109,7 @@ APPLY["[MED"] = lambda xs: int(statistics.median(xs))  # the official int(np.med
 # NOTE: ids 1..15 in a fixed order; lra_benchmarks/listops/input_pipeline.py's is a set's order
 LISTOPS_TOKENS = tuple("0123456789") + OPERATORS + ("X",)
 LISTOPS_IDS = {token: i + 1 for i, token in enumerate(LISTOPS_TOKENS)}
+LISTOPS_OOV = len(LISTOPS_TOKENS) + 1  # the id of a token outside the vocabulary (16)
 
 
 def generate_tree(rng: random.Random, depth: int, max_depth: int, max_args: int) -> tuple:
@@ -175,9 +179,6 @@ def generate_listops(
     return list(found.items())
 
 
-LISTOPS_OOV = len(LISTOPS_TOKENS) + 1  # the id of a token outside the vocabulary (16)
-
-
 def listops_words(expression: str) -> list:
     """LRA input pipeline: "]" -> "X", drop parentheses, split on whitespace -> token strings."""
     return expression.replace("]", "X").replace("(", "").replace(")", "").split()
@@ -191,9 +192,8 @@ def tokenize_listops(expression: str) -> list:
 def write_listops(folder: pathlib.Path, settings: dict, progress: bool = True) -> None:
     """Generate ListOps with settings (generator.json's keys) into folder, as the release."""
     folder, sizes = pathlib.Path(folder), [settings[split] for split in SPLITS]
-    limits = [settings[k] for k in ("min_length", "max_length", "max_depth", "max_args")]
-    shards = settings.get("shards", 1)
-    pairs = generate_listops(sum(sizes), settings["seed"], *limits, progress, shards)
+    args = [settings[k] for k in GENERATOR_KEYS[4:]] + [progress, settings.get("shards", 1)]
+    pairs = generate_listops(sum(sizes), settings["seed"], *args)  # the tree bounds, ..., shards
     folder.mkdir(parents=True, exist_ok=True)
     # Written whole under temporary names of this call's own, then renamed together at the end:
     # no half files, and runs generating into one folder at once each rename their own files.
@@ -227,9 +227,7 @@ def _drop_empty(split: Split, places: list, source: str) -> tuple:
     """
     if not len(split.y):  # a split without examples: an evaluation would divide by zero
         raise DataError(f"{source}: no example")
-    empty = split.lengths == 0
-    if split.lengths2 is not None:
-        empty |= split.lengths2 == 0
+    empty = (split.lengths == 0) | (split.lengths2 == 0)  # lengths2 None: None == 0 is False
     if not empty.any():
         return split, []
     first = places[np.flatnonzero(empty)[0]]
@@ -267,18 +265,14 @@ def read_listops_tsv(path: pathlib.Path, max_len: int) -> tuple:
             sequences.append([LISTOPS_IDS.get(word, LISTOPS_OOV) for word in words])
             labels.append(int(row[1]))
             places.append(where)
-    notes = []
-    if unknown:
-        (line, word), written = unknown[0], {"X": "]"}  # "X" is "]" as the file writes it
-        vocabulary = " ".join(written.get(token, token) for token in LISTOPS_TOKENS)
-        notes.append(
-            f"{path}:{line}: {word!r} is not a ListOps token ({vocabulary}); it and the other "
-            f"unknown tokens of {len(unknown)} line(s) of this file become the OOV id {LISTOPS_OOV}"
-        )
     x, lengths, cut = pack(sequences, max_len)
-    split = Split(x, lengths, np.array(labels, np.int64), cut=cut)
-    split, skipped = _drop_empty(split, places, path)
-    return split, notes + skipped
+    split, notes = _drop_empty(Split(x, lengths, np.array(labels, np.int64), cut=cut), places, path)
+    if unknown:  # the vocabulary as the file writes it: "X" is "]"
+        (line, word), vocabulary = unknown[0], " ".join(LISTOPS_TOKENS[:-1] + ("]",))
+        token = f"{path}:{line}: {word!r} is not a ListOps token ({vocabulary}); it and the other"
+        what = f"unknown tokens of {len(unknown)} line(s) of this file become the OOV id"
+        notes.insert(0, f"{token} {what} {LISTOPS_OOV}")
+    return split, notes
 
 
 def read_imdb(folder: pathlib.Path, max_len: int) -> tuple:
@@ -372,7 +366,7 @@ def read_cifar(folder: pathlib.Path, max_len: int = 1024) -> dict:
     if max_len != 1024:  # as read_pathfinder: an image is as long as its pixels, never cut
         raise DataError(f"{folder}: CIFAR-10 images have 1024 pixels, but max_len is {max_len}")
     xs, ys = [], []  # data_batch_1..5, test_batch
-    for file in [folder / f"data_batch_{i}" for i in range(1, 6)] + [folder / "test_batch"]:
+    for file in _release_files("image", folder):
         try:
             batch = pickle.loads(file.read_bytes(), encoding="bytes")
             if not isinstance(batch, dict):
@@ -481,9 +475,8 @@ def read_pathfinder(folder: pathlib.Path, max_len: int) -> tuple:
             if len(images[-1]) != max_len:
                 raise DataError(f"{png}: {len(images[-1])} pixels, but max_len is {max_len}")
             labels.append(label)
-        x = np.array(images, dtype=np.int16).reshape(len(images), max_len)
-        lengths = np.full(len(x), max_len, dtype=np.int64)  # every pixel is a real token
-        splits[name] = Split(x, lengths, np.array(labels, dtype=np.int64))
+        x = np.array(images, dtype=np.int16).reshape(len(images), max_len)  # all pixels real:
+        splits[name] = Split(x, np.full(len(x), max_len, np.int64), np.array(labels, np.int64))
     if len(empty) == len(examples):
         raise DataError(f"{folder}: the metadata names no image that is not empty")
     if none := [name for name in SPLITS if not len(splits[name].y)]:
@@ -578,7 +571,8 @@ def load_task(
     if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 1:
         raise DataError(f"max_len must be a positive integer, got {max_len!r}")
     root, listops = pathlib.Path(data_dir), listops or LISTOPS_PAPER
-    folder, marker, source = _release_folder(task, root, listops, pathfinder_dir)
+    asked = dict(listops=listops["folder"], pathfinder=pathfinder_dir)  # else the standard one
+    folder, marker = root / asked.get(task, ARCHIVES[task]["folder"]), ARCHIVES[task]["need"]
     stem = pathfinder_dir.replace("/", "-") if task == "pathfinder" else task
     # The pickles' "dev" is our "val"; Nystromformer's names, or Skyformer's with "lra-" first
     names = [[f"{stem}.{n}.pickle", f"lra-{stem}.{n}.pickle"] for n in ("train", "dev", "test")]
@@ -598,12 +592,11 @@ def load_task(
         sources, how = pickles, f"the PyTorch-LRA pickles {root}/{stem}.*.pickle"
         reader = functools.partial(read_lra_pickle, task=task)
         read = functools.partial(_read_each, reader, pickles, max_len)
-    else:
-        raise DataError(
-            f"no data for task {task}: expected {folder / marker} (from {source}) or the "
-            f"PyTorch-LRA pickles {root}/{stem}.{{train,dev,test}}.pickle; --download fetches "
-            f"{ARCHIVES[task]['url']}"
-        )
+    else:  # (ListOps is generated instead)
+        url, pickles = ARCHIVES[task]["url"], f"{root}/{stem}.{{train,dev,test}}.pickle"
+        where = f"{folder / marker} (from {url.split('//')[-1].rsplit('/', 1)[0]})"
+        what = f"expected {where} or the PyTorch-LRA pickles {pickles}; --download fetches {url}"
+        raise DataError(f"no data for task {task}: {what}")
     try:  # the cache's key: each source's name (under root), size and modification time
         stats = [(str(path).removeprefix(f"{root}{os.sep}"), os.stat(path)) for path in sources]
     except FileNotFoundError as e:  # a new_aan_pairs.eval.tsv, say
@@ -617,7 +610,12 @@ def load_task(
     said = ", ".join(f"{split} {len(part.y)}" for split, part in splits.items())
     said = f"{task}: {said} examples from {f'the prepared cache {file} of ' * hit}{how}; {done}"
     said += f"; {cut} of {inputs} inputs cut at max_len {max_len}: their ends dropped" * bool(cut)
-    return splits, [said, *notes, *(_padding_notes(splits, max_len) if padding_note else [])]
+    lengths = [p.lengths for p in parts] + [p.lengths2 for p in parts if p.x2 is not None]
+    if padding_note and 2 * (longest := max(int(n.max(initial=0)) for n in lengths)) < max_len:
+        far = f"max_len {max_len} is more than twice the longest input ({longest} tokens)"
+        pad = f"every input is padded to {max_len} tokens, and attention pays for the padding"
+        notes = [*notes, f"{far}: {pad}"]
+    return splits, [said, *notes]
 
 
 def _read_each(reader, files: list, max_len: int) -> tuple:
@@ -656,29 +654,15 @@ def _cached(file: pathlib.Path, root: pathlib.Path, stats: list, max_len: int, r
     kept = {n: s for n, s in splits.items() if n == "test" or s is not splits["test"]}
     arrays = {f"{n}.{f}": getattr(s, f) for n, s in kept.items() for f in fields}
     meta = dict(key=key, notes=notes, cut={name: split.cut for name, split in kept.items()})
-    tmp = file.with_name(f"{file.name}.{uuid.uuid4().hex}.tmp")
+    tmp = file.with_name(f"{file.stem}.{uuid.uuid4().hex}.tmp.npz")  # savez adds no suffix
     try:
         file.parent.mkdir(exist_ok=True)
-        with open(tmp, "wb") as f:
-            np.savez(f, meta=json.dumps(meta), **{k: a for k, a in arrays.items() if a is not None})
+        np.savez(tmp, meta=json.dumps(meta), **{k: a for k, a in arrays.items() if a is not None})
         os.replace(tmp, file)
     except OSError as e:  # a read-only data folder, a full disk: the run goes on without
-        tmp.unlink() if tmp.exists() else None
+        tmp.unlink(missing_ok=True)
         notes = [*notes, f"cannot write the cache {file} ({e.strerror}): the next run reads again"]
     return splits, notes + [f"{file}: rebuilt, as {why}"] * bool(why), False
-
-
-def _release_folder(task: str, root: pathlib.Path, listops: dict, pathfinder_dir: str) -> tuple:
-    """(the release's, or the standard, folder of task, a file in it, where to get it)."""
-    if task == "listops":
-        return root / listops["folder"], "basic_train.tsv", "the LRA release"
-    if task == "text":
-        return root / "aclImdb", "train", "ai.stanford.edu/~amaas/data/sentiment"
-    if task == "retrieval":
-        return root / "tsv_data", "new_aan_pairs.train.tsv", "the LRA release"
-    if task == "image":
-        return root / "cifar-10-batches-py", "data_batch_1", "cs.toronto.edu/~kriz/cifar.html"
-    return root / pathfinder_dir, "metadata", "the LRA release"
 
 
 def download_task(task: str, data_dir, url: str = "", pathfinder_dir: str = PATH_HARD) -> None:
@@ -687,21 +671,17 @@ def download_task(task: str, data_dir, url: str = "", pathfinder_dir: str = PATH
     known. Raises DataError, one sentence: what failed, the URL, how to fetch it by hand."""
     folder = pathfinder_dir if task == "pathfinder" else ARCHIVES[task]["folder"]
     root, archive = pathlib.Path(data_dir), dict(ARCHIVES[task], folder=folder)
-    marker = _release_folder(task, root, LISTOPS_PAPER, pathfinder_dir)[1]  # what it must yield
     url = url or archive["url"]
     by_hand = f"; by hand: download {url} and unpack the {folder}/ in it as {root / folder}"
-    download.fetch(url, root / folder, [marker], archive, error=DataError, by_hand=by_hand)
+    download.fetch(url, root / folder, [archive["need"]], archive, error=DataError, by_hand=by_hand)
 
 
 def _read_release(task: str, folder: pathlib.Path, max_len: int) -> tuple:
     """Text, Retrieval, Image or Pathfinder from its release folder -> (splits, notes)."""
-    if task == "text":
-        return read_imdb(folder, max_len)
-    if task == "image":
-        return read_cifar(folder, max_len), []
-    if task == "pathfinder":
-        return read_pathfinder(folder, max_len)
-    return _read_each(read_aan_tsv, _release_files(task, folder), max_len)
+    if task == "retrieval":
+        return _read_each(read_aan_tsv, _release_files(task, folder), max_len)
+    read = dict(text=read_imdb, pathfinder=read_pathfinder, image=lambda *a: (read_cifar(*a), []))
+    return read[task](folder, max_len)
 
 
 def _release_files(task: str, folder: pathlib.Path) -> list:
@@ -712,7 +692,6 @@ def _release_files(task: str, folder: pathlib.Path) -> list:
         where = glob.escape(str(folder))
         parts = [f"{where}/{s}/{p}/*.txt" for s in ("train", "test") for p in ("neg", "pos")]
         return [file for part in parts for file in sorted(glob.glob(part))]
-
     if task == "retrieval":  # the LRA "eval" file is our val
         return [folder / f"new_aan_pairs.{name}.tsv" for name in ("train", "eval", "test")]
     if task == "image":
@@ -737,17 +716,7 @@ def _listops_files(folder: pathlib.Path, listops: dict, seed: int) -> list:
     if not all(file.exists() for file in files):
         raise DataError(f"{folder}: incomplete, expected all of {[f.name for f in files]}")
     if generator_json.exists() and json.loads(generator_json.read_text()) != settings:
-        raise DataError(
-            f"{folder} was generated with {generator_json.read_text().strip()}, but this run asks "
-            f"for {json.dumps(settings)}: pick another ListOps folder or delete that one"
-        )
+        what = f"{folder} was generated with {generator_json.read_text().strip()}"
+        fix = "pick another ListOps folder or delete that one"
+        raise DataError(f"{what}, but this run asks for {json.dumps(settings)}: {fix}")
     return files + [generator_json] * generator_json.exists()
-
-
-def _padding_notes(splits: dict, max_len: int) -> list:
-    """A note when max_len is more than twice the longest input: padding that only costs time."""
-    parts = [s.lengths for s in splits.values()] + [s.lengths2 for s in splits.values()]
-    if 2 * (longest := max(int(p.max(initial=0)) for p in parts if p is not None)) >= max_len:
-        return []  # every input is padded to max_len (the arrays' width)
-    what = f"the longest input ({longest} tokens): every input is padded to {max_len} tokens"
-    return [f"max_len {max_len} is more than twice {what}, and attention pays for the padding"]

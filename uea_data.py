@@ -251,11 +251,10 @@ def missing_dataset_message(data_dir: str, name: str, base_url: str, download: b
     """Where we looked and how to get the data: by hand, or (download=True) with --download."""
     train, test = dataset_paths(data_dir, name)
     rerun = ", or rerun with --download to fetch and unpack that zip." if download else "."
-    return (
-        f"UEA dataset {name!r} not found; looked for\n  {train}\n  {test}\n"
-        f"Get it from the UEA archive, {ARCHIVE_PAGE} (Multivariate2018_ts.zip; put the two files "
-        f"at the paths above),\nor the per-dataset zip {base_url.rstrip('/')}/{name}.zip{rerun}"
-    )
+    looked = f"UEA dataset {name!r} not found; looked for\n  {train}\n  {test}\n"
+    whole = f"{ARCHIVE_PAGE} (Multivariate2018_ts.zip; put the two files at the paths above)"
+    one = f"the per-dataset zip {base_url.rstrip('/')}/{name}.zip{rerun}"
+    return f"{looked}Get it from the UEA archive, {whole},\nor {one}"
 
 
 def download_dataset(name: str, data_dir: str, base_url: str, progress: bool = True):
@@ -316,8 +315,7 @@ def load_uea(data_dir: str, name: str, max_len: int = 0) -> UEAData:
     train_path, test_path = dataset_paths(data_dir, name)
     if not (train_path.exists() and test_path.exists()):
         raise DatasetNotFoundError(missing_dataset_message(data_dir, name, ARCHIVE_ZIPS))
-    train = read_ts(train_path, require_labels=True)
-    test = read_ts(test_path, require_labels=True)
+    train, test = (read_ts(path, require_labels=True) for path in (train_path, test_path))
     if (f_test := test.series[0].shape[1]) != (f := train.series[0].shape[1]):
         raise TsFormatError(test.path, None, f"{f_test} dimensions, TRAIN has {f}")
     # TEST may list its labels in another order: map them by name onto the TRAIN indices.
@@ -347,9 +345,8 @@ def _standardise(split: TsFile, mean: np.ndarray, scale: np.ndarray, max_len: in
     """pad_series for one file, refusing a case whose standardised values overflow float32."""
     x, mask = pad_series(split.series, mean, scale, max_len)
     # A TEST value far outside TRAIN's range, over a small TRAIN std, can exceed float32.
-    if (bad := np.flatnonzero(~np.isfinite(x).all(axis=(1, 2)))).size:
-        case = bad[0]
-        channel = int(np.flatnonzero(~np.isfinite(x[case]).all(axis=0))[0])
+    if (bad := np.argwhere(~np.isfinite(x))).size:  # the first case, its first such step
+        case, _, channel = bad[0]
         stats = f"mean {mean[channel]:.4g}, scale {scale[channel]:.4g}"
         what = f"dimension {channel + 1} standardised with the TRAIN statistics ({stats})"
         raise TsFormatError(split.path, split.line_numbers[case], f"{what} overflows float32")
