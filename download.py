@@ -22,10 +22,8 @@ import zipfile
 
 from tqdm import tqdm
 
-try:
+if sys.platform != "win32":  # Windows has no fcntl, and _lock no lock
     import fcntl
-except ImportError:  # Windows
-    fcntl = None
 
 # URLError, HTTPError, a full disk: OSError; a cut stream: IncompleteRead or tarfile's ReadError
 FAILURES = (OSError, ValueError, tarfile.TarError, http.client.HTTPException, zipfile.BadZipFile)
@@ -36,12 +34,11 @@ class Failed(ValueError):
 
 
 def fetch(url: str, dest, need: list, archive: dict, progress=True, error=Failed, by_hand=""):
-    """Unpack into the folder `dest` the files below archive["folder"] ("/"-separated names
-    anywhere in a member's path; absent = any file, by its name alone) whose path below it matches
-    archive["keep"] (absent: all), from the tar (any compression) or zip (archive["kind"] "zip")
-    at url. need: paths it must yield (a member named as one but for its case is written under
-    that name); archive["md5"], ["size"]: the archive's, where known (lra_data.ARCHIVES' keys);
-    by_hand: how to fetch it by hand, ending each message of `error` (one sentence)."""
+    """Unpack into the folder `dest`, from the tar (any compression) or zip (archive["kind"] "zip")
+    at url, the files below archive["folder"] ("/"-separated names anywhere in a member's path;
+    none: any file, by name alone) whose path below it matches archive["keep"] (none: all). need:
+    paths it must yield (a member so named but for case takes that name); archive's md5, size:
+    where known (lra_data.ARCHIVES); by_hand: how to fetch it by hand, ending `error`'s message."""
     dest, md5, size = pathlib.Path(dest), archive.get("md5"), archive.get("size")
     kind = archive.get("kind", "tar")
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -142,7 +139,7 @@ def _remove(*paths: pathlib.Path) -> None:
 
 def _lock(folder: pathlib.Path) -> int | None:
     """flock on the folder itself (no lock file is left) -> its descriptor; waits, saying so."""
-    if fcntl is None:  # Windows: no lock (two downloads at once would only repeat the work)
+    if sys.platform == "win32":  # no lock: two downloads at once would only repeat the work
         return None
     fd = os.open(folder, os.O_RDONLY)
     try:

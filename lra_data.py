@@ -50,9 +50,10 @@ PATHFINDER_SPLITS = dict(curv_baseline="easy", curv_contour_length_9="intermedia
 PATHFINDER_SPLITS |= dict(curv_contour_length_14="hard")
 # Each task's standard folder under data_dir (ListOps, Pathfinder: the one asked for), a file that
 # shows it is there; for --download its archive, size in bytes and MD5 where published (torchtext
-# checks IMDB's, torchvision CIFAR-10's; the release, read as it arrives up to the folder's end,
-# has none), the files kept below the folder (default all), found by name anywhere in the archive.
+# checks IMDB's, torchvision CIFAR-10's; the ~7.7 GB release, read as it arrives up to the folder's
+# end, has none), the files kept below the folder (default all), found by name anywhere in it.
 RELEASE = "https://storage.googleapis.com/long-range-arena/lra_release.gz"  # a gzipped tar
+LRA = dict(url=RELEASE, size=None, md5=None)  # the release's tasks
 ARCHIVES = {
     "text": dict(url="https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz", size=None,
                  md5="7c2ac02c03563afcf9b574c7e56c153a", folder="aclImdb", need="train",
@@ -60,11 +61,9 @@ ARCHIVES = {
     "image": dict(url="https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", size=170498071,
                   md5="c58f30108f718f92721af3b95e74349a", folder="cifar-10-batches-py",
                   need="data_batch_1"),
-    "listops": dict(url=RELEASE, size=None, md5=None, folder="listops-1000",
-                    need="basic_train.tsv"),
-    "retrieval": dict(url=RELEASE, size=None, md5=None, folder="tsv_data",
-                      need="new_aan_pairs.train.tsv"),
-    "pathfinder": dict(url=RELEASE, size=None, md5=None, folder=PATH_HARD, need="metadata"),
+    "listops": dict(LRA, folder="listops-1000", need="basic_train.tsv"),
+    "retrieval": dict(LRA, folder="tsv_data", need="new_aan_pairs.train.tsv"),
+    "pathfinder": dict(LRA, folder=PATH_HARD, need="metadata"),
 }  # fmt: skip
 PATHFINDER_DIRS = {name: f"pathfinder32/{folder}" for folder, name in PATHFINDER_SPLITS.items()}
 # What the readers do to each task's release files, said in the run's log
@@ -93,12 +92,11 @@ class Split:
     def batch(self, idx: np.ndarray) -> dict:
         """Examples `idx` as model inputs: int64 ids x (B, N), bool mask (B, N), int64 labels
         y (B,) [, x2, mask2]. Real tokens come first, so mask = position < length."""
-        positions = np.arange(self.x.shape[1])
-        batch = dict(x=self.x[idx].astype(np.int64), mask=positions < self.lengths[idx, None])
+        positions, ids = np.arange(self.x.shape[1]), lambda a: a[idx].astype(np.int64)
+        batch = dict(x=ids(self.x), mask=positions < self.lengths[idx, None], y=self.y[idx])
         if self.x2 is not None:
-            batch.update(x2=self.x2[idx].astype(np.int64))
-            batch.update(mask2=positions < self.lengths2[idx, None])
-        return dict(batch, y=self.y[idx])
+            batch.update(x2=ids(self.x2), mask2=positions < self.lengths2[idx, None])
+        return batch
 
 
 # ListOps: the algorithm of lra_benchmarks/data/listops.py, seeded
@@ -117,15 +115,12 @@ def generate_tree(rng: random.Random, depth: int, max_depth: int, max_args: int)
     # The draws in the official order: node kind, argument count, arguments, then the operator.
     if (rng.random() if depth < max_depth else 1.0) > VALUE_P:
         return rng.choice(range(10)), 1
-    length, args = 2, []  # the operator token and "]"
-    for _ in range(rng.randint(2, max_args)):
-        arg, arg_length = generate_tree(rng, depth + 1, max_depth, max_args)
-        args.append(arg)
-        length += arg_length
-    tree = (rng.choice(OPERATORS), args[0])
-    for arg in args[1:]:
+    n_args = rng.randint(2, max_args)
+    args = [generate_tree(rng, depth + 1, max_depth, max_args) for _ in range(n_args)]
+    tree = (rng.choice(OPERATORS), args[0][0])
+    for arg, _ in args[1:]:
         tree = (tree, arg)
-    return (tree, END), length
+    return (tree, END), 2 + sum(length for _, length in args)  # 2: the operator token and "]"
 
 
 def to_string(tree) -> str:
@@ -220,11 +215,9 @@ def pack(sequences: list, max_len: int, shift: int = 0) -> tuple:
 
 
 def _drop_empty(split: Split, places: list, source: str) -> tuple:
-    """Drop the examples with no real token (in either document) -> (Split, notes).
-
-    The model pools over real tokens, so an example without one has nothing to attend to (and
-    a mask with no True row fails in the attention). places[i] says where example i came from.
-    """
+    """Drop the examples with no real token (in either document) -> (Split, notes): the model
+    pools over real tokens, so such an example has nothing to attend to (and a mask with no True
+    row fails in the attention). places[i] says where example i came from."""
     if not len(split.y):  # a split without examples: an evaluation would divide by zero
         raise DataError(f"{source}: no example")
     empty = (split.lengths == 0) | (split.lengths2 == 0)  # lengths2 None: None == 0 is False
@@ -290,10 +283,8 @@ def read_imdb(folder: pathlib.Path, max_len: int) -> tuple:
         neg, pos = (sorted((folder / name / p).glob("*.txt")) for p in ("neg", "pos"))
         if not neg or not pos:
             raise DataError(f"no *.txt files in {folder / name}/neg or {folder / name}/pos")
-        texts = []
-        for file in tqdm(neg + pos, desc=f"reading {name}", leave=False, disable=None):
-            text = file.read_bytes().strip()  # tfds imdb.py: f.read().strip(), file opened "rb"
-            texts.append(np.frombuffer(text, np.uint8))
+        files = tqdm(neg + pos, desc=f"reading {name}", leave=False, disable=None)
+        texts = [np.frombuffer(f.read_bytes().strip(), np.uint8) for f in files]  # tfds imdb.py
         x, lengths, cut = pack(texts, max_len, 1)
         split = Split(x, lengths, np.array([0] * len(neg) + [1] * len(pos), np.int64), cut=cut)
         splits[name], skipped = _drop_empty(split, neg + pos, folder / name)
@@ -475,7 +466,7 @@ def read_pathfinder(folder: pathlib.Path, max_len: int) -> tuple:
             if len(images[-1]) != max_len:
                 raise DataError(f"{png}: {len(images[-1])} pixels, but max_len is {max_len}")
             labels.append(label)
-        x = np.array(images, dtype=np.int16).reshape(len(images), max_len)  # all pixels real:
+        x = np.array(images, dtype=np.int16).reshape(len(images), max_len)  # all real tokens
         splits[name] = Split(x, np.full(len(x), max_len, np.int64), np.array(labels, np.int64))
     if len(empty) == len(examples):
         raise DataError(f"{folder}: the metadata names no image that is not empty")
@@ -593,9 +584,9 @@ def load_task(
         reader = functools.partial(read_lra_pickle, task=task)
         read = functools.partial(_read_each, reader, pickles, max_len)
     else:  # (ListOps is generated instead)
-        url, pickles = ARCHIVES[task]["url"], f"{root}/{stem}.{{train,dev,test}}.pickle"
+        url, names = ARCHIVES[task]["url"], f"{root}/{stem}.{{train,dev,test}}.pickle"
         where = f"{folder / marker} (from {url.split('//')[-1].rsplit('/', 1)[0]})"
-        what = f"expected {where} or the PyTorch-LRA pickles {pickles}; --download fetches {url}"
+        what = f"expected {where} or the PyTorch-LRA pickles {names}; --download fetches {url}"
         raise DataError(f"no data for task {task}: {what}")
     try:  # the cache's key: each source's name (under root), size and modification time
         stats = [(str(path).removeprefix(f"{root}{os.sep}"), os.stat(path)) for path in sources]
@@ -646,10 +637,9 @@ def _cached(file: pathlib.Path, root: pathlib.Path, stats: list, max_len: int, r
         why = f"{root / min(old ^ new)[0]} changed" if old != new else "its sources changed"
         if (then := meta["key"]["version"]) != CACHE_VERSION:
             why = f"the readers changed (version {then}, now {CACHE_VERSION})"
-    except (FileNotFoundError, NotADirectoryError):  # no cache yet
-        pass
     except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
-        why = f"it was damaged ({type(e).__name__})"
+        absent = isinstance(e, (FileNotFoundError, NotADirectoryError))  # no cache yet
+        why = None if absent else f"it was damaged ({type(e).__name__})"
     splits, notes = read()
     kept = {n: s for n, s in splits.items() if n == "test" or s is not splits["test"]}
     arrays = {f"{n}.{f}": getattr(s, f) for n, s in kept.items() for f in fields}
@@ -660,7 +650,7 @@ def _cached(file: pathlib.Path, root: pathlib.Path, stats: list, max_len: int, r
         np.savez(tmp, meta=json.dumps(meta), **{k: a for k, a in arrays.items() if a is not None})
         os.replace(tmp, file)
     except OSError as e:  # a read-only data folder, a full disk: the run goes on without
-        tmp.unlink(missing_ok=True)
+        tmp.unlink() if tmp.exists() else None  # (a file as lra-cache: no tmp, unlink fails)
         notes = [*notes, f"cannot write the cache {file} ({e.strerror}): the next run reads again"]
     return splits, notes + [f"{file}: rebuilt, as {why}"] * bool(why), False
 

@@ -36,8 +36,7 @@ class TsFormatError(ValueError):
 
 
 class DatasetNotFoundError(FileNotFoundError):
-    """No such dataset: its .ts files are not where --data-dir says, could not be downloaded,
-    or the name is no plain name (such as '../etc')."""
+    """No such dataset: not in --data-dir, not downloadable, or no plain name (as '../etc')."""
 
 
 @dataclass
@@ -65,9 +64,6 @@ def read_ts(path, require_labels: bool = False) -> TsFile:
         require_labels: refuse a file without class labels at its header, before its data
             lines: read without labels, a line that does end in a label would otherwise be
             reported as a case with one dimension too many.
-
-    Raises:
-        TsFormatError: naming the file, the line and the problem.
     """
     header, class_names, series, labels, line_numbers = {}, [], [], [], []
     n_dims, has_label, in_data = None, False, False
@@ -112,9 +108,8 @@ def _no_labels_message(header: dict) -> str:
     need = "a classification dataset needs them"
     if _bool(header, "targetlabel"):
         return f"this file holds regression targets (@targetLabel true), not class labels; {need}"
-    if "classlabel" in header:
-        return f"this file has no labels (@classLabel false); {need}"
-    return f"this file has no labels (no @classLabel line); {need}"
+    why = "@classLabel false" if "classlabel" in header else "no @classLabel line"
+    return f"this file has no labels ({why}); {need}"
 
 
 def _bool(header: dict, tag: str) -> bool:
@@ -204,12 +199,9 @@ def _parse_values(text: str, dim: int, path, line_no) -> np.ndarray:
 
 
 def _fill_missing(values: list, path, line_no) -> np.ndarray:
-    """NaN -> linear interpolation over time per channel, ends = nearest value -> (L, F).
-
-    As the official loader's pandas interpolate(method="linear", limit_direction="both").
-    """
-    x = np.stack(values, axis=1)  # (L, F)
-    steps = np.arange(len(x))
+    """NaN -> linear interpolation over time per channel, ends = nearest value -> (L, F), as the
+    official loader's pandas interpolate(method="linear", limit_direction="both")."""
+    x, steps = np.stack(values, axis=1), np.arange(len(values[0]))  # x: (L, F)
     for c in np.flatnonzero(np.isnan(x).any(axis=0)):
         known = ~np.isnan(x[:, c])
         if not known.any():
@@ -310,8 +302,6 @@ def load_uea(data_dir: str, name: str, max_len: int = 0) -> UEAData:
         TsFormatError: a file that is malformed or does not fit the other, naming it.
         ValueError: a max_len below 0.
     """
-    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 0:
-        raise ValueError(f"max_len must be a positive integer (or 0 in load_uea), got {max_len!r}")
     train_path, test_path = dataset_paths(data_dir, name)
     if not (train_path.exists() and test_path.exists()):
         raise DatasetNotFoundError(missing_dataset_message(data_dir, name, ARCHIVE_ZIPS))
@@ -331,12 +321,12 @@ def load_uea(data_dir: str, name: str, max_len: int = 0) -> UEAData:
     # is 0 or rounding noise (equal values give std ~ eps * |mean|) becomes 1: only centred.
     constant = std < 10 * np.finfo(np.float64).eps * np.maximum(1.0, np.abs(mean))
     scale = np.where(constant, 1.0, std)
-    max_len = int(max_len) or max(len(s) for s in train.series)
-    train_xmy = (*_standardise(train, mean, scale, max_len), train.labels)  # x, mask, y
-    test_xmy = (*_standardise(test, mean, scale, max_len), y_test)
+    max_len = max_len or max(len(s) for s in train.series)  # pad_series checks it
+    train_arrays = (*_standardise(train, mean, scale, max_len), train.labels)  # x, mask, y
+    test_arrays = (*_standardise(test, mean, scale, max_len), y_test)
     n_clipped = [sum(len(s) > max_len for s in split.series) for split in (train, test)]
-    constant = np.flatnonzero(constant).tolist()
-    data = UEAData(*train_xmy, *test_xmy, train.class_names, mean, std, *n_clipped, constant)
+    channels = np.flatnonzero(constant).tolist()  # constant_channels
+    data = UEAData(*train_arrays, *test_arrays, train.class_names, mean, std, *n_clipped, channels)
     data.notes = _notes(data, train, test)
     return data
 
@@ -392,7 +382,7 @@ def pad_series(series: list, mean: np.ndarray, std: np.ndarray, max_len: int) ->
     A value beyond the float32 range becomes inf (load_uea refuses such a case, naming it).
     """
     mean, std = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
-    if not isinstance(max_len, (int, np.integer)) or max_len < 1:
+    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 1:
         raise ValueError(f"max_len must be a positive integer (or 0 in load_uea), got {max_len!r}")
     if mean.shape != std.shape or mean.ndim != 1 or not (np.isfinite(mean + std) & (std > 0)).all():
         raise ValueError(f"need finite mean and positive std of shape (F,): {mean}, {std}")
