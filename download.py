@@ -22,10 +22,8 @@ import zipfile
 
 from tqdm import tqdm
 
-try:
+if sys.platform != "win32":  # Windows has no fcntl, and _lock no lock
     import fcntl
-except ImportError:  # Windows
-    fcntl = None
 
 # URLError, HTTPError, a full disk: OSError; a cut stream: IncompleteRead or tarfile's ReadError
 FAILURES = (OSError, ValueError, tarfile.TarError, http.client.HTTPException, zipfile.BadZipFile)
@@ -35,33 +33,33 @@ class Failed(ValueError):
     """An archive that is not what was asked for; the message names the URL and the fault."""
 
 
-def fetch(url: str, dest, folder: str, keep: str, need: list, *, md5=None, size=None,
-          kind="tar", progress=True, by_hand="", error=Failed) -> None:  # fmt: skip
-    """Unpack into the folder `dest` the files below `folder` ("/"-separated names anywhere in a
-    member's path; "" = any file, by its name alone) whose path below it matches `keep`, from the
-    tar (any compression) or zip at url. need: paths it must yield; md5, size: the archive's, where
-    known; by_hand: how to fetch it by hand, ending each message of `error` (one sentence)."""
-    dest = pathlib.Path(dest)
+def fetch(url: str, dest, need: list, archive: dict, progress=True, error=Failed, by_hand=""):
+    """Unpack into the folder `dest`, from the tar (any compression) or zip (archive["kind"] "zip")
+    at url, the files below archive["folder"] ("/"-separated names anywhere in a member's path;
+    none: any file, by name alone) whose path below it matches archive["keep"] (none: all). need:
+    paths it must yield (a member so named but for case takes that name); archive's md5, size:
+    where known (lra_data.ARCHIVES); by_hand: how to fetch it by hand, ending `error`'s message."""
+    dest, md5, size = pathlib.Path(dest), archive.get("md5"), archive.get("size")
+    kind = archive.get("kind", "tar")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    part, archive = dest.parent / f".{dest.name}.part", dest.parent / f".{dest.name}.download"
+    part, whole = dest.parent / f".{dest.name}.part", dest.parent / f".{dest.name}.download"
     lock = _lock(dest.parent)
     try:
         if all((dest / name).exists() for name in need):
-            return  # another process has just fetched it
-        _remove(part, archive)  # left by a process killed on its way (we hold the lock)
+            return  # there already, or another process has just fetched it
+        _remove(part, whole)  # left by a process killed on its way (we hold the lock)
         with urllib.request.urlopen(url, timeout=60) as response:
             reader = _Reader(response, dest.name, progress)
-            stop = kind == "tar" and md5 is None and size is None  # nothing to check at the end
             if kind == "zip":  # its index is at its end: the whole file first
-                with open(archive, "wb") as f:
+                with open(whole, "wb") as f:
                     shutil.copyfileobj(reader, f)
-                with zipfile.ZipFile(archive) as z:
+                with zipfile.ZipFile(whole) as z:
                     members = [(i.filename, i.is_dir(), True, z.open, i) for i in z.infolist()]
-                    _unpack(members, part, folder, keep, url, stop)
-            else:
+                    stop = _unpack(members, part, archive, need, url, stop=False)
+            else:  # with nothing to check at the end, reading stops past the folder
                 with tarfile.open(fileobj=reader, mode="r|*") as tar:
                     members = ((m.name, m.isdir(), m.isfile(), tar.extractfile, m) for m in tar)
-                    stop = _unpack(members, part, folder, keep, url, stop)
+                    stop = _unpack(members, part, archive, need, url, not (md5 or size))
             while not stop and reader.read(1 << 20):  # to the end: the size, the MD5 of it all
                 pass
         if not stop and (expected := size or reader.total) and (n := reader.done) != expected:
@@ -69,12 +67,12 @@ def fetch(url: str, dest, folder: str, keep: str, need: list, *, md5=None, size=
         if not stop and md5 and (got := reader.md5.hexdigest()) != md5:
             raise Failed(f"{url} is not the expected archive: its MD5 is {got}, not {md5}")
         if missing := [name for name in need if not (part / name).exists()]:
-            raise Failed(f"{url} holds no {'/'.join(filter(None, (folder, missing[0])))}")
-        if not dest.exists():  # the folder at once, or file by file into the one there
+            where = "/".join(filter(None, (archive.get("folder"), missing[0])))
+            raise Failed(f"{url} holds no {where}")
+        if dest.exists():  # file by file into the folder there
+            shutil.copytree(part, dest, copy_function=os.replace, dirs_exist_ok=True)
+        else:  # the folder at once
             os.replace(part, dest)
-        for file in sorted(p for p in part.rglob("*") if p.is_file()) if part.exists() else ():
-            (dest / file.relative_to(part)).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(file, dest / file.relative_to(part))
     except KeyboardInterrupt:
         print(f"\nthe download of {url} was interrupted: nothing was kept", file=sys.stderr)
         raise
@@ -84,7 +82,7 @@ def fetch(url: str, dest, folder: str, keep: str, need: list, *, md5=None, size=
         what = str(e) if isinstance(e, Failed) else f"could not download {url} ({e})"
         raise error(f"{what}{by_hand}") from None
     finally:
-        _remove(part, archive)
+        _remove(part, whole)
         if lock is not None:
             os.close(lock)  # and with it the lock
 
@@ -110,8 +108,9 @@ class _Reader:
         return chunk
 
 
-def _unpack(members, part: pathlib.Path, folder: str, keep: str, url: str, stop: bool) -> bool:
+def _unpack(members, part: pathlib.Path, archive: dict, need: list, url: str, stop: bool) -> bool:
     """Write the kept members into part -> True if stopped past the folder (when `stop`)."""
+    folder, names = archive.get("folder", ""), {name.lower(): name for name in need}
     inside, seen = tuple(folder.split("/")) if folder else (), False
     for name, is_dir, is_file, open_member, member in members:
         parts = pathlib.PurePosixPath(name).parts
@@ -121,7 +120,8 @@ def _unpack(members, part: pathlib.Path, folder: str, keep: str, url: str, stop:
                 return True  # past the folder: the rest of the archive is not read
             continue
         seen, below = True, "/".join(parts[at + len(inside) :] if inside else parts[-1:])
-        if is_dir or not re.fullmatch(keep, below):
+        below = names.get(below.lower(), below)  # a UEA zip's "japanesevowels_train.ts", say
+        if is_dir or not re.fullmatch(archive.get("keep", ".*"), below):
             continue
         if name.startswith(("/", "\\")) or ".." in parts or not is_file:
             what = "has an absolute path or '..'" if is_file else "is a link or a device"
@@ -139,7 +139,7 @@ def _remove(*paths: pathlib.Path) -> None:
 
 def _lock(folder: pathlib.Path) -> int | None:
     """flock on the folder itself (no lock file is left) -> its descriptor; waits, saying so."""
-    if fcntl is None:  # Windows: no lock (two downloads at once would only repeat the work)
+    if sys.platform == "win32":  # no lock: two downloads at once would only repeat the work
         return None
     fd = os.open(folder, os.O_RDONLY)
     try:

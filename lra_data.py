@@ -48,20 +48,22 @@ PATH_HARD = "pathfinder32/curv_contour_length_14"  # and the paper's "Path": Pat
 # lra_benchmarks/data/pathfinder.py: each difficulty folder is the TFDS split of this name
 PATHFINDER_SPLITS = dict(curv_baseline="easy", curv_contour_length_9="intermediate")
 PATHFINDER_SPLITS |= dict(curv_contour_length_14="hard")
-# --download: each task's archive, its size in bytes and MD5 where published (torchtext checks
-# IMDB's, torchvision CIFAR-10's; the LRA release has none), the folder it yields under data_dir
-# (found by name wherever it stands in the archive; Pathfinder: the difficulty asked for), and
-# the files kept below it. The release (~7.7 GB) is read as it arrives, up to the folder's end.
+# Each task's standard folder under data_dir (ListOps, Pathfinder: the one asked for), a file that
+# shows it is there; for --download its archive, size in bytes and MD5 where published (torchtext
+# checks IMDB's, torchvision CIFAR-10's; the ~7.7 GB release, read as it arrives up to the folder's
+# end, has none), the files kept below the folder (default all), found by name anywhere in it.
 RELEASE = "https://storage.googleapis.com/long-range-arena/lra_release.gz"  # a gzipped tar
+LRA = dict(url=RELEASE, size=None, md5=None)  # the release's tasks
 ARCHIVES = {
     "text": dict(url="https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz", size=None,
-                 md5="7c2ac02c03563afcf9b574c7e56c153a", folder="aclImdb",
+                 md5="7c2ac02c03563afcf9b574c7e56c153a", folder="aclImdb", need="train",
                  keep=r"(train|test)/(pos|neg)/[^/]+\.txt"),  # not unsup/, not the *.feat files
     "image": dict(url="https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", size=170498071,
-                  md5="c58f30108f718f92721af3b95e74349a", folder="cifar-10-batches-py", keep=".*"),
-    "listops": dict(url=RELEASE, size=None, md5=None, folder="listops-1000", keep=".*"),
-    "retrieval": dict(url=RELEASE, size=None, md5=None, folder="tsv_data", keep=".*"),
-    "pathfinder": dict(url=RELEASE, size=None, md5=None, folder=PATH_HARD, keep=".*"),
+                  md5="c58f30108f718f92721af3b95e74349a", folder="cifar-10-batches-py",
+                  need="data_batch_1"),
+    "listops": dict(LRA, folder="listops-1000", need="basic_train.tsv"),
+    "retrieval": dict(LRA, folder="tsv_data", need="new_aan_pairs.train.tsv"),
+    "pathfinder": dict(LRA, folder=PATH_HARD, need="metadata"),
 }  # fmt: skip
 PATHFINDER_DIRS = {name: f"pathfinder32/{folder}" for folder, name in PATHFINDER_SPLITS.items()}
 # What the readers do to each task's release files, said in the run's log
@@ -90,12 +92,11 @@ class Split:
     def batch(self, idx: np.ndarray) -> dict:
         """Examples `idx` as model inputs: int64 ids x (B, N), bool mask (B, N), int64 labels
         y (B,) [, x2, mask2]. Real tokens come first, so mask = position < length."""
-        positions = np.arange(self.x.shape[1])
-        batch = dict(x=self.x[idx].astype(np.int64), mask=positions < self.lengths[idx, None])
+        positions, ids = np.arange(self.x.shape[1]), lambda a: a[idx].astype(np.int64)
+        batch = dict(x=ids(self.x), mask=positions < self.lengths[idx, None], y=self.y[idx])
         if self.x2 is not None:
-            batch.update(x2=self.x2[idx].astype(np.int64))
-            batch.update(mask2=positions < self.lengths2[idx, None])
-        return dict(batch, y=self.y[idx])
+            batch.update(x2=ids(self.x2), mask2=positions < self.lengths2[idx, None])
+        return batch
 
 
 # ListOps: the algorithm of lra_benchmarks/data/listops.py, seeded
@@ -106,6 +107,7 @@ APPLY["[MED"] = lambda xs: int(statistics.median(xs))  # the official int(np.med
 # NOTE: ids 1..15 in a fixed order; lra_benchmarks/listops/input_pipeline.py's is a set's order
 LISTOPS_TOKENS = tuple("0123456789") + OPERATORS + ("X",)
 LISTOPS_IDS = {token: i + 1 for i, token in enumerate(LISTOPS_TOKENS)}
+LISTOPS_OOV = len(LISTOPS_TOKENS) + 1  # the id of a token outside the vocabulary (16)
 
 
 def generate_tree(rng: random.Random, depth: int, max_depth: int, max_args: int) -> tuple:
@@ -113,15 +115,12 @@ def generate_tree(rng: random.Random, depth: int, max_depth: int, max_args: int)
     # The draws in the official order: node kind, argument count, arguments, then the operator.
     if (rng.random() if depth < max_depth else 1.0) > VALUE_P:
         return rng.choice(range(10)), 1
-    length, args = 2, []  # the operator token and "]"
-    for _ in range(rng.randint(2, max_args)):
-        arg, arg_length = generate_tree(rng, depth + 1, max_depth, max_args)
-        args.append(arg)
-        length += arg_length
-    tree = (rng.choice(OPERATORS), args[0])
-    for arg in args[1:]:
+    n_args = rng.randint(2, max_args)
+    args = [generate_tree(rng, depth + 1, max_depth, max_args) for _ in range(n_args)]
+    tree = (rng.choice(OPERATORS), args[0][0])
+    for arg, _ in args[1:]:
         tree = (tree, arg)
-    return (tree, END), length
+    return (tree, END), 2 + sum(length for _, length in args)  # 2: the operator token and "]"
 
 
 def to_string(tree) -> str:
@@ -175,9 +174,6 @@ def generate_listops(
     return list(found.items())
 
 
-LISTOPS_OOV = len(LISTOPS_TOKENS) + 1  # the id of a token outside the vocabulary (16)
-
-
 def listops_words(expression: str) -> list:
     """LRA input pipeline: "]" -> "X", drop parentheses, split on whitespace -> token strings."""
     return expression.replace("]", "X").replace("(", "").replace(")", "").split()
@@ -191,14 +187,13 @@ def tokenize_listops(expression: str) -> list:
 def write_listops(folder: pathlib.Path, settings: dict, progress: bool = True) -> None:
     """Generate ListOps with settings (generator.json's keys) into folder, as the release."""
     folder, sizes = pathlib.Path(folder), [settings[split] for split in SPLITS]
-    limits = [settings[k] for k in ("min_length", "max_length", "max_depth", "max_args")]
-    shards = settings.get("shards", 1)
-    pairs = generate_listops(sum(sizes), settings["seed"], *limits, progress, shards)
+    args = [settings[k] for k in GENERATOR_KEYS[4:]] + [progress, settings.get("shards", 1)]
+    pairs = generate_listops(sum(sizes), settings["seed"], *args)  # the tree bounds, ..., shards
     folder.mkdir(parents=True, exist_ok=True)
     # Written whole under temporary names of this call's own, then renamed together at the end:
     # no half files, and runs generating into one folder at once each rename their own files.
-    tmp = {name: folder / f"{name}.{uuid.uuid4().hex}.tmp"
-           for name in ["generator.json", *(f"basic_{split}.tsv" for split in SPLITS)]}  # fmt: skip
+    names = ["generator.json", *(f"basic_{split}.tsv" for split in SPLITS)]
+    tmp = {name: folder / f"{name}.{uuid.uuid4().hex}.tmp" for name in names}
     tmp["generator.json"].write_text(json.dumps(settings) + "\n")
     for split, start in zip(SPLITS, [0, sizes[0], sizes[0] + sizes[1]], strict=True):
         with open(tmp[f"basic_{split}.tsv"], "w", newline="") as f:
@@ -220,16 +215,12 @@ def pack(sequences: list, max_len: int, shift: int = 0) -> tuple:
 
 
 def _drop_empty(split: Split, places: list, source: str) -> tuple:
-    """Drop the examples with no real token (in either document) -> (Split, notes).
-
-    The model pools over real tokens, so an example without one has nothing to attend to (and
-    a mask with no True row fails in the attention). places[i] says where example i came from.
-    """
+    """Drop the examples with no real token (in either document) -> (Split, notes): the model
+    pools over real tokens, so such an example has nothing to attend to (and a mask with no True
+    row fails in the attention). places[i] says where example i came from."""
     if not len(split.y):  # a split without examples: an evaluation would divide by zero
         raise DataError(f"{source}: no example")
-    empty = split.lengths == 0
-    if split.lengths2 is not None:
-        empty |= split.lengths2 == 0
+    empty = (split.lengths == 0) | (split.lengths2 == 0)  # lengths2 None: None == 0 is False
     if not empty.any():
         return split, []
     first = places[np.flatnonzero(empty)[0]]
@@ -237,10 +228,8 @@ def _drop_empty(split: Split, places: list, source: str) -> tuple:
         raise DataError(f"{source}: no example has a real token (the first: {first})")
     keep = ~empty
     arrays = [None if a is None else a[keep] for a in (split.x2, split.lengths2)]
-    note = (
-        f"{source}: skipped {empty.sum()} of {len(empty)} examples with no real token (the "
-        f"first: {first}): the model would have nothing to attend to"
-    )
+    what = f"{empty.sum()} of {len(empty)} examples with no real token (the first: {first})"
+    note = f"{source}: skipped {what}: the model would have nothing to attend to"
     return Split(split.x[keep], split.lengths[keep], split.y[keep], *arrays, split.cut), [note]
 
 
@@ -269,18 +258,14 @@ def read_listops_tsv(path: pathlib.Path, max_len: int) -> tuple:
             sequences.append([LISTOPS_IDS.get(word, LISTOPS_OOV) for word in words])
             labels.append(int(row[1]))
             places.append(where)
-    notes = []
-    if unknown:
-        (line, word), written = unknown[0], {"X": "]"}  # "X" is "]" as the file writes it
-        vocabulary = " ".join(written.get(token, token) for token in LISTOPS_TOKENS)
-        notes.append(
-            f"{path}:{line}: {word!r} is not a ListOps token ({vocabulary}); it and the other "
-            f"unknown tokens of {len(unknown)} line(s) of this file become the OOV id {LISTOPS_OOV}"
-        )
     x, lengths, cut = pack(sequences, max_len)
-    split = Split(x, lengths, np.array(labels, np.int64), cut=cut)
-    split, skipped = _drop_empty(split, places, path)
-    return split, notes + skipped
+    split, notes = _drop_empty(Split(x, lengths, np.array(labels, np.int64), cut=cut), places, path)
+    if unknown:  # the vocabulary as the file writes it: "X" is "]"
+        (line, word), vocabulary = unknown[0], " ".join(LISTOPS_TOKENS[:-1] + ("]",))
+        token = f"{path}:{line}: {word!r} is not a ListOps token ({vocabulary}); it and the other"
+        what = f"unknown tokens of {len(unknown)} line(s) of this file become the OOV id"
+        notes.insert(0, f"{token} {what} {LISTOPS_OOV}")
+    return split, notes
 
 
 def read_imdb(folder: pathlib.Path, max_len: int) -> tuple:
@@ -298,10 +283,8 @@ def read_imdb(folder: pathlib.Path, max_len: int) -> tuple:
         neg, pos = (sorted((folder / name / p).glob("*.txt")) for p in ("neg", "pos"))
         if not neg or not pos:
             raise DataError(f"no *.txt files in {folder / name}/neg or {folder / name}/pos")
-        texts = []
-        for file in tqdm(neg + pos, desc=f"reading {name}", leave=False, disable=None):
-            text = file.read_bytes().strip()  # tfds imdb.py: f.read().strip(), file opened "rb"
-            texts.append(np.frombuffer(text, np.uint8))
+        files = tqdm(neg + pos, desc=f"reading {name}", leave=False, disable=None)
+        texts = [np.frombuffer(f.read_bytes().strip(), np.uint8) for f in files]  # tfds imdb.py
         x, lengths, cut = pack(texts, max_len, 1)
         split = Split(x, lengths, np.array([0] * len(neg) + [1] * len(pos), np.int64), cut=cut)
         splits[name], skipped = _drop_empty(split, neg + pos, folder / name)
@@ -374,7 +357,7 @@ def read_cifar(folder: pathlib.Path, max_len: int = 1024) -> dict:
     if max_len != 1024:  # as read_pathfinder: an image is as long as its pixels, never cut
         raise DataError(f"{folder}: CIFAR-10 images have 1024 pixels, but max_len is {max_len}")
     xs, ys = [], []  # data_batch_1..5, test_batch
-    for file in [folder / f"data_batch_{i}" for i in range(1, 6)] + [folder / "test_batch"]:
+    for file in _release_files("image", folder):
         try:
             batch = pickle.loads(file.read_bytes(), encoding="bytes")
             if not isinstance(batch, dict):
@@ -483,9 +466,8 @@ def read_pathfinder(folder: pathlib.Path, max_len: int) -> tuple:
             if len(images[-1]) != max_len:
                 raise DataError(f"{png}: {len(images[-1])} pixels, but max_len is {max_len}")
             labels.append(label)
-        x = np.array(images, dtype=np.int16).reshape(len(images), max_len)
-        lengths = np.full(len(x), max_len, dtype=np.int64)  # every pixel is a real token
-        splits[name] = Split(x, lengths, np.array(labels, dtype=np.int64))
+        x = np.array(images, dtype=np.int16).reshape(len(images), max_len)  # all real tokens
+        splits[name] = Split(x, np.full(len(x), max_len, np.int64), np.array(labels, np.int64))
     if len(empty) == len(examples):
         raise DataError(f"{folder}: the metadata names no image that is not empty")
     if none := [name for name in SPLITS if not len(splits[name].y)]:
@@ -512,6 +494,7 @@ def read_lra_pickle(path: pathlib.Path, task: str, max_len: int) -> tuple:
     if not items:
         raise DataError(f"{path}: an empty list, no example")
     documents, cut = [], 0  # ids, lengths of input_ids_0 (, of input_ids_1); inputs cut
+    image = task in ("image", "pathfinder")
     for key in keys:
         try:  # rows cut to max_len and padded each on its own (pack): any lengths
             rows = [np.asarray(a, dtype=np.int64).reshape(-1) for a in columns[key]]
@@ -520,13 +503,12 @@ def read_lra_pickle(path: pathlib.Path, task: str, max_len: int) -> tuple:
         if any(len(row) and (row.min() < 0 or row.max() >= VOCAB[task]) for row in rows):
             raise DataError(f"{path}: {key} outside [0, {VOCAB[task]}) for task {task}")
         x, row_lengths, cut_rows = pack(rows, max_len)  # token rows: real ids cut, not padding
-        image = task in ("image", "pathfinder")
         cut += cut_rows if image else sum(len(np.trim_zeros(row, "b")) > max_len for row in rows)
         # The pickles pad token sequences with 0 themselves: real tokens end at the last non-0.
         # NOTE: images keep every pixel; mlpen/Nystromformer LRA/code/dataset.py masks ids == 0
         nonzero = x != 0
         lengths = np.where(nonzero.any(1), max_len - np.argmax(nonzero[:, ::-1], axis=1), 0)
-        documents += [x, row_lengths if task in ("image", "pathfinder") else lengths]
+        documents += [x, row_lengths if image else lengths]
     try:  # one class index per item; a wrong one would only fail inside the loss, on a GPU
         labels = np.asarray(columns["label"], np.int64).reshape(len(items))
         if labels.min() < 0 or labels.max() >= N_CLASSES[task]:
@@ -580,7 +562,8 @@ def load_task(
     if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 1:
         raise DataError(f"max_len must be a positive integer, got {max_len!r}")
     root, listops = pathlib.Path(data_dir), listops or LISTOPS_PAPER
-    folder, marker, source = _release_folder(task, root, listops, pathfinder_dir)
+    asked = dict(listops=listops["folder"], pathfinder=pathfinder_dir)  # else the standard one
+    folder, marker = root / asked.get(task, ARCHIVES[task]["folder"]), ARCHIVES[task]["need"]
     stem = pathfinder_dir.replace("/", "-") if task == "pathfinder" else task
     # The pickles' "dev" is our "val"; Nystromformer's names, or Skyformer's with "lra-" first
     names = [[f"{stem}.{n}.pickle", f"lra-{stem}.{n}.pickle"] for n in ("train", "dev", "test")]
@@ -600,12 +583,11 @@ def load_task(
         sources, how = pickles, f"the PyTorch-LRA pickles {root}/{stem}.*.pickle"
         reader = functools.partial(read_lra_pickle, task=task)
         read = functools.partial(_read_each, reader, pickles, max_len)
-    else:
-        raise DataError(
-            f"no data for task {task}: expected {folder / marker} (from {source}) or the "
-            f"PyTorch-LRA pickles {root}/{stem}.{{train,dev,test}}.pickle; --download fetches "
-            f"{ARCHIVES[task]['url']}"
-        )
+    else:  # (ListOps is generated instead)
+        url, names = ARCHIVES[task]["url"], f"{root}/{stem}.{{train,dev,test}}.pickle"
+        where = f"{folder / marker} (from {url.split('//')[-1].rsplit('/', 1)[0]})"
+        what = f"expected {where} or the PyTorch-LRA pickles {names}; --download fetches {url}"
+        raise DataError(f"no data for task {task}: {what}")
     try:  # the cache's key: each source's name (under root), size and modification time
         stats = [(str(path).removeprefix(f"{root}{os.sep}"), os.stat(path)) for path in sources]
     except FileNotFoundError as e:  # a new_aan_pairs.eval.tsv, say
@@ -619,7 +601,12 @@ def load_task(
     said = ", ".join(f"{split} {len(part.y)}" for split, part in splits.items())
     said = f"{task}: {said} examples from {f'the prepared cache {file} of ' * hit}{how}; {done}"
     said += f"; {cut} of {inputs} inputs cut at max_len {max_len}: their ends dropped" * bool(cut)
-    return splits, [said, *notes, *(_padding_notes(splits, max_len) if padding_note else [])]
+    lengths = [p.lengths for p in parts] + [p.lengths2 for p in parts if p.x2 is not None]
+    if padding_note and 2 * (longest := max(int(n.max(initial=0)) for n in lengths)) < max_len:
+        far = f"max_len {max_len} is more than twice the longest input ({longest} tokens)"
+        pad = f"every input is padded to {max_len} tokens, and attention pays for the padding"
+        notes = [*notes, f"{far}: {pad}"]
+    return splits, [said, *notes]
 
 
 def _read_each(reader, files: list, max_len: int) -> tuple:
@@ -643,68 +630,48 @@ def _cached(file: pathlib.Path, root: pathlib.Path, stats: list, max_len: int, r
             arrays = {name: npz[name] for name in npz.files}
         meta = json.loads(str(arrays.pop("meta")))
         if meta["key"] == key:
-            found = {n: Split(*(arrays.get(f"{n}.{f}") for f in fields), cut=cut)
-                     for n, cut in meta["cut"].items()}  # fmt: skip
+            cuts = meta["cut"].items()
+            found = {n: Split(*(arrays.get(f"{n}.{f}") for f in fields), cut=c) for n, c in cuts}
             return {name: found.get(name, found["test"]) for name in SPLITS}, meta["notes"], True
         old, new = ({tuple(source) for source in k["sources"]} for k in (meta["key"], key))
         why = f"{root / min(old ^ new)[0]} changed" if old != new else "its sources changed"
         if (then := meta["key"]["version"]) != CACHE_VERSION:
             why = f"the readers changed (version {then}, now {CACHE_VERSION})"
-    except (FileNotFoundError, NotADirectoryError):  # no cache yet
-        pass
     except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
-        why = f"it was damaged ({type(e).__name__})"
+        absent = isinstance(e, (FileNotFoundError, NotADirectoryError))  # no cache yet
+        why = None if absent else f"it was damaged ({type(e).__name__})"
     splits, notes = read()
     kept = {n: s for n, s in splits.items() if n == "test" or s is not splits["test"]}
     arrays = {f"{n}.{f}": getattr(s, f) for n, s in kept.items() for f in fields}
     meta = dict(key=key, notes=notes, cut={name: split.cut for name, split in kept.items()})
-    tmp = file.with_name(f"{file.name}.{uuid.uuid4().hex}.tmp")
+    tmp = file.with_name(f"{file.stem}.{uuid.uuid4().hex}.tmp.npz")  # savez adds no suffix
     try:
         file.parent.mkdir(exist_ok=True)
-        with open(tmp, "wb") as f:
-            np.savez(f, meta=json.dumps(meta), **{k: a for k, a in arrays.items() if a is not None})
+        np.savez(tmp, meta=json.dumps(meta), **{k: a for k, a in arrays.items() if a is not None})
         os.replace(tmp, file)
     except OSError as e:  # a read-only data folder, a full disk: the run goes on without
-        tmp.unlink() if tmp.exists() else None
+        tmp.unlink() if tmp.exists() else None  # (a file as lra-cache: no tmp, unlink fails)
         notes = [*notes, f"cannot write the cache {file} ({e.strerror}): the next run reads again"]
     return splits, notes + [f"{file}: rebuilt, as {why}"] * bool(why), False
-
-
-def _release_folder(task: str, root: pathlib.Path, listops: dict, pathfinder_dir: str) -> tuple:
-    """(the release's, or the standard, folder of task, a file in it, where to get it)."""
-    if task == "listops":
-        return root / listops["folder"], "basic_train.tsv", "the LRA release"
-    if task == "text":
-        return root / "aclImdb", "train", "ai.stanford.edu/~amaas/data/sentiment"
-    if task == "retrieval":
-        return root / "tsv_data", "new_aan_pairs.train.tsv", "the LRA release"
-    if task == "image":
-        return root / "cifar-10-batches-py", "data_batch_1", "cs.toronto.edu/~kriz/cifar.html"
-    return root / pathfinder_dir, "metadata", "the LRA release"
 
 
 def download_task(task: str, data_dir, url: str = "", pathfinder_dir: str = PATH_HARD) -> None:
     """Fetch the task's folder (ARCHIVES; Pathfinder: pathfinder_dir) into data_dir from `url`, a
     mirror or a file:// copy ("" = the table's URL): the archive's size and MD5 are checked where
     known. Raises DataError, one sentence: what failed, the URL, how to fetch it by hand."""
-    archive, root = ARCHIVES[task], pathlib.Path(data_dir)
-    folder = pathfinder_dir if task == "pathfinder" else archive["folder"]
-    marker = _release_folder(task, root, LISTOPS_PAPER, pathfinder_dir)[1]  # what it must yield
+    folder = pathfinder_dir if task == "pathfinder" else ARCHIVES[task]["folder"]
+    root, archive = pathlib.Path(data_dir), dict(ARCHIVES[task], folder=folder)
     url = url or archive["url"]
     by_hand = f"; by hand: download {url} and unpack the {folder}/ in it as {root / folder}"
-    download.fetch(url, root / folder, folder, archive["keep"], [marker], md5=archive["md5"],
-                   size=archive["size"], by_hand=by_hand, error=DataError)  # fmt: skip
+    download.fetch(url, root / folder, [archive["need"]], archive, error=DataError, by_hand=by_hand)
 
 
 def _read_release(task: str, folder: pathlib.Path, max_len: int) -> tuple:
     """Text, Retrieval, Image or Pathfinder from its release folder -> (splits, notes)."""
-    if task == "text":
-        return read_imdb(folder, max_len)
-    if task == "image":
-        return read_cifar(folder, max_len), []
-    if task == "pathfinder":
-        return read_pathfinder(folder, max_len)
-    return _read_each(read_aan_tsv, _release_files(task, folder), max_len)
+    if task == "retrieval":
+        return _read_each(read_aan_tsv, _release_files(task, folder), max_len)
+    read = dict(text=read_imdb, pathfinder=read_pathfinder, image=lambda *a: (read_cifar(*a), []))
+    return read[task](folder, max_len)
 
 
 def _release_files(task: str, folder: pathlib.Path) -> list:
@@ -715,7 +682,6 @@ def _release_files(task: str, folder: pathlib.Path) -> list:
         where = glob.escape(str(folder))
         parts = [f"{where}/{s}/{p}/*.txt" for s in ("train", "test") for p in ("neg", "pos")]
         return [file for part in parts for file in sorted(glob.glob(part))]
-
     if task == "retrieval":  # the LRA "eval" file is our val
         return [folder / f"new_aan_pairs.{name}.tsv" for name in ("train", "eval", "test")]
     if task == "image":
@@ -740,25 +706,7 @@ def _listops_files(folder: pathlib.Path, listops: dict, seed: int) -> list:
     if not all(file.exists() for file in files):
         raise DataError(f"{folder}: incomplete, expected all of {[f.name for f in files]}")
     if generator_json.exists() and json.loads(generator_json.read_text()) != settings:
-        raise DataError(
-            f"{folder} was generated with {generator_json.read_text().strip()}, but this run asks "
-            f"for {json.dumps(settings)}: pick another ListOps folder or delete that one"
-        )
+        what = f"{folder} was generated with {generator_json.read_text().strip()}"
+        fix = "pick another ListOps folder or delete that one"
+        raise DataError(f"{what}, but this run asks for {json.dumps(settings)}: {fix}")
     return files + [generator_json] * generator_json.exists()
-
-
-def _padding_notes(splits: dict, max_len: int) -> list:
-    """A note when max_len is more than twice the longest input: padding that only costs time."""
-    longest = max(
-        int(lengths.max(initial=0))
-        for split in splits.values()
-        for lengths in (split.lengths, split.lengths2)
-        if lengths is not None
-    )
-    width = max(split.x.shape[1] for split in splits.values())
-    if width <= 2 * longest:
-        return []
-    return [
-        f"max_len {max_len} is more than twice the longest input ({longest} tokens): every "
-        f"input is padded to {width} tokens, and attention pays for the padding"
-    ]

@@ -98,7 +98,8 @@ def main(cfg: TrainConfig) -> dict:
     pathfinder_dir = PATHFINDER_DIRS[cfg.pathfinder]  # data_args: checkpointed, read by diagnose.py
     data_args.update(listops=listops, pathfinder_dir=pathfinder_dir, cache=cfg.cache)
     preset_len = (QUICK if cfg.preset == "quick" else TASKS[cfg.task])["max_len"]
-    fetch = cfg.download_url if cfg.download and master else None  # --download: rank 0 only
+    # --download: rank 0 only; a --download-url alone implies it (a mirror, a file:// copy)
+    fetch = cfg.download_url if master and (cfg.download or cfg.download_url) else None
     data, notes = load_task(**data_args, padding_note=cfg.max_len != preset_len, download=fetch)
     if ddp and master:
         dist.barrier()

@@ -15,14 +15,11 @@ Depends on: numpy, download.py (the training script turns the arrays into tensor
 import pathlib
 import re
 from dataclasses import dataclass, field
-from typing import Optional
 
 import numpy as np
 
 import download
 
-# ---------------------------------------------------------------------------------------------
-# The .ts reader (format: the aeon / sktime readers), standard library + numpy.
 ARCHIVE_PAGE = "https://www.timeseriesclassification.com/dataset.php"
 ARCHIVE_ZIPS = "https://timeseriesclassification.com/aeon-toolkit"  # <Name>.zip, as aeon uses
 HEADER_TAGS = ("problemname", "timestamps", "missing", "univariate", "dimensions", "equallength",
@@ -33,14 +30,13 @@ NUMBER = r"[-+.\deE?]+"  # a value or '?', as it may stand in the label's place
 class TsFormatError(ValueError):
     """A malformed .ts file. The message names the file, the line and what is wrong."""
 
-    def __init__(self, path, line_no: Optional[int], what: str):
+    def __init__(self, path, line_no: int | None, what: str):
         super().__init__(f"{path}:{line_no}: {what}" if line_no else f"{path}: {what}")
         self.path, self.line_no = str(path), line_no
 
 
 class DatasetNotFoundError(FileNotFoundError):
-    """No such dataset: its .ts files are not where --data-dir says, could not be downloaded,
-    or the name is no plain name (such as '../etc')."""
+    """No such dataset: not in --data-dir, not downloadable, or no plain name (as '../etc')."""
 
 
 @dataclass
@@ -50,7 +46,7 @@ class TsFile:
     path: str
     header: dict  # lower-case tag -> value as written, e.g. {"problemname": "JapaneseVowels"}
     series: list  # one float64 array (L_i, F) per case; missing values already interpolated
-    labels: Optional[np.ndarray]  # int64 (n,) indices into class_names, float64 targets, or None
+    labels: np.ndarray | None  # int64 (n,) indices into class_names, float64 targets, or None
     class_names: list  # the @classLabel vocabulary, in the order the header lists it
     line_numbers: list  # the file line of each case, for error messages
 
@@ -68,9 +64,6 @@ def read_ts(path, require_labels: bool = False) -> TsFile:
         require_labels: refuse a file without class labels at its header, before its data
             lines: read without labels, a line that does end in a label would otherwise be
             reported as a case with one dimension too many.
-
-    Raises:
-        TsFormatError: naming the file, the line and the problem.
     """
     header, class_names, series, labels, line_numbers = {}, [], [], [], []
     n_dims, has_label, in_data = None, False, False
@@ -115,9 +108,8 @@ def _no_labels_message(header: dict) -> str:
     need = "a classification dataset needs them"
     if _bool(header, "targetlabel"):
         return f"this file holds regression targets (@targetLabel true), not class labels; {need}"
-    if "classlabel" in header:
-        return f"this file has no labels (@classLabel false); {need}"
-    return f"this file has no labels (no @classLabel line); {need}"
+    why = "@classLabel false" if "classlabel" in header else "no @classLabel line"
+    return f"this file has no labels ({why}); {need}"
 
 
 def _bool(header: dict, tag: str) -> bool:
@@ -207,12 +199,9 @@ def _parse_values(text: str, dim: int, path, line_no) -> np.ndarray:
 
 
 def _fill_missing(values: list, path, line_no) -> np.ndarray:
-    """NaN -> linear interpolation over time per channel, ends = nearest value -> (L, F).
-
-    As the official loader's pandas interpolate(method="linear", limit_direction="both").
-    """
-    x = np.stack(values, axis=1)  # (L, F)
-    steps = np.arange(len(x))
+    """NaN -> linear interpolation over time per channel, ends = nearest value -> (L, F), as the
+    official loader's pandas interpolate(method="linear", limit_direction="both")."""
+    x, steps = np.stack(values, axis=1), np.arange(len(values[0]))  # x: (L, F)
     for c in np.flatnonzero(np.isnan(x).any(axis=0)):
         known = ~np.isnan(x[:, c])
         if not known.any():
@@ -236,10 +225,6 @@ def _parse_label(label, class_names: list, header: dict, path, line_no):
     return None
 
 
-# ---------------------------------------------------------------------------------------------
-# Finding (or downloading) a dataset, then turning it into padded tensors.
-
-
 def dataset_paths(data_dir: str, name: str) -> tuple[pathlib.Path, pathlib.Path]:
     """(<data-dir>/<Name>/<Name>_TRAIN.ts, ..._TEST.ts), always by name (never a glob).
 
@@ -258,24 +243,21 @@ def missing_dataset_message(data_dir: str, name: str, base_url: str, download: b
     """Where we looked and how to get the data: by hand, or (download=True) with --download."""
     train, test = dataset_paths(data_dir, name)
     rerun = ", or rerun with --download to fetch and unpack that zip." if download else "."
-    return (
-        f"UEA dataset {name!r} not found; looked for\n  {train}\n  {test}\n"
-        f"Get it from the UEA archive, {ARCHIVE_PAGE} (Multivariate2018_ts.zip; put the two files "
-        f"at the paths above),\nor the per-dataset zip {base_url.rstrip('/')}/{name}.zip{rerun}"
-    )
+    looked = f"UEA dataset {name!r} not found; looked for\n  {train}\n  {test}\n"
+    whole = f"{ARCHIVE_PAGE} (Multivariate2018_ts.zip; put the two files at the paths above)"
+    one = f"the per-dataset zip {base_url.rstrip('/')}/{name}.zip{rerun}"
+    return f"{looked}Get it from the UEA archive, {whole},\nor {one}"
 
 
 def download_dataset(name: str, data_dir: str, base_url: str, progress: bool = True):
     """Fetch <base_url>/<Name>.zip and unpack <Name>_TRAIN.ts / _TEST.ts (wherever they stand
-    in the zip) into <data-dir>/<Name>/, when either is missing; download.py writes nothing else.
-    """
+    in the zip, named in any case) into <data-dir>/<Name>/, when either is missing; download.py
+    writes nothing else."""
     paths = dataset_paths(data_dir, name)
-    if all(p.exists() for p in paths):
-        return  # both files are there: nothing to fetch
     url, names = f"{base_url.rstrip('/')}/{name}.zip", [p.name for p in paths]
     by_hand = "\n" + missing_dataset_message(data_dir, name, base_url, download=False)
-    download.fetch(url, paths[0].parent, "", "|".join(map(re.escape, names)), names, kind="zip",
-                   progress=progress, by_hand=by_hand, error=DatasetNotFoundError)  # fmt: skip
+    archive = dict(kind="zip", keep="|".join(map(re.escape, names)))  # no folder: by name alone
+    download.fetch(url, paths[0].parent, names, archive, progress, DatasetNotFoundError, by_hand)
 
 
 @dataclass
@@ -320,13 +302,10 @@ def load_uea(data_dir: str, name: str, max_len: int = 0) -> UEAData:
         TsFormatError: a file that is malformed or does not fit the other, naming it.
         ValueError: a max_len below 0.
     """
-    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 0:
-        raise ValueError(f"max_len must be a positive integer (or 0 in load_uea), got {max_len!r}")
     train_path, test_path = dataset_paths(data_dir, name)
     if not (train_path.exists() and test_path.exists()):
         raise DatasetNotFoundError(missing_dataset_message(data_dir, name, ARCHIVE_ZIPS))
-    train = read_ts(train_path, require_labels=True)
-    test = read_ts(test_path, require_labels=True)
+    train, test = (read_ts(path, require_labels=True) for path in (train_path, test_path))
     if (f_test := test.series[0].shape[1]) != (f := train.series[0].shape[1]):
         raise TsFormatError(test.path, None, f"{f_test} dimensions, TRAIN has {f}")
     # TEST may list its labels in another order: map them by name onto the TRAIN indices.
@@ -342,14 +321,12 @@ def load_uea(data_dir: str, name: str, max_len: int = 0) -> UEAData:
     # is 0 or rounding noise (equal values give std ~ eps * |mean|) becomes 1: only centred.
     constant = std < 10 * np.finfo(np.float64).eps * np.maximum(1.0, np.abs(mean))
     scale = np.where(constant, 1.0, std)
-    max_len = int(max_len) or max(len(s) for s in train.series)
-    x_train, mask_train = _standardise(train, mean, scale, max_len)
-    x_test, mask_test = _standardise(test, mean, scale, max_len)
+    max_len = max_len or max(len(s) for s in train.series)  # pad_series checks it
+    train_arrays = (*_standardise(train, mean, scale, max_len), train.labels)  # x, mask, y
+    test_arrays = (*_standardise(test, mean, scale, max_len), y_test)
     n_clipped = [sum(len(s) > max_len for s in split.series) for split in (train, test)]
-    data = UEAData(
-        x_train, mask_train, train.labels, x_test, mask_test, y_test, train.class_names, mean,
-        std, *n_clipped, constant_channels=np.flatnonzero(constant).tolist(),
-    )  # fmt: skip
+    channels = np.flatnonzero(constant).tolist()  # constant_channels
+    data = UEAData(*train_arrays, *test_arrays, train.class_names, mean, std, *n_clipped, channels)
     data.notes = _notes(data, train, test)
     return data
 
@@ -358,9 +335,8 @@ def _standardise(split: TsFile, mean: np.ndarray, scale: np.ndarray, max_len: in
     """pad_series for one file, refusing a case whose standardised values overflow float32."""
     x, mask = pad_series(split.series, mean, scale, max_len)
     # A TEST value far outside TRAIN's range, over a small TRAIN std, can exceed float32.
-    if (bad := np.flatnonzero(~np.isfinite(x).all(axis=(1, 2)))).size:
-        case = bad[0]
-        channel = int(np.flatnonzero(~np.isfinite(x[case]).all(axis=0))[0])
+    if (bad := np.argwhere(~np.isfinite(x))).size:  # the first case, its first such step
+        case, _, channel = bad[0]
         stats = f"mean {mean[channel]:.4g}, scale {scale[channel]:.4g}"
         what = f"dimension {channel + 1} standardised with the TRAIN statistics ({stats})"
         raise TsFormatError(split.path, split.line_numbers[case], f"{what} overflows float32")
@@ -370,16 +346,12 @@ def _standardise(split: TsFile, mean: np.ndarray, scale: np.ndarray, max_len: in
 def _notes(data: UEAData, train: TsFile, test: TsFile) -> list:
     """What the run's log should say about this dataset, one plain sentence each."""
     notes, max_len = [], data.x_train.shape[1]
-    if data.constant_channels:
-        notes.append(
-            f"channels {data.constant_channels} are constant in TRAIN: centred, not scaled "
-            "(0-based indices; dividing by their std of ~0 would blow TEST values up)"
-        )
+    if channels := data.constant_channels:
+        why = "(0-based indices; dividing by their std of ~0 would blow TEST values up)"
+        notes.append(f"channels {channels} are constant in TRAIN: centred, not scaled {why}")
     if len(train_classes := np.unique(data.y_train)) == 1:
-        notes.append(
-            f"TRAIN holds one class only ({data.class_names[train_classes[0]]!r}): the model can "
-            "learn nothing but to predict it"
-        )
+        only = f"TRAIN holds one class only ({data.class_names[train_classes[0]]!r})"
+        notes.append(f"{only}: the model can learn nothing but to predict it")
     if test_only := sorted(set(data.y_test.tolist()) - set(train_classes.tolist())):
         names = [data.class_names[k] for k in test_only]
         n = int(np.isin(data.y_test, test_only).sum())
@@ -395,11 +367,10 @@ def _notes(data: UEAData, train: TsFile, test: TsFile) -> list:
             f"and {data.n_clipped_test} of {len(data.y_test)} TEST cases (longest {longest[0]} "
             f"and {longest[1]} steps): their later steps are dropped, as the official loader does"
         )
-    if max_len > 2 * max(longest):
-        notes.append(
-            f"max_len {max_len} is more than twice the longest series ({max(longest)} steps): "
-            f"every case is zero-padded to {max_len} steps (0 = the longest TRAIN series)"
-        )
+    if max_len > 2 * (most := max(longest)):
+        far = f"max_len {max_len} is more than twice the longest series ({most} steps)"
+        pad = f"every case is zero-padded to {max_len} steps (0 = the longest TRAIN series)"
+        notes.append(f"{far}: {pad}")
     return notes
 
 
@@ -411,7 +382,7 @@ def pad_series(series: list, mean: np.ndarray, std: np.ndarray, max_len: int) ->
     A value beyond the float32 range becomes inf (load_uea refuses such a case, naming it).
     """
     mean, std = np.asarray(mean, dtype=np.float64), np.asarray(std, dtype=np.float64)
-    if not isinstance(max_len, (int, np.integer)) or max_len < 1:
+    if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 1:
         raise ValueError(f"max_len must be a positive integer (or 0 in load_uea), got {max_len!r}")
     if mean.shape != std.shape or mean.ndim != 1 or not (np.isfinite(mean + std) & (std > 0)).all():
         raise ValueError(f"need finite mean and positive std of shape (F,): {mean}, {std}")
