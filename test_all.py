@@ -2992,7 +2992,7 @@ def test_train_lra_and_test_train_uea_from_the_command_line(tmp_path):
     server.mkdir()
     with zipfile.ZipFile(server / "Toy.zip", "w") as z:  # names in another case: found
         for p in source.iterdir():
-            z.write(p, f"Toy/{p.name.lower()}")
+            z.write(p, f"Toy/{p.name.upper()}")
     argv = [*TINY, "--dataset", "Toy", "--epochs", "1", "--data-dir", str(tmp_path / "data")]
     result, _ = _uea_run([*argv, "--download", "--download-url", server.as_uri(), "--out",
                           str(tmp_path / "r")])  # fmt: skip
