@@ -2259,9 +2259,8 @@ def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
     rng = np.random.default_rng(2)
     source = _dataset(tmp_path / "made", _rows(rng, ["up", "down", "up"]), _rows(rng, ["up"]))
     server, data_dir = tmp_path / "server", tmp_path / "data"
-    server.mkdir()
     url = server.as_uri()
-    with zipfile.ZipFile(server / "Toy.zip", "w") as z:  # files in a sub-folder, plus junk
+    with zipfile.ZipFile(_write(server / "Toy.zip", b""), "w") as z:  # in a sub-folder, plus junk
         for p in source.iterdir():
             z.write(p, f"Toy/{p.name}")
         z.writestr("../evil.txt", "must not be extracted")
@@ -2269,8 +2268,7 @@ def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
     uea_data.download_dataset("Toy", str(data_dir), url + "/", progress=False)
     names = sorted(q.name for q in source.iterdir())
     assert sorted(q.name for q in (data_dir / "Toy").iterdir()) == names  # no README, no .part
-    for p in source.iterdir():
-        assert (data_dir / "Toy" / p.name).read_bytes() == p.read_bytes()
+    assert all((data_dir / "Toy" / p.name).read_bytes() == p.read_bytes() for p in source.iterdir())
     assert not (tmp_path / "evil.txt").exists() and not (data_dir / "evil.txt").exists()
     assert load_uea(str(data_dir), "Toy").y_train.tolist() == [0, 1, 0]
     for p in source.iterdir():  # one of the two files there: both fetched again
@@ -2989,8 +2987,7 @@ def test_train_lra_and_test_train_uea_from_the_command_line(tmp_path):
     assert str(tmp_path / "Heartbeat" / "Heartbeat_TRAIN.ts") in run.stderr
     assert "--download" in run.stderr and not (tmp_path / "runs").exists()
     source, server = _toy_uea(tmp_path / "made"), tmp_path / "server"
-    server.mkdir()
-    with zipfile.ZipFile(server / "Toy.zip", "w") as z:  # names in another case: found
+    with zipfile.ZipFile(_write(server / "Toy.zip", b""), "w") as z:  # names in another case
         for p in source.iterdir():
             z.write(p, f"Toy/{p.name.upper()}")
     argv = [*TINY, "--dataset", "Toy", "--epochs", "1", "--data-dir", str(tmp_path / "data")]
