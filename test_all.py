@@ -1890,10 +1890,10 @@ def _toy_ts(cases: list, *, dims="2", equal="false", length=None, labels="up dow
     """A small .ts file in the archive's format; data rows start at line len(header) + 1.
     labels: the @classLabel list; None: "@classLabel false"; False: no @classLabel line."""
     header = ["# toy file written by test_all.py", "@problemName Toy", "@timeStamps false"]
-    header += ["@missing true", "@univariate false", *extra]
+    header += ["@missing True", "@univariate false", *extra]  # booleans in any case
     header += [f"@dimensions {dims}"] if dims else []
     header += [f"@equalLength {equal}"] + ([f"@seriesLength {length}"] if length else [])
-    header += [] if labels is False else [f"@classLabel {'false' if labels is None else 'true'}"]
+    header += [] if labels is False else [f"@classLabel {'False' if labels is None else 'TRUE'}"]
     header[-1] += f" {labels}" if labels else ""
     return "\n".join([*header, "@data", *cases]) + "\n", len(header) + 1
 
@@ -3867,8 +3867,9 @@ def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path,
     monkeypatch.chdir(tmp_path)
     plt = mock.MagicMock(**{"subplots.return_value": (fig := mock.MagicMock(), [fig] * 2)})
     argv = [*TINY_BENCH, "--what", "layer", "step", "--step-ns", "32", "--step-batch", "2"]
-    with contextlib.redirect_stdout(io.StringIO()) as out, mock.patch.dict(sys.modules, {
-            "matplotlib": mock.MagicMock(pyplot=plt), "matplotlib.pyplot": plt}):  # fmt: skip
+    monkeypatch.setitem(sys.modules, "matplotlib", mock.MagicMock(pyplot=plt))  # these two only:
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", plt)  # (patch.dict would drop inductor's)
+    with contextlib.redirect_stdout(io.StringIO()) as out:
         lines = bench.main(argv)
         first = pathlib.Path("runs/bench/bench_cpu.csv").read_bytes()
         again = gpu_bench.main(["--kinds", "agf", "--ns", "32", "--repeats", "1", "--warmup", "0"])
