@@ -3355,8 +3355,7 @@ def test_diagnose_cosine_similarity_known_cases_and_the_explicit_pairwise_mean()
     expected = torch.tensor([0.75, 1.0], dtype=torch.float64)
     assert torch.allclose(_diag_cosine(hidden, batches), expected, atol=1e-12)
     x, mask = _diag_batch()
-    cos = _diag_cosine([[x]], [{"x": x, "mask": mask}])
-    pairs = []
+    cos, pairs = _diag_cosine([[x]], [{"x": x, "mask": mask}]), []
     for h, m in zip(x, mask, strict=True):
         unit = F.normalize(h[m], dim=-1)
         gram, n = unit @ unit.T, len(unit)  # every pair, i = j included
@@ -4036,6 +4035,7 @@ def test_bench_report_compares_modes_and_each_kind_at_its_fastest_with_softmax_i
         row("layer", "softmax", "float32", "eager", 1.0),  # faster, but not flash attention
         row("layer", "softmax", "bfloat16", "graphs", 2.0),
         row("layer", "softmax", "bfloat16", "eager", 3.0),
+        row("layer", "softmax", "bfloat16", "compiled", 2.5),  # the faster of two modes counts
         row("layer", "agf", "float32", "eager", 4.0, floor_ms=0.1),
         row("layer", "agf", "float32", "compiled", 1.0),
         row("layer", "agf", "bfloat16", "compiled", 1.5),
@@ -4046,8 +4046,8 @@ def test_bench_report_compares_modes_and_each_kind_at_its_fastest_with_softmax_i
         "  step  N=  4096 (softmax compiled bfloat16): primal 2.00x (graphs bfloat16)",
         "  layer N=  4096 (softmax graphs bfloat16): agf 2.00x (compiled float32, 10x its floor)"]
     assert gpu_bench.against_softmax([r for r in rows if r["kind"] != "softmax"]) == []
-    line = gpu_bench.side_by_side(rows)[1]  # layer softmax bf16: eager 3 ms, graphs 2 ms
-    assert "eager     3.00 ms  graphs     2.00 ms  (compiled is 1.50x as fast)" in line, line
+    line = gpu_bench.side_by_side(rows)[1]  # layer softmax bf16: eager 3, compiled 2.5, graphs 2
+    assert "3.00 ms  compiled     2.50 ms  graphs     2.00 ms  (compiled is 1.50x as fast)" in line
 
 
 # ----------------------------------------------------------------------------------------------
@@ -4087,8 +4087,7 @@ def _documented_commands(text: str) -> list:
     """Each `python <script>.py ...` in ```sh blocks (continuations joined, comments dropped) and
     inline code -> [(script, argv, as written)]; `$VAR` takes the values of `VAR="..."` and of
     `for VAR in ...`, `<kind>` every attention."""
-    fenced = re.compile(r"```(\w*)\n(.*?)```", re.S)
-    lines = []
+    fenced, lines = re.compile(r"```(\w*)\n(.*?)```", re.S), []
     for lang, body in fenced.findall(text):
         if lang == "sh":
             lines += [re.sub(r"\s#.*", "", ln) for ln in body.replace("\\\n", " ").splitlines()]
