@@ -1023,8 +1023,7 @@ def _classifier_by_hand(model, x, mask, x2=None, mask2=None):
         h = F.embedding(x, model.embed.weight) if cfg.vocab_size else linear(x, model.embed)
         if cfg.style == "uea":
             h = h * math.sqrt(D)  # mvts: the input projection times √D
-        h = drop(h + model.pos[: x.shape[1]])
-        aux = []
+        h, aux = drop(h + model.pos[: x.shape[1]]), []
         for kind, block in zip(model.kinds, model.blocks, strict=True):
             fc1, fc2 = block.mlp[0], block.mlp[3]
             if cfg.style == "lra":  # pre-LN
@@ -1755,10 +1754,12 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
         _write(stem / "tsv_data" / f"new_aan_pairs.{n}.tsv", "1\ta\tb\tx\ty\n0\ta\tb\tz\tw\n" * 4)
     _lra_pathfinder(stem / "pathfinder32" / "curv_contour_length_14", 22)
     _lra_pathfinder(stem / "pathfinder32" / "curv_baseline", 11)  # another difficulty
-    for archive, top in [("aclImdb_v1.tar.gz", "aclImdb"), ("lra_release.gz", "lra_release"),
-                         ("cifar-10-python.tar.gz", "cifar-10-batches-py")]:  # fmt: skip
+    for archive, tops in [("aclImdb_v1.tar.gz", ["aclImdb", "lra_release"]),  # more after it
+                          ("lra_release.gz", ["lra_release"]),
+                          ("cifar-10-python.tar.gz", ["cifar-10-batches-py"])]:  # fmt: skip
         with tarfile.open(_write(server / archive, b""), "w:gz") as tar:
-            tar.add(src / top, top)
+            for top in tops:
+                tar.add(src / top, top)
     md5 = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in server.iterdir()}
     for k, name in enumerate(["../../evil", "/cifar-10-batches-py/evil", "link", "device"]):
         with tarfile.open(server / f"hostile{k}.tar.gz", "w:gz") as tar:
@@ -3548,8 +3549,7 @@ def test_diagnose_spectra_of_a_mixed_model_are_those_of_the_captured_inputs():
     x, mask = torch.cat([b["x"] for b in run.batches]), torch.cat([b["mask"] for b in run.batches])
     _, inputs = diagnose.capture(run.model, {"x": x[:2], "mask": mask[:2]})
     for (xi, mi), block, layer in zip(inputs, run.model.blocks, results["layers"], strict=True):
-        matrix = diagnose.implied_matrix(block.attn, layer["kind"], xi, mi)
-        shares = []
+        matrix, shares = diagnose.implied_matrix(block.attn, layer["kind"], xi, mi), []
         for b in range(2):
             sigma = torch.linalg.svdvals(matrix[b][:, mask[b]][:, :, mask[b]])
             assert torch.allclose(layer["sigma"][b], sigma, atol=1e-10), layer["kind"]
