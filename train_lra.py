@@ -43,7 +43,7 @@ class TrainConfig(runs.Settings):  # and --out --resume --overwrite --device --a
     preset: str = flag("paper", "paper (the official scripts' settings) | quick (small, CPU)")
     data_dir: str = flag("data", "the LRA release layout, aclImdb/ and cifar-10-batches-py/")
     download: bool = flag(False, "fetch the task's folder into --data-dir when it is missing")
-    download_url: str = flag("", "with --download: a mirror or file:// copy of the task's archive")
+    download_url: str = flag("", "a mirror or file:// copy of the archive (implies --download)")
     cache: bool = flag(True, "keep the arrays read in <data-dir>/lra-cache (--no-cache: read anew)")
     pathfinder: str = flag("hard", "Pathfinder: easy | intermediate | hard (the papers' choice)")
     seed: int = flag(0, "seed of the weights, dropout and the batch order", 0, runs.SEEDS)
