@@ -134,17 +134,8 @@ def _real_uea(name: str = "JapaneseVowels") -> pathlib.Path:
 
 def _tiny(style: str, attention="softmax", **over) -> ModelConfig:
     """A small config of either style; token inputs for "lra", 5 features for "uea"."""
-    base = dict(
-        n_classes=3,
-        max_len=24,
-        style=style,
-        attention=attention,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        n_layers=2,
-        head_hidden=16,
-    )
+    base = dict(n_classes=3, max_len=24, style=style, attention=attention, n_layers=2)
+    base.update(d_model=16, n_heads=2, d_ff=32, head_hidden=16)
     base.update(vocab_size=11) if style == "lra" else base.update(n_features=5)
     base.update(over)
     return ModelConfig(**base)
@@ -166,11 +157,7 @@ def _inputs(cfg: ModelConfig, B: int = 3, N: int = 20, dtype=torch.float64):
 def _largest_saved(forward, x: torch.Tensor) -> int:
     """Elements of the largest tensor autograd keeps for backward in forward(x) -> (y, aux)."""
     sizes = []
-
-    def pack(t):
-        sizes.append(t.numel())
-        return t
-
+    pack = lambda t: sizes.append(t.numel()) or t  # noqa: E731
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         y, aux = forward(x)
         (y.sum() + aux).backward()
@@ -190,29 +177,21 @@ def _one_thread():
 
 def _cli(script: str, *argv, cwd=None, timeout=120) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(HERE / script), *argv], cwd=cwd or HERE, env=env,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    kwargs = dict(cwd=cwd or HERE, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, str(HERE / script), *argv], **kwargs)
 
 
 def _runs_alone(name: str, needs: list) -> None:
     """Copy a mechanism file (plus only what its header says it needs) into an empty folder and
     run it: its demo must pass. `needs`: what it may need besides torch; it must match the
     "Depends on:" line in the file's header."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the demos are small; one thread is plenty
     header = (HERE / name).read_text().split('"""')[1]
     for dependency in needs:
         assert dependency in header, f"{name}: header does not mention {dependency}"
     with tempfile.TemporaryDirectory() as tmp:
         for f in (name, *needs):
             shutil.copy(HERE / f, tmp)
-        run = subprocess.run(
-            [sys.executable, name],
-            cwd=tmp,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        run = _cli(os.path.join(tmp, name), cwd=tmp, timeout=300)  # one thread: demos are small
         assert run.returncode == 0, f"{name} does not run alone:\n{run.stderr[-2000:]}"
         assert "False" not in run.stdout, f"{name}: a check in its demo failed:\n{run.stdout}"
 
@@ -231,8 +210,8 @@ def _polynomials_jacobi_closed_form(n: int, a: float, b: float, x: np.ndarray) -
     """P_n^(a,b)(x) = Σ_s C(n+a, n-s) C(n+b, s) ((x-1)/2)^s ((x+1)/2)^(n-s)   (DLMF 18.5.8),
     with the generalised binomial C(z, k) = z (z-1) ... (z-k+1) / k! for real z."""
     binom = lambda z, k: math.prod((z - i) / (i + 1) for i in range(k))  # noqa: E731
-    return sum(binom(n + a, n - s) * binom(n + b, s) * ((x - 1) / 2) ** s * ((x + 1) / 2) ** (n - s)
-               for s in range(n + 1))  # fmt: skip
+    u, v = (x - 1) / 2, (x + 1) / 2
+    return sum(binom(n + a, n - s) * binom(n + b, s) * u**s * v ** (n - s) for s in range(n + 1))
 
 
 @pytest.mark.parametrize("a, b", JACOBI_PAIRS)
@@ -372,6 +351,7 @@ def test_agf_reductions_over_n_split_and_bf16_equal_the_plain_form(form, monkeyp
         for plain, other in zip(got["plain"], got[form], strict=True):
             assert (other - plain).abs().max() <= tol * plain.abs().max() + 1e-13, N
         assert not lo or not torch.equal(got[form][1], got["plain"][1])  # bf16 ran
+
 
 def test_agf_orthogonality_penalty_zero_for_orthonormal_and_official_form():
     """One-hot disjoint columns give UᵀU = VᵀV = I and a zero penalty; else the official mean."""
@@ -587,8 +567,8 @@ def test_gfsa_fast_path_equals_dense_polynomial(kernel):
         assert torch.allclose(fast, dense, rtol=0, atol=1e-12), (K, mask is not None, causal)
         assert torch.allclose(graph_filter.sum(-1), (w0 + w1 + wK)[:, None], atol=1e-13)
         one_hot = torch.tensor([0.0, 0.0, 1.0], dtype=F64)[:, None].expand(3, 3)  # w0, w1, wK
-        assert torch.equal(torch.stack([a.flatten() for a in filter_coefficients(*one_hot, 2)]),
-                           one_hot)  # fmt: skip
+        coefficients = torch.stack([a.flatten() for a in filter_coefficients(*one_hot, 2)])
+        assert torch.equal(coefficients, one_hot)
         g = gfsa_dense_reference(attn, v, *one_hot, order=2)[1]
         assert torch.allclose(g, attn @ attn, atol=1e-15) and taylor_error(attn, 2)[0].max() < 1e-14
         assert torch.allclose(attn.sum(-1), torch.ones_like(attn[..., 0]), atol=1e-14)
@@ -665,8 +645,8 @@ def _dense_reference(layer: torch.nn.Module):
     if isinstance(layer, (AGFAttention, PrimalAttention)):
         agf = isinstance(layer, AGFAttention)
         return lambda x: agf_dense_reference(layer, x)[0] if agf else layer(x)[0]
-    ref = copy.deepcopy(layer) if isinstance(layer, GFSAttention) else GFSAttention(
-        16, 2, causal=layer.causal).double()  # fmt: skip
+    gfsa = isinstance(layer, GFSAttention)
+    ref = copy.deepcopy(layer) if gfsa else GFSAttention(16, 2, causal=layer.causal).double()
     ref.load_state_dict(layer.state_dict(), strict=False)  # softmax: W_qkv, W_o
     ref.evaluation = "official"
     return lambda x: ref.eval()(x)[0]
@@ -717,8 +697,7 @@ def test_model_padding_is_never_read_and_every_parameter_learns(name):
         assert logits.shape == (0, 3) and aux.item() == 0.0
 
 
-@pytest.mark.parametrize("name", ["agf", "primal", "primal-causal", "gfsa", "gfsa-linear"],
-                         ids=_id)
+@pytest.mark.parametrize("name", ["agf", "primal", "primal-causal", "gfsa", "gfsa-linear"], ids=_id)
 def test_model_attentions_save_no_n_by_n_tensor_for_backward(name):
     """Nothing of N·N elements is kept for backward at N = 512 (the dense AGF reference is)."""
     N, (kind, kwargs) = 512, VARIANTS[name]
@@ -762,13 +741,13 @@ def test_model_dense_references_refuse_an_n_by_n_matrix_too_large():
 # python -O), and what it says; every kind also refuses d_model = 16 with n_heads = 3.
 BAD_ARGUMENTS = {
     "agf": [({"basis": "hermite"}, "unknown basis 'hermite'"), ({"order": -1}, "order K=-1"),
-            ({"variant": "usv"}, "variant='usv'")],  # fmt: skip
+            ({"variant": "usv"}, "variant='usv'")],
     "primal": [({"ksvd_reduction": "mean"}, "ksvd_reduction='mean'")],
     "gfsa": [({"order": 1}, "order K=1"), ({"kernel": "elu"}, "kernel='elu'"),
              ({"causal": True, "kernel": "linear"}, "causal=True needs kernel='softmax'"),
              ({"evaluation": "slow"}, "evaluation='slow'"),
-             ({"high_order": "power"}, "high_order='power'")],  # fmt: skip
-}
+             ({"high_order": "power"}, "high_order='power'")],
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", list(ATTENTION), ids=_id)
@@ -822,14 +801,20 @@ _STATE = {
              ({"learn_w1": True}, "wK:2:0 ~w0:2:0 w1:2:1 W_qkv.weight:48x16 W_qkv.bias:48" + _O)],
 }  # fmt: skip
 _CLASSIFIER = {  # the classifier's own entries (_tiny), and each block's besides its attention
-    "lra": "embed.weight:11x16:N pos:24x16:N head.0.weight:16x16 head.0.bias:16 head.2.weight:3x16 "
-           "head.2.bias:3", "uea": "embed.weight:16x5 embed.bias:16 pos:24x16:u head.weight:3x384 "
-           "head.bias:3", "block": "norm1.weight:16:1 norm1.bias:16:0 norm2.weight:16:1 "
-           "norm2.bias:16:0 mlp.0.weight:32x16 mlp.0.bias:32 mlp.3.weight:16x32 mlp.3.bias:16"}
-_INIT = {"0": lambda t: not t.any(), "1": lambda t: t.eq(1).all(), "U": lambda t: t.min() >= 0
-         and t.max() <= 1 and t.std() > 0.15, "u": lambda t: t.abs().max() <= 0.02 < 3 * t.std(),
-         "N": lambda t: 0.015 < t.std() < 0.025, "Q": lambda t: torch.allclose(  # orthonormal rows
-         t.flatten(1) @ t.flatten(1).T, torch.eye(len(t)), atol=1e-6)}  # as each docstring says
+    "lra": "embed.weight:11x16:N pos:24x16:N "
+    "head.0.weight:16x16 head.0.bias:16 head.2.weight:3x16 head.2.bias:3",
+    "uea": "embed.weight:16x5 embed.bias:16 pos:24x16:u head.weight:3x384 head.bias:3",
+    "block": "norm1.weight:16:1 norm1.bias:16:0 norm2.weight:16:1 norm2.bias:16:0 "
+    "mlp.0.weight:32x16 mlp.0.bias:32 mlp.3.weight:16x32 mlp.3.bias:16",
+}
+_INIT = {  # as each docstring says ("Q": orthonormal rows)
+    "0": lambda t: not t.any(),
+    "1": lambda t: t.eq(1).all(),
+    "U": lambda t: t.min() >= 0 and t.max() <= 1 and t.std() > 0.15,
+    "u": lambda t: t.abs().max() <= 0.02 < 3 * t.std(),
+    "N": lambda t: 0.015 < t.std() < 0.025,
+    "Q": lambda t: torch.allclose(t.flatten(1) @ t.flatten(1).T, torch.eye(len(t)), atol=1e-6),
+}
 
 
 @pytest.mark.parametrize("kind", list(ATTENTION), ids=_id)
@@ -844,8 +829,8 @@ def test_model_state_dict_holds_what_the_table_says(kind):
         assert state == {k: v for k, v in want.items() if "~" not in k}
         assert {k for k, p in module.named_parameters() if p.requires_grad} == set(state)
         values = {**dict(module.named_parameters()), **dict(module.named_buffers())}
-        assert {k: tuple(v.shape) for k, v in module.named_buffers()} == {
-            k.replace("~", ""): v for k, v in want.items() if "~" in k}  # fmt: skip
+        buffers = {k.replace("~", ""): v for k, v in want.items() if "~" in k}
+        assert {k: tuple(v.shape) for k, v in module.named_buffers()} == buffers
         assert [k for k, _, i in entries if i and not _INIT[i](values[k.replace("~", "")])] == []
 
     for kwargs, spec in _STATE[kind]:
@@ -853,26 +838,26 @@ def test_model_state_dict_holds_what_the_table_says(kind):
     attention = " ".join("attn." + entry for entry in _STATE[kind][0][1].split())
     for style in ("lra", "uea"):  # Primal: m = 200 as alone (attention_kwargs beat the config)
         cfg = _tiny(style, kind, attention_kwargs={"primal": {"max_len": 1024}})
-        blocks = [f"blocks.{i}.{entry}" for i in range(2)
-                  for entry in f"{_CLASSIFIER['block']} {attention}".split()]  # fmt: skip
-        check(Classifier(cfg), " ".join([_CLASSIFIER[style], *blocks, "norm.weight:16:1 "
-                                         "norm.bias:16:0"]))
+        block = f"{_CLASSIFIER['block']} {attention}".split()
+        blocks = " ".join(f"blocks.{i}.{entry}" for i in range(2) for entry in block)
+        check(Classifier(cfg), f"{_CLASSIFIER[style]} {blocks} norm.weight:16:1 norm.bias:16:0")
 
 
 # Another value where "the default, else bool: not, int: + 1, float: + 0.5" cannot say (max_len:
 # below m = 200). GFSA at K = 3, where high_order matters (Eq. 4 is exact at 2), on both paths;
 # a path: another way to the same numbers.
-_OTHER = dict(basis="legendre", variant="svd", ksvd_reduction="sample", kernel="linear",
-              evaluation="official", high_order="exact", max_len=7)
+_OTHER = dict(basis="legendre", variant="svd", ksvd_reduction="sample", kernel="linear")
+_OTHER |= dict(evaluation="official", high_order="exact", max_len=7)
 _BASES, _PATHS = {"gfsa": [{"order": 3}, {"order": 3, "evaluation": "official"}]}, ("evaluation",)
 _DEFAULTS = {  # each docstring's: the official code's or, said there, our choice
     "softmax": "dropout=0.0 causal=False",
     "agf": "order=5 basis='jacobi' alpha=2.0 beta=-1.0 ortho_weight=0.01 fix_theta0=True "
-           "variant='agf'",
+    "variant='agf'",
     "primal": "rank=20 rank_multi=10 max_len=1024 ksvd_weight=0.1 causal=False "
-              "ksvd_reduction='batch'",
+    "ksvd_reduction='batch'",
     "gfsa": "order=2 w0=0.0 learn_w0=False learn_w1=False dropout=0.0 causal=False "
-            "kernel='softmax' evaluation='fast' high_order='taylor'"}  # fmt: skip
+    "kernel='softmax' evaluation='fast' high_order='taylor'",
+}
 
 
 @pytest.mark.parametrize("kind", list(ATTENTION), ids=_id)
@@ -1057,8 +1042,11 @@ def _classifier_by_hand(model, x, mask, x2=None, mask2=None):
 
 @pytest.mark.parametrize(  # no "lra" / "uea" in the ids: filtering out train scripts keeps these
     "style, kinds, two_tower",
-    [("lra", ["agf", "softmax", "primal"], False), ("uea", ["gfsa", "primal", "agf"], False),
-     ("lra", ["softmax", "gfsa", "primal"], True)],  # fmt: skip
+    [
+        ("lra", ["agf", "softmax", "primal"], False),
+        ("uea", ["gfsa", "primal", "agf"], False),
+        ("lra", ["softmax", "gfsa", "primal"], True),
+    ],
     ids=["pre-LN-masked-mean", "post-LN-flatten", "two-tower-retrieval"],
 )
 @pytest.mark.parametrize("dropout", [False, True], ids=["eval", "dropout"])
