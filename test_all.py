@@ -1233,8 +1233,10 @@ def test_lra_data_listops_generator_labels_bounds_seeds_and_pinned_draws():
     assert {len(lra_data.tokenize_listops(t)) for t, _ in b} == {5, 6, 7}
     with pytest.raises(lra_data.DataError, match="no new tree"):  # depth 2: at most 12 tokens
         lra_data.generate_listops(5, 0, min_length=20, max_length=40, max_depth=2, progress=False)
-    digests = ["6b936ced0c6deb3274eebb4bdb9fca95995cc1085193a2874c2b7f85e1b1ef85",
-               "1cd6b73ad95d85761a7fef4ecc4e2edd550714c11a7d8ab2ad16e46d60c97afc"]  # fmt: skip
+    digests = [
+        "6b936ced0c6deb3274eebb4bdb9fca95995cc1085193a2874c2b7f85e1b1ef85",
+        "1cd6b73ad95d85761a7fef4ecc4e2edd550714c11a7d8ab2ad16e46d60c97afc",
+    ]
     for seed, digest in enumerate(digests):
         pairs = lra_data.generate_listops(200, seed, 10, 300, max_depth=6, progress=False)
         text = "\n".join(f"{e}\t{y}" for e, y in pairs)
@@ -1285,8 +1287,10 @@ def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
     assert split.x.shape == (48, 30) and split.x.dtype == np.int16 and notes[1:] == []
     ids = [lra_data.tokenize_listops(e)[:30] for e, _ in pairs]
     cut = sum(len(lra_data.tokenize_listops(e)) > 30 for e, _ in pairs)  # said in the first note
-    assert notes[0].endswith(f"(seed 5), written to {folder}; {lra_data.DONE['listops']}; {cut} "
-                             "of 72 inputs cut at max_len 30: their ends dropped")  # fmt: skip
+    assert notes[0].endswith(
+        f"(seed 5), written to {folder}; {lra_data.DONE['listops']}; {cut} "
+        "of 72 inputs cut at max_len 30: their ends dropped"
+    )
     assert all(row[: len(i)].tolist() == i for row, i in zip(split.x, ids, strict=False))
     lengths = [len(i) for i in ids]
     _lra_check_batch(split, lengths[:48])
@@ -1322,16 +1326,29 @@ def _lra_imdb(root: pathlib.Path, texts: dict) -> pathlib.Path:
 def test_lra_data_imdb_and_aan_readers(tmp_path):
     """Bytes + 1. aclImdb/{train,test}/{neg,pos}/*.txt: the bytes, stripped, never decoded (tfds);
     val = test. AAN tsv: label id1 id2 text1 text2, each text cut to 10000 bytes, then max_len."""
-    texts = {"neg": ["  bad<br />film \n", "\r\nfine\r\nok\r\n", "\x1cmeh\x1c", b"caf\xe9 "],
-             "pos": ["très bien\n", "\u00a0nice\u3000\n"]}  # fmt: skip
+    texts = {
+        "neg": ["  bad<br />film \n", "\r\nfine\r\nok\r\n", "\x1cmeh\x1c", b"caf\xe9 "],
+        "pos": ["très bien\n", "\u00a0nice\u3000\n"],
+    }
     _lra_imdb(tmp_path, texts)
     splits, notes = lra_data.load_task("text", tmp_path, 12)
-    assert splits["val"] is splits["test"] and notes[1:] == [] and notes[0].endswith(
-        "; bytes + 1; val is test; 2 of 12 inputs cut at max_len 12: their ends dropped")
+    assert (
+        splits["val"] is splits["test"]
+        and notes[1:] == []
+        and notes[0].endswith(
+            "; bytes + 1; val is test; 2 of 12 inputs cut at max_len 12: their ends dropped"
+        )
+    )
     train = splits["train"]
     assert train.y.tolist() == [0, 0, 0, 0, 1, 1] and train.x.dtype == np.int16
-    expected = [b"bad<br />fil", b"fine\r\nok", b"\x1cmeh\x1c", b"caf\xe9", "très bien".encode(),
-                b"\xc2\xa0nice\xe3\x80\x80"]  # str.strip() would drop U+00A0, U+3000, \x1c
+    expected = [
+        b"bad<br />fil",
+        b"fine\r\nok",
+        b"\x1cmeh\x1c",
+        b"caf\xe9",
+        "très bien".encode(),
+        b"\xc2\xa0nice\xe3\x80\x80",
+    ]  # str.strip() would drop U+00A0, U+3000, \x1c
     rows = (train.x - 1).astype(np.uint8)  # the bytes again
     assert [row[:n].tobytes() for row, n in zip(rows, train.lengths, strict=True)] == expected
     _lra_check_batch(train, [len(w) for w in expected])
@@ -1446,9 +1463,15 @@ def test_lra_data_image_readers_png_pathfinder_and_cifar(tmp_path):
     examples = _lra_pathfinder(folder, 22)  # 22 lines count: cut at round(17.6), round(19.8)
     splits, notes = lra_data.load_task("pathfinder", tmp_path, 16)
     empty = folder / "imgs" / "1" / "sample_empty.png"  # counted in the cuts, then skipped
-    assert notes[1:] == [f"{folder}/metadata/2.npy:2: no newline at the end: left out, as "
-                         f"officially", f"{folder}: skipped 1 empty PNG file(s) (the first: "
-                         f"{empty}), as the official pipeline does"] and "the hard " in notes[0]
+    assert (
+        notes[1:]
+        == [
+            f"{folder}/metadata/2.npy:2: no newline at the end: left out, as officially",
+            f"{folder}: skipped 1 empty PNG file(s) (the first: "
+            f"{empty}), as the official pipeline does",
+        ]
+        and "the hard " in notes[0]
+    )
     # TFDS order by hand: sorted by the MD5 hex digest of "hard" + key (same-length hex strings)
     ranked = sorted(examples, key=lambda key: hashlib.md5(f"hard{key}".encode()).hexdigest())
     for name, keys in zip(lra_data.SPLITS, (ranked[:18], ranked[18:20], ranked[20:]), strict=True):
@@ -1541,8 +1564,10 @@ def _lra_read(kind: str, content, tmp_path: pathlib.Path):
     if kind.startswith("pickle"):  # pickle:<task>; content: the items (bytes: the file itself)
         keys = {2: ("input_ids_0", "label"), 3: ("input_ids_0", "input_ids_1", "label")}
         if isinstance(content, list):  # tuples: the fields of an item, in the order of keys
-            content = [dict(zip(keys[len(t)], t, strict=True)) if isinstance(t, tuple) else t
-                       for t in content]  # fmt: skip
+            content = [
+                dict(zip(keys[len(t)], t, strict=True)) if isinstance(t, tuple) else t
+                for t in content
+            ]
         raw = content if isinstance(content, bytes) else pickle.dumps(content)
         return lra_data.read_lra_pickle(_write(tmp_path / "bad.pickle", raw), kind[7:], 8)
     if kind == "imdb":  # content: one more negative training review (None: no positive one)
@@ -1603,8 +1628,11 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("png", "filter 5", "@: row 0 has the unknown filter type 5"),
     ("png", "cut", "@: corrupt image data"),
     ("cifar", b"not a pickle", "data_batch_3: not a CIFAR-10 python batch"),
-    ("cifar", _lra_npy(np.zeros((4, 32, 32, 3), np.uint8), [0] * 4),  # PIL's and torchvision's
-     "data_batch_3: data is uint8 (4, 32, 32, 3); CIFAR-10 holds uint8 (n, 3072)"),
+    (
+        "cifar",
+        _lra_npy(np.zeros((4, 32, 32, 3), np.uint8), [0] * 4),  # PIL's and torchvision's
+        "data_batch_3: data is uint8 (4, 32, 32, 3); CIFAR-10 holds uint8 (n, 3072)",
+    ),
     ("cifar", _lra_npy(np.full((4, 3072), 0.5), [0] * 4), "data is float64 (4, 3072); CIFAR"),
     ("cifar", _lra_npy(np.zeros((4, 3072), np.uint8), [0, 1, 2, 10]), "3: a label that is not a"),
     ("cifar", _lra_npy(np.zeros((0, 3072), np.uint8), []), "data_batch_3: an empty batch"),
@@ -1641,13 +1669,22 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("load_task", dict(task="listops", max_len=2.5), "max_len must be a positive integer"),
     ("load_task", dict(task="listops", max_len=True), "max_len must be a positive integer"),
     ("load_task", dict(task="image", max_len=8), "no data for task image: expected"),
-    ("load_task", dict(task="text", max_len=8),
-     "aclImdb/train (from ai.stanford.edu/~amaas/data/sentiment) or the PyTorch-LRA pickles"),
-    ("load_task", dict(task="listops", max_len=8, listops={
-        k: v for k, v in _LRA_TINY_LISTOPS.items() if k != "max_depth"}),
-     "the ListOps settings lack ['max_depth']"),
+    (
+        "load_task",
+        dict(task="text", max_len=8),
+        "aclImdb/train (from ai.stanford.edu/~amaas/data/sentiment) or the PyTorch-LRA pickles",
+    ),
+    (
+        "load_task",
+        dict(
+            task="listops",
+            max_len=8,
+            listops={k: v for k, v in _LRA_TINY_LISTOPS.items() if k != "max_depth"},
+        ),
+        "the ListOps settings lack ['max_depth']",
+    ),
     ("retrieval", "1\ta\tb\tc\td\n", "{tmp}/tsv_data/new_aan_pairs.eval.tsv: no such file"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("kind, content, what", _LRA_BAD_INPUTS)
@@ -1738,13 +1775,26 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
     is kept, two steps; ListOps read no further than its folder (before the cut). Each fault: one
     sentence (URL, by hand), nothing left; two at once: one fetches. The table as published."""
     assert [(a["url"], a["md5"], a["size"]) for a in lra_data.ARCHIVES.values()] == [
-        ("https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz",
-         "7c2ac02c03563afcf9b574c7e56c153a", None), ("https://www.cs.toronto.edu/~kriz/cifar-10-"
-         "python.tar.gz", "c58f30108f718f92721af3b95e74349a", 170498071),
+        (
+            "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz",
+            "7c2ac02c03563afcf9b574c7e56c153a",
+            None,
+        ),
+        (
+            "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
+            "c58f30108f718f92721af3b95e74349a",
+            170498071,
+        ),
     ] + [("https://storage.googleapis.com/long-range-arena/lra_release.gz", None, None)] * 3
     src, server, data = tmp_path / "src", tmp_path / "server", tmp_path / "data"
-    _lra_imdb(src, {"neg": ["bad", "poor", "meh", "dull"], "pos": ["good", "fine", "great", "ok"],
-                    "unsup": ["not kept"]})  # fmt: skip
+    _lra_imdb(
+        src,
+        {
+            "neg": ["bad", "poor", "meh", "dull"],
+            "pos": ["good", "fine", "great", "ok"],
+            "unsup": ["not kept"],
+        },
+    )
     _write(src / "aclImdb" / "train" / "labeledBow.feat", "not kept")
     _lra_cifar(src / "cifar-10-batches-py")
     stem = src / "lra_release" / "lra_release"
@@ -1754,9 +1804,11 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
         _write(stem / "tsv_data" / f"new_aan_pairs.{n}.tsv", "1\ta\tb\tx\ty\n0\ta\tb\tz\tw\n" * 4)
     _lra_pathfinder(stem / "pathfinder32" / "curv_contour_length_14", 22)
     _lra_pathfinder(stem / "pathfinder32" / "curv_baseline", 11)  # another difficulty
-    for archive, tops in [("aclImdb_v1.tar.gz", ["aclImdb", "lra_release"]),  # more after it
-                          ("lra_release.gz", ["lra_release"]),
-                          ("cifar-10-python.tar.gz", ["cifar-10-batches-py"])]:  # fmt: skip
+    for archive, tops in [
+        ("aclImdb_v1.tar.gz", ["aclImdb", "lra_release"]),  # more after it
+        ("lra_release.gz", ["lra_release"]),
+        ("cifar-10-python.tar.gz", ["cifar-10-batches-py"]),
+    ]:
         with tarfile.open(_write(server / archive, b""), "w:gz") as tar:
             for top in tops:
                 tar.add(src / top, top)
@@ -1767,18 +1819,44 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
             member = tarfile.TarInfo(name if name[0] == "/" else f"cifar-10-batches-py/{name}")
             member.type = [tarfile.REGTYPE, tarfile.REGTYPE, tarfile.SYMTYPE, tarfile.CHRTYPE][k]
             tar.addfile(member)
-    flags = ["--attention", "softmax", "--steps", "2", "--batch-size", "4", "--d-model", "16",
-             "--d-ff", "32", "--n-layers", "1", "--data-dir", str(data), "--download"]  # fmt: skip
+    flags = [
+        "--attention",
+        "softmax",
+        "--steps",
+        "2",
+        "--batch-size",
+        "4",
+        "--d-model",
+        "16",
+        "--d-ff",
+        "32",
+        "--n-layers",
+        "1",
+        "--data-dir",
+        str(data),
+        "--download",
+    ]
     with _serve(server) as (url, asked):
-        cases = [("text", f"{url}/aclImdb_v1.tar.gz", "is not the expected archive: its MD5 is"),
-                 ("image", f"{url}/cifar-10-python.tar.gz", "bytes, not 170,498,071"),
-                 ("text", f"{url}/nothing.gz", "HTTP Error 404"), ("text", f"{url}/500/", "500"),
-                 ("retrieval", "http://127.0.0.1:0/lra_release.gz", "Connection refused"),
-                 ("retrieval", f"{url}/cut/lra_release.gz", "cut short")]  # fmt: skip
-        cases += [("image", f"{url}/hostile{k}.tar.gz", "an absolute path or '..'" if k < 2
-                   else "is a link or a device") for k in range(4)]  # fmt: skip
-        cases += [("pathfinder", f"{url}/lra_release.gz", fault)  # faults in a write
-                  for fault in (KeyboardInterrupt(), OSError(28, "No space left on device"))]
+        cases = [
+            ("text", f"{url}/aclImdb_v1.tar.gz", "is not the expected archive: its MD5 is"),
+            ("image", f"{url}/cifar-10-python.tar.gz", "bytes, not 170,498,071"),
+            ("text", f"{url}/nothing.gz", "HTTP Error 404"),
+            ("text", f"{url}/500/", "500"),
+            ("retrieval", "http://127.0.0.1:0/lra_release.gz", "Connection refused"),
+            ("retrieval", f"{url}/cut/lra_release.gz", "cut short"),
+        ]
+        cases += [
+            (
+                "image",
+                f"{url}/hostile{k}.tar.gz",
+                "an absolute path or '..'" if k < 2 else "is a link or a device",
+            )
+            for k in range(4)
+        ]
+        cases += [
+            ("pathfinder", f"{url}/lra_release.gz", fault)  # faults in a write
+            for fault in (KeyboardInterrupt(), OSError(28, "No space left on device"))
+        ]
         for task, where, what in cases:
             fails = mock.Mock(wraps=shutil, copyfileobj=mock.Mock(side_effect=what))
             with mock.patch("download.shutil", shutil if type(what) is str else fails):
@@ -1798,8 +1876,19 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
         ]:
             ours = dict(md5=md5[archive], size=None) if task in ("text", "image") else {}
             with mock.patch.dict(lra_data.ARCHIVES[task], ours):  # our archive, the same checks
-                result = _lra_run([*flags, "--task", task, "--max-len", str(max_len), "--out",
-                                   str(tmp_path / task), "--download-url", f"{url}/{archive}"])
+                result = _lra_run(
+                    [
+                        *flags,
+                        "--task",
+                        task,
+                        "--max-len",
+                        str(max_len),
+                        "--out",
+                        str(tmp_path / task),
+                        "--download-url",
+                        f"{url}/{archive}",
+                    ]
+                )
             assert result["steps"] == 2 and asked.pop() == f"/{archive}"
             kept = {p.relative_to(folder) for p in folder.rglob("*") if p.is_file()}
             kept -= {p for p in kept if "unsup" in p.parts or p.suffix == ".feat"}
@@ -1814,9 +1903,15 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda u: lra_data.download_task("retrieval", data, u), [slow] * 2))
     assert asked.count(slow[len(url) :]) == 1 and "is downloading into" in capsys.readouterr().err
-    assert sorted(os.listdir(data)) + os.listdir(data / "pathfinder32") == ["aclImdb",  # no more
-        "cifar-10-batches-py", "listops-1000", "lra-cache", "pathfinder32", "tsv_data",
-        "curv_contour_length_14"]
+    assert sorted(os.listdir(data)) + os.listdir(data / "pathfinder32") == [
+        "aclImdb",  # no more
+        "cifar-10-batches-py",
+        "listops-1000",
+        "lra-cache",
+        "pathfinder32",
+        "tsv_data",
+        "curv_contour_length_14",
+    ]
 
 
 def _lra_aan(root: pathlib.Path, rows="1\ta\tb\tabc\tdefgh\n0\tc\td\tx\t\n0\te\tf\ty\tz\n"):
@@ -1830,9 +1925,16 @@ _LRA_SOURCES = {  # a folder of each kind -> (task, max_len); listops: generated
     "retrieval": ("retrieval", 4, _lra_aan),
     "image": ("image", 1024, lambda root: _lra_cifar(root / "cifar-10-batches-py")),
     "pathfinder": ("pathfinder", 16, lambda root: _lra_pathfinder(root / lra_data.PATH_HARD, 22)),
-    "pickles": ("retrieval", 3, lambda root: _lra_pickles(root, "retrieval", [
-        {"input_ids_0": [5, 6, 7, 8, 0], "input_ids_1": [7, 0, 3], "label": 1}] * 2)),
-}  # fmt: skip
+    "pickles": (
+        "retrieval",
+        3,
+        lambda root: _lra_pickles(
+            root,
+            "retrieval",
+            [{"input_ids_0": [5, 6, 7, 8, 0], "input_ids_1": [7, 0, 3], "label": 1}] * 2,
+        ),
+    ),
+}
 
 
 @pytest.mark.parametrize("source", _LRA_SOURCES)
@@ -1866,11 +1968,15 @@ def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_pat
     for change, why in [
         (lambda: os.utime(train, ns=(0, 0)), f"{train} changed"),  # the same bytes, another time
         (lambda: cache.write_bytes(cache.read_bytes()[:-100]), "it was damaged (BadZipFile)"),
-        (lambda: cache.write_bytes(cache.read_bytes().replace(b"v\0\0\0e", b"V\0\0\0e", 1)),
-         "it was damaged (BadZipFile)"),  # a letter of its key (UTF-32): the CRC does not match
-        (lambda: monkeypatch.setattr(lra_data, "CACHE_VERSION", 2), "the readers changed (version "
-         "1, now 2)"),
-    ]:  # fmt: skip
+        (
+            lambda: cache.write_bytes(cache.read_bytes().replace(b"v\0\0\0e", b"V\0\0\0e", 1)),
+            "it was damaged (BadZipFile)",
+        ),  # a letter of its key (UTF-32): the CRC does not match
+        (
+            lambda: monkeypatch.setattr(lra_data, "CACHE_VERSION", 2),
+            "the readers changed (version 1, now 2)",
+        ),
+    ]:
         change()
         data, notes = lra_data.load_task("retrieval", tmp_path, 4)
         assert notes[-1] == f"{cache}: rebuilt, as {why}" and " cache " not in notes[0]
@@ -1980,8 +2086,10 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     ([_OK], dict(extra=["@classLabel maybe"]), "@classLabel maybe", "must be 'true <labels"),
     ([_OK], dict(extra=["@dimensions two"]), "@dimensions two", "@dimensions must be a positive"),
     ([_OK], dict(extra=["@seriesLength 0"]), "@seriesLength", "@serieslength must be a positive"),
-    *[([_OK], dict(extra=[f"@{tag} maybe"]), f"@{tag} maybe", f"@{tag.lower()} must be true or")
-      for tag in ("missing", "univariate", "equalLength", "targetLabel")],
+    *[
+        ([_OK], dict(extra=[f"@{tag} maybe"]), f"@{tag} maybe", f"@{tag.lower()} must be true or")
+        for tag in ("missing", "univariate", "equalLength", "targetLabel")
+    ],
     ([_OK], dict(extra=["@data now"]), "@data now", "@data must have no value, got 'now'"),
     (b"@problemName X\n@classLabel true a b\n", None, None, "no @data line (is this a .ts file?)"),
     ([], {}, None, "no cases after @data"),
@@ -1990,13 +2098,21 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     (b"PK\x03\x04\x14\x00\x00\x00\x08\x00zip", None, None, _NUL),
     (_toy_ts([_OK])[0].encode("utf-16"), None, None, _NUL),
     # latin-1 bytes in a label (not a comment): refused at the first line that holds one
-    (_toy_ts([_OK, "1,2:3,4:caf\xe9"], labels="up caf\xe9")[0].encode("latin-1"), None,
-     "@classLabel", "bytes that are not UTF-8 text (a binary file?)"),
+    (
+        _toy_ts([_OK, "1,2:3,4:caf\xe9"], labels="up caf\xe9")[0].encode("latin-1"),
+        None,
+        "@classLabel",
+        "bytes that are not UTF-8 text (a binary file?)",
+    ),
     ([_OK], dict(labels=None), None, "this file has no labels (@classLabel false); a classif"),
     ([_OK], dict(labels=False), None, "this file has no labels (no @classLabel line); a class"),
-    (["1,2:3,4:0.5"], dict(labels=False, extra=_TARGETS), None,
-     "this file holds regression targets (@targetLabel true), not class labels"),
-]  # fmt: skip
+    (
+        ["1,2:3,4:0.5"],
+        dict(labels=False, extra=_TARGETS),
+        None,
+        "this file holds regression targets (@targetLabel true), not class labels",
+    ),
+]
 
 
 @pytest.mark.parametrize("rows, options, where, what", _UEA_BAD_FILES)
@@ -2076,7 +2192,7 @@ def test_uea_data_standardisation_uses_train_statistics_and_centres_constant_cha
     assert data.constant_channels == [1] and [n for n in data.notes if "constant" in n] == [
         "channels [1] are constant in TRAIN: centred, not scaled (0-based indices; dividing by "
         "their std of ~0 would blow TEST values up)"
-    ]  # fmt: skip
+    ]
     # a constant channel at a large level (rounding noise in its mean) is caught as well
     big = [_row(a, [123456.789] * 5, label="up") for a in train_a]
     _dataset(tmp_path, big, [_row(test_a[0], [123457.789] * 5, label="up")])
