@@ -1233,10 +1233,8 @@ def test_lra_data_listops_generator_labels_bounds_seeds_and_pinned_draws():
     assert {len(lra_data.tokenize_listops(t)) for t, _ in b} == {5, 6, 7}
     with pytest.raises(lra_data.DataError, match="no new tree"):  # depth 2: at most 12 tokens
         lra_data.generate_listops(5, 0, min_length=20, max_length=40, max_depth=2, progress=False)
-    digests = [
-        "6b936ced0c6deb3274eebb4bdb9fca95995cc1085193a2874c2b7f85e1b1ef85",
-        "1cd6b73ad95d85761a7fef4ecc4e2edd550714c11a7d8ab2ad16e46d60c97afc",
-    ]
+    digests = ["6b936ced0c6deb3274eebb4bdb9fca95995cc1085193a2874c2b7f85e1b1ef85"]  # seed 0
+    digests += ["1cd6b73ad95d85761a7fef4ecc4e2edd550714c11a7d8ab2ad16e46d60c97afc"]  # seed 1
     for seed, digest in enumerate(digests):
         pairs = lra_data.generate_listops(200, seed, 10, 300, max_depth=6, progress=False)
         text = "\n".join(f"{e}\t{y}" for e, y in pairs)
@@ -1246,9 +1244,8 @@ def test_lra_data_listops_generator_labels_bounds_seeds_and_pinned_draws():
         assert {op for e, _ in pairs for op in ops if op in e} == ops
     # shards = 3: the seeded generators "5/0", "5/1", "5/2" one after the other, joined unique
     pairs = lra_data.generate_listops(60, 5, 5, 60, 4, 4, progress=False, shards=3)
-    joined = {}
-    for s in range(3):
-        joined.update(lra_data.generate_listops(21, f"5/{s}", 5, 60, 4, 4, progress=False))
+    shards = [lra_data.generate_listops(21, f"5/{s}", 5, 60, 4, 4, progress=False) for s in "012"]
+    joined = dict(itertools.chain(*shards))
     assert pairs == list(joined.items())[:60] and len({text for text, _ in pairs}) == 60
 
 
@@ -1268,8 +1265,7 @@ def test_lra_data_listops_tokeniser_and_trees():
 def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
     """Generated tsv = header Source/Target via csv, marker json, reused, mismatch is an error."""
     data, notes = lra_data.load_task("listops", tmp_path, 30, seed=5, listops=_LRA_TINY_LISTOPS)
-    folder = tmp_path / "listops-tiny"
-    train = folder / "basic_train.tsv"
+    folder, train = tmp_path / "listops-tiny", tmp_path / "listops-tiny" / "basic_train.tsv"
     assert train.read_bytes().startswith(b"Source\tTarget\r\n")
     with open(train, newline="") as f:
         rows = list(csv.reader(f, delimiter="\t"))
@@ -1287,10 +1283,8 @@ def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
     assert split.x.shape == (48, 30) and split.x.dtype == np.int16 and notes[1:] == []
     ids = [lra_data.tokenize_listops(e)[:30] for e, _ in pairs]
     cut = sum(len(lra_data.tokenize_listops(e)) > 30 for e, _ in pairs)  # said in the first note
-    assert notes[0].endswith(
-        f"(seed 5), written to {folder}; {lra_data.DONE['listops']}; {cut} "
-        "of 72 inputs cut at max_len 30: their ends dropped"
-    )
+    said = f"{lra_data.DONE['listops']}; {cut} of 72 inputs cut at max_len 30: their ends dropped"
+    assert notes[0].endswith(f"(seed 5), written to {folder}; {said}")
     assert all(row[: len(i)].tolist() == i for row, i in zip(split.x, ids, strict=False))
     lengths = [len(i) for i in ids]
     _lra_check_batch(split, lengths[:48])
@@ -1326,29 +1320,15 @@ def _lra_imdb(root: pathlib.Path, texts: dict) -> pathlib.Path:
 def test_lra_data_imdb_and_aan_readers(tmp_path):
     """Bytes + 1. aclImdb/{train,test}/{neg,pos}/*.txt: the bytes, stripped, never decoded (tfds);
     val = test. AAN tsv: label id1 id2 text1 text2, each text cut to 10000 bytes, then max_len."""
-    texts = {
-        "neg": ["  bad<br />film \n", "\r\nfine\r\nok\r\n", "\x1cmeh\x1c", b"caf\xe9 "],
-        "pos": ["très bien\n", "\u00a0nice\u3000\n"],
-    }
-    _lra_imdb(tmp_path, texts)
+    neg = ["  bad<br />film \n", "\r\nfine\r\nok\r\n", "\x1cmeh\x1c", b"caf\xe9 "]
+    _lra_imdb(tmp_path, {"neg": neg, "pos": ["très bien\n", "\u00a0nice\u3000\n"]})
     splits, notes = lra_data.load_task("text", tmp_path, 12)
-    assert (
-        splits["val"] is splits["test"]
-        and notes[1:] == []
-        and notes[0].endswith(
-            "; bytes + 1; val is test; 2 of 12 inputs cut at max_len 12: their ends dropped"
-        )
-    )
+    said = "; bytes + 1; val is test; 2 of 12 inputs cut at max_len 12: their ends dropped"
+    assert splits["val"] is splits["test"] and notes[1:] == [] and notes[0].endswith(said)
     train = splits["train"]
     assert train.y.tolist() == [0, 0, 0, 0, 1, 1] and train.x.dtype == np.int16
-    expected = [
-        b"bad<br />fil",
-        b"fine\r\nok",
-        b"\x1cmeh\x1c",
-        b"caf\xe9",
-        "très bien".encode(),
-        b"\xc2\xa0nice\xe3\x80\x80",
-    ]  # str.strip() would drop U+00A0, U+3000, \x1c
+    expected = [b"bad<br />fil", b"fine\r\nok", b"\x1cmeh\x1c", b"caf\xe9", "très bien".encode()]
+    expected += [b"\xc2\xa0nice\xe3\x80\x80"]  # str.strip() would drop U+00A0, U+3000, \x1c
     rows = (train.x - 1).astype(np.uint8)  # the bytes again
     assert [row[:n].tobytes() for row, n in zip(rows, train.lengths, strict=True)] == expected
     _lra_check_batch(train, [len(w) for w in expected])
@@ -1363,9 +1343,8 @@ def test_lra_data_imdb_and_aan_readers(tmp_path):
     assert long.lengths.tolist() == [10000, 1] and long.lengths2.tolist() == [1, 10000]
     for name, label in (("train", 1), ("eval", 0), ("test", 1)):
         _write(tmp_path / "tsv_data" / f"new_aan_pairs.{name}.tsv", f"{label}\ta\tb\t{name}\tx\n")
-    data, _ = lra_data.load_task("retrieval", tmp_path, 8)
-    assert (data["val"].x[0, :4] - 1).tolist() == list(b"eval")
-    assert data["val"].y.tolist() == [0] and data["test"].y.tolist() == [1]
+    val, test = (lra_data.load_task("retrieval", tmp_path, 8)[0][k] for k in ("val", "test"))
+    assert (val.x[0, :4] - 1).tolist() == list(b"eval") and [*val.y, *test.y] == [0, 1]
 
 
 def test_lra_data_real_imdb_reviews_keep_their_unicode_ends(tmp_path):
@@ -1463,22 +1442,15 @@ def test_lra_data_image_readers_png_pathfinder_and_cifar(tmp_path):
     examples = _lra_pathfinder(folder, 22)  # 22 lines count: cut at round(17.6), round(19.8)
     splits, notes = lra_data.load_task("pathfinder", tmp_path, 16)
     empty = folder / "imgs" / "1" / "sample_empty.png"  # counted in the cuts, then skipped
-    assert (
-        notes[1:]
-        == [
-            f"{folder}/metadata/2.npy:2: no newline at the end: left out, as officially",
-            f"{folder}: skipped 1 empty PNG file(s) (the first: "
-            f"{empty}), as the official pipeline does",
-        ]
-        and "the hard " in notes[0]
-    )
+    skipped = f"skipped 1 empty PNG file(s) (the first: {empty}), as the official pipeline does"
+    newline = f"{folder}/metadata/2.npy:2: no newline at the end: left out, as officially"
+    assert notes[1:] == [newline, f"{folder}: {skipped}"] and "the hard " in notes[0]
     # TFDS order by hand: sorted by the MD5 hex digest of "hard" + key (same-length hex strings)
     ranked = sorted(examples, key=lambda key: hashlib.md5(f"hard{key}".encode()).hexdigest())
     for name, keys in zip(lra_data.SPLITS, (ranked[:18], ranked[18:20], ranked[20:]), strict=True):
         kept = [examples[key] for key in keys if examples[key][0] is not None]
         assert splits[name].x.tolist() == [image.reshape(-1).tolist() for image, _ in kept]
-        assert splits[name].y.tolist() == [label for _, label in kept]
-        assert splits[name].x.dtype == np.int16
+        assert splits[name].y.tolist() == [y for _, y in kept] and splits[name].x.dtype == np.int16
         _lra_check_batch(splits[name], [16] * len(kept))
     assert len(examples) == 22 and sum(len(split.y) for split in splits.values()) == 21
     with pytest.raises(lra_data.DataError, match="a Pathfinder folder is one of"):
@@ -1549,8 +1521,7 @@ def test_lra_data_pytorch_lra_pickles(tmp_path):
     image, _ = lra_data.load_task("image", tmp_path, 16)
     assert image["val"].x[0, :5].tolist() == [0] * 5 and image["val"].y.tolist() == [1, 1, 0]
     _lra_check_batch(image["val"], [16, 16, 3])
-    path, _ = lra_data.load_task("pathfinder", tmp_path, 16)
-    _lra_check_batch(path["test"], [3, 16, 16])
+    _lra_check_batch(lra_data.load_task("pathfinder", tmp_path, 16)[0]["test"], [3, 16, 16])
     pair, _ = lra_data.load_task("retrieval", tmp_path, 8)
     assert pair["val"].x2[0, :3].tolist() == [7, 0, 3]
     _lra_check_batch(pair["val"], [2, 2], [3, 3])
@@ -1607,6 +1578,10 @@ def _lra_npy(data, labels=None) -> bytes:  # numpy.save's bytes; labels: a CIFAR
     return buffer.getvalue() if labels is None else pickle.dumps({b"data": data, b"labels": labels})
 
 
+_HWC = _lra_npy(np.zeros((4, 32, 32, 3), np.uint8), [0] * 4)  # PIL's and torchvision's layout
+_NO_IMDB = "aclImdb/train (from ai.stanford.edu/~amaas/data/sentiment) or the PyTorch-LRA pickles"
+_LISTOPS_NO_DEPTH = {k: v for k, v in _LRA_TINY_LISTOPS.items() if k != "max_depth"}
+_LOAD_NO_DEPTH = dict(task="listops", max_len=8, listops=_LISTOPS_NO_DEPTH)
 _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the file)
     ("listops", "expr\tlabel\n[MAX 1 2 ]\t2\n", "@:1: expected the header 'Source<TAB>Target'"),
     ("listops", "Source\tTarget\n[MAX 1 2 ]\t2\n[MIN 1 ]\tten\n", "@:3: expected 'expression"),
@@ -1628,11 +1603,7 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("png", "filter 5", "@: row 0 has the unknown filter type 5"),
     ("png", "cut", "@: corrupt image data"),
     ("cifar", b"not a pickle", "data_batch_3: not a CIFAR-10 python batch"),
-    (
-        "cifar",
-        _lra_npy(np.zeros((4, 32, 32, 3), np.uint8), [0] * 4),  # PIL's and torchvision's
-        "data_batch_3: data is uint8 (4, 32, 32, 3); CIFAR-10 holds uint8 (n, 3072)",
-    ),
+    ("cifar", _HWC, "data_batch_3: data is uint8 (4, 32, 32, 3); CIFAR-10 holds uint8 (n, 3072)"),
     ("cifar", _lra_npy(np.full((4, 3072), 0.5), [0] * 4), "data is float64 (4, 3072); CIFAR"),
     ("cifar", _lra_npy(np.zeros((4, 3072), np.uint8), [0, 1, 2, 10]), "3: a label that is not a"),
     ("cifar", _lra_npy(np.zeros((0, 3072), np.uint8), []), "data_batch_3: an empty batch"),
@@ -1669,20 +1640,8 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("load_task", dict(task="listops", max_len=2.5), "max_len must be a positive integer"),
     ("load_task", dict(task="listops", max_len=True), "max_len must be a positive integer"),
     ("load_task", dict(task="image", max_len=8), "no data for task image: expected"),
-    (
-        "load_task",
-        dict(task="text", max_len=8),
-        "aclImdb/train (from ai.stanford.edu/~amaas/data/sentiment) or the PyTorch-LRA pickles",
-    ),
-    (
-        "load_task",
-        dict(
-            task="listops",
-            max_len=8,
-            listops={k: v for k, v in _LRA_TINY_LISTOPS.items() if k != "max_depth"},
-        ),
-        "the ListOps settings lack ['max_depth']",
-    ),
+    ("load_task", dict(task="text", max_len=8), _NO_IMDB),
+    ("load_task", _LOAD_NO_DEPTH, "the ListOps settings lack ['max_depth']"),
     ("retrieval", "1\ta\tb\tc\td\n", "{tmp}/tsv_data/new_aan_pairs.eval.tsv: no such file"),
 ]
 
@@ -1711,13 +1670,12 @@ _LRA_SKIPPED = [  # (reader, content, kept labels, kept lengths (, lengths2), th
 @pytest.mark.parametrize("kind, content, labels, lengths, first", _LRA_SKIPPED)
 def test_lra_data_tokenless_examples_are_skipped(kind, content, labels, lengths, first, tmp_path):
     """An example with a field of no real token is skipped; one note counts them and names one."""
-    split, notes = _lra_read(kind, content, tmp_path)
+    split, [note] = _lra_read(kind, content, tmp_path)
     assert split.y.tolist() == labels and split.lengths.tolist() == lengths[0]
     if len(lengths) > 1:
         assert split.lengths2.tolist() == lengths[1] and len(split.x2) == len(labels)
     _lra_check_batch(split, *lengths)
     file = tmp_path / {"listops": "bad.tsv", "aan": "bad.tsv"}.get(kind, "bad.pickle")
-    [note] = notes
     assert f"skipped 1 of {len(labels) + 1} examples with no real token (the first: " in note
     assert first.replace("@", str(file)) in note and note.endswith("nothing to attend to")
 
@@ -1725,10 +1683,9 @@ def test_lra_data_tokenless_examples_are_skipped(kind, content, labels, lengths,
 def test_lra_data_notes_unknown_listops_token_and_padding_far_beyond_the_inputs(tmp_path):
     """A typo ([MAXX): a note names file, line and token; max_len over twice the longest: said."""
     folder = tmp_path / "listops-1000"  # the release: no generator.json
+    val = ["( ( [MAXX 3 ) 4 ) ]\t4", "( ( [MIN 5 ) 6 ) ]\t5", "( [MED 7 ) [FIRST ]\t7"]  # val only
     for split in lra_data.SPLITS:
-        rows = ["( ( [MAX 1 ) 2 ) ]\t2"]
-        if split == "val":
-            rows += ["( ( [MAXX 3 ) 4 ) ]\t4", "( ( [MIN 5 ) 6 ) ]\t5", "( [MED 7 ) [FIRST ]\t7"]
+        rows = ["( ( [MAX 1 ) 2 ) ]\t2"] + (val if split == "val" else [])
         _write(folder / f"basic_{split}.tsv", "\r\n".join(["Source\tTarget", *rows]) + "\r\n")
     splits, notes = lra_data.load_task("listops", tmp_path, 8)
     assert splits["val"].x[1, 0] == lra_data.LISTOPS_OOV == 16  # the official OOV id
@@ -1738,10 +1695,9 @@ def test_lra_data_notes_unknown_listops_token_and_padding_far_beyond_the_inputs(
     assert "token (0 1 2 3 4 5 6 7 8 9 [MIN [MAX [MED [SM ]);" in note
     assert note.endswith("of 2 line(s) of this file become the OOV id 16")
     assert lra_data.read_listops_tsv(folder / "basic_train.tsv", 8)[1] == []
-    assert lra_data.load_task("listops", tmp_path, 9)[1][-1] == (
-        "max_len 9 is more than twice the longest input (4 tokens): every input is padded to 9 "
-        "tokens, and attention pays for the padding"
-    )
+    said = lra_data.load_task("listops", tmp_path, 9)[1][-1]
+    twice = "max_len 9 is more than twice the longest input (4 tokens): every input is padded to 9"
+    assert said == f"{twice} tokens, and attention pays for the padding"
     _lra_pickles(tmp_path, "retrieval", [{"input_ids_0": [1], "input_ids_1": [1] * 5, "label": 0}])
     assert lra_data.load_task("retrieval", tmp_path, 10)[1][1:] == []  # the longest: document 2
     assert any("max_len 11 is" in n for n in lra_data.load_task("retrieval", tmp_path, 11)[1])
@@ -1774,43 +1730,28 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
     """--download from a local server, the archives in their layouts (the release nested): what
     is kept, two steps; ListOps read no further than its folder (before the cut). Each fault: one
     sentence (URL, by hand), nothing left; two at once: one fetches. The table as published."""
+    imdb = "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz"
+    cifar = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
     assert [(a["url"], a["md5"], a["size"]) for a in lra_data.ARCHIVES.values()] == [
-        (
-            "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz",
-            "7c2ac02c03563afcf9b574c7e56c153a",
-            None,
-        ),
-        (
-            "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz",
-            "c58f30108f718f92721af3b95e74349a",
-            170498071,
-        ),
+        (imdb, "7c2ac02c03563afcf9b574c7e56c153a", None),
+        (cifar, "c58f30108f718f92721af3b95e74349a", 170498071),
     ] + [("https://storage.googleapis.com/long-range-arena/lra_release.gz", None, None)] * 3
     src, server, data = tmp_path / "src", tmp_path / "server", tmp_path / "data"
-    _lra_imdb(
-        src,
-        {
-            "neg": ["bad", "poor", "meh", "dull"],
-            "pos": ["good", "fine", "great", "ok"],
-            "unsup": ["not kept"],
-        },
-    )
+    texts = {"neg": ["bad", "poor", "meh", "dull"], "pos": ["good", "fine", "great", "ok"]}
+    _lra_imdb(src, {**texts, "unsup": ["not kept"]})
     _write(src / "aclImdb" / "train" / "labeledBow.feat", "not kept")
     _lra_cifar(src / "cifar-10-batches-py")
     stem = src / "lra_release" / "lra_release"
     lra_data.write_listops(stem / "listops-1000", dict(_LRA_TINY_LISTOPS, seed=0), False)
     (stem / "listops-1000" / "generator.json").unlink()  # as the release: no generator.json
-    for n in ("train", "eval", "test"):  # label, id1, id2, text1, text2
-        _write(stem / "tsv_data" / f"new_aan_pairs.{n}.tsv", "1\ta\tb\tx\ty\n0\ta\tb\tz\tw\n" * 4)
+    _lra_aan(stem, "1\ta\tb\tx\ty\n0\ta\tb\tz\tw\n" * 4)  # label, id1, id2, text1, text2
     _lra_pathfinder(stem / "pathfinder32" / "curv_contour_length_14", 22)
     _lra_pathfinder(stem / "pathfinder32" / "curv_baseline", 11)  # another difficulty
-    for archive, tops in [
-        ("aclImdb_v1.tar.gz", ["aclImdb", "lra_release"]),  # more after it
-        ("lra_release.gz", ["lra_release"]),
-        ("cifar-10-python.tar.gz", ["cifar-10-batches-py"]),
-    ]:
+    tops = {"aclImdb_v1.tar.gz": ["aclImdb", "lra_release"]}  # more after the folder
+    tops |= {"lra_release.gz": ["lra_release"], "cifar-10-python.tar.gz": ["cifar-10-batches-py"]}
+    for archive, folders in tops.items():
         with tarfile.open(_write(server / archive, b""), "w:gz") as tar:
-            for top in tops:
+            for top in folders:
                 tar.add(src / top, top)
     md5 = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in server.iterdir()}
     for k, name in enumerate(["../../evil", "/cifar-10-batches-py/evil", "link", "device"]):
@@ -1819,23 +1760,8 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
             member = tarfile.TarInfo(name if name[0] == "/" else f"cifar-10-batches-py/{name}")
             member.type = [tarfile.REGTYPE, tarfile.REGTYPE, tarfile.SYMTYPE, tarfile.CHRTYPE][k]
             tar.addfile(member)
-    flags = [
-        "--attention",
-        "softmax",
-        "--steps",
-        "2",
-        "--batch-size",
-        "4",
-        "--d-model",
-        "16",
-        "--d-ff",
-        "32",
-        "--n-layers",
-        "1",
-        "--data-dir",
-        str(data),
-        "--download",
-    ]
+    small = "--attention softmax --steps 2 --batch-size 4 --d-model 16 --d-ff 32 --n-layers 1"
+    flags = [*small.split(), "--data-dir", str(data), "--download"]
     with _serve(server) as (url, asked):
         cases = [
             ("text", f"{url}/aclImdb_v1.tar.gz", "is not the expected archive: its MD5 is"),
@@ -1845,18 +1771,10 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
             ("retrieval", "http://127.0.0.1:0/lra_release.gz", "Connection refused"),
             ("retrieval", f"{url}/cut/lra_release.gz", "cut short"),
         ]
-        cases += [
-            (
-                "image",
-                f"{url}/hostile{k}.tar.gz",
-                "an absolute path or '..'" if k < 2 else "is a link or a device",
-            )
-            for k in range(4)
-        ]
-        cases += [
-            ("pathfinder", f"{url}/lra_release.gz", fault)  # faults in a write
-            for fault in (KeyboardInterrupt(), OSError(28, "No space left on device"))
-        ]
+        cases += [("image", f"{url}/hostile{k}.tar.gz", "an absolute path or '..'") for k in (0, 1)]
+        cases += [("image", f"{url}/hostile{k}.tar.gz", "is a link or a device") for k in (2, 3)]
+        faults = (KeyboardInterrupt(), OSError(28, "No space left on device"))  # in a write
+        cases += [("pathfinder", f"{url}/lra_release.gz", fault) for fault in faults]
         for task, where, what in cases:
             fails = mock.Mock(wraps=shutil, copyfileobj=mock.Mock(side_effect=what))
             with mock.patch("download.shutil", shutil if type(what) is str else fails):
@@ -1875,20 +1793,9 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
             ("pathfinder", "lra_release.gz", 16, stem / lra_data.PATH_HARD),
         ]:
             ours = dict(md5=md5[archive], size=None) if task in ("text", "image") else {}
+            more = f"--task {task} --max-len {max_len} --download-url {url}/{archive} --out"
             with mock.patch.dict(lra_data.ARCHIVES[task], ours):  # our archive, the same checks
-                result = _lra_run(
-                    [
-                        *flags,
-                        "--task",
-                        task,
-                        "--max-len",
-                        str(max_len),
-                        "--out",
-                        str(tmp_path / task),
-                        "--download-url",
-                        f"{url}/{archive}",
-                    ]
-                )
+                result = _lra_run([*flags, *more.split(), str(tmp_path / task)])
             assert result["steps"] == 2 and asked.pop() == f"/{archive}"
             kept = {p.relative_to(folder) for p in folder.rglob("*") if p.is_file()}
             kept -= {p for p in kept if "unsup" in p.parts or p.suffix == ".feat"}
@@ -1903,15 +1810,9 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda u: lra_data.download_task("retrieval", data, u), [slow] * 2))
     assert asked.count(slow[len(url) :]) == 1 and "is downloading into" in capsys.readouterr().err
-    assert sorted(os.listdir(data)) + os.listdir(data / "pathfinder32") == [
-        "aclImdb",  # no more
-        "cifar-10-batches-py",
-        "listops-1000",
-        "lra-cache",
-        "pathfinder32",
-        "tsv_data",
-        "curv_contour_length_14",
-    ]
+    found = sorted(os.listdir(data)) + os.listdir(data / "pathfinder32")
+    names = "aclImdb cifar-10-batches-py listops-1000 lra-cache pathfinder32 tsv_data"
+    assert found == [*names.split(), "curv_contour_length_14"]  # no more
 
 
 def _lra_aan(root: pathlib.Path, rows="1\ta\tb\tabc\tdefgh\n0\tc\td\tx\t\n0\te\tf\ty\tz\n"):
@@ -1919,21 +1820,14 @@ def _lra_aan(root: pathlib.Path, rows="1\ta\tb\tabc\tdefgh\n0\tc\td\tx\t\n0\te\t
         _write(root / "tsv_data" / f"new_aan_pairs.{name}.tsv", rows)
 
 
+_LRA_PAIR = {"input_ids_0": [5, 6, 7, 8, 0], "input_ids_1": [7, 0, 3], "label": 1}  # a pickle item
 _LRA_SOURCES = {  # a folder of each kind -> (task, max_len); listops: generated
     "listops": ("listops", 30, lambda root: None),
     "text": ("text", 6, lambda root: _lra_imdb(root, {"neg": ["bad film", " "], "pos": ["good"]})),
     "retrieval": ("retrieval", 4, _lra_aan),
     "image": ("image", 1024, lambda root: _lra_cifar(root / "cifar-10-batches-py")),
     "pathfinder": ("pathfinder", 16, lambda root: _lra_pathfinder(root / lra_data.PATH_HARD, 22)),
-    "pickles": (
-        "retrieval",
-        3,
-        lambda root: _lra_pickles(
-            root,
-            "retrieval",
-            [{"input_ids_0": [5, 6, 7, 8, 0], "input_ids_1": [7, 0, 3], "label": 1}] * 2,
-        ),
-    ),
+    "pickles": ("retrieval", 3, lambda root: _lra_pickles(root, "retrieval", [_LRA_PAIR] * 2)),
 }
 
 
@@ -1964,18 +1858,13 @@ def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_pat
     cache = tmp_path / "lra-cache/tsv_data-4.npz"
     train = tmp_path / "tsv_data/new_aan_pairs.train.tsv"
     want = lra_data.load_task("retrieval", tmp_path, 4)[0]["test"].x2  # writes the cache
-
+    bad, version = "it was damaged (BadZipFile)", "the readers changed (version 1, now 2)"
     for change, why in [
         (lambda: os.utime(train, ns=(0, 0)), f"{train} changed"),  # the same bytes, another time
-        (lambda: cache.write_bytes(cache.read_bytes()[:-100]), "it was damaged (BadZipFile)"),
-        (
-            lambda: cache.write_bytes(cache.read_bytes().replace(b"v\0\0\0e", b"V\0\0\0e", 1)),
-            "it was damaged (BadZipFile)",
-        ),  # a letter of its key (UTF-32): the CRC does not match
-        (
-            lambda: monkeypatch.setattr(lra_data, "CACHE_VERSION", 2),
-            "the readers changed (version 1, now 2)",
-        ),
+        (lambda: cache.write_bytes(cache.read_bytes()[:-100]), bad),
+        # a letter of its key (UTF-32): the CRC does not match
+        (lambda: cache.write_bytes(cache.read_bytes().replace(b"v\0\0\0e", b"V\0\0\0e", 1)), bad),
+        (lambda: monkeypatch.setattr(lra_data, "CACHE_VERSION", 2), version),
     ]:
         change()
         data, notes = lra_data.load_task("retrieval", tmp_path, 4)
@@ -2030,8 +1919,7 @@ def test_uea_data_reader_values_labels_missing_steps_and_unlabelled_files(tmp_pa
     """An equal-length file: values, header-order labels, tags case-insensitive; '?' filled
     linearly per channel, ends by the nearest; files without class labels; regression targets."""
     rows = ["1,2,3:4,5,6:down", "# a comment", "  ", "7,8,9:1.5,-2,3e-1:up"]  # 2 cases
-    text, _ = _toy_ts(rows, equal="true", length=3)
-    text = text.replace("@problemName", "@PROBLEMNAME")
+    text = _toy_ts(rows, equal="true", length=3)[0].replace("@problemName", "@PROBLEMNAME")
     # a non-UTF-8 comment byte (latin-1 é), as in some archive files
     path = _write(tmp_path / "Toy_TRAIN.ts", text.encode().replace(b"# toy", b"# caf\xe9 toy"))
     ts = read_ts(path, require_labels=True)
@@ -2057,6 +1945,8 @@ def test_uea_data_reader_values_labels_missing_steps_and_unlabelled_files(tmp_pa
 
 _OK = "1,2:3,4:up"
 _NUL, _TARGETS = "NUL bytes: a binary or UTF-16 file, not .ts text", ["@targetLabel true"]
+_LATIN1 = _toy_ts([_OK, "1,2:3,4:caf\xe9"], labels="up caf\xe9")[0].encode("latin-1")
+_REGRESSION = "this file holds regression targets (@targetLabel true), not class labels"
 _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or tag or None, what)
     ([_OK, "1,2:3,4:5,6:up"], {}, 1, "3 dimension(s), not 2 (the header)"),
     ([_OK, "1,2:up"], dict(dims=None), 1, "1 dimension(s), not 2 (case 1)"),
@@ -2098,20 +1988,10 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     (b"PK\x03\x04\x14\x00\x00\x00\x08\x00zip", None, None, _NUL),
     (_toy_ts([_OK])[0].encode("utf-16"), None, None, _NUL),
     # latin-1 bytes in a label (not a comment): refused at the first line that holds one
-    (
-        _toy_ts([_OK, "1,2:3,4:caf\xe9"], labels="up caf\xe9")[0].encode("latin-1"),
-        None,
-        "@classLabel",
-        "bytes that are not UTF-8 text (a binary file?)",
-    ),
+    (_LATIN1, None, "@classLabel", "bytes that are not UTF-8 text (a binary file?)"),
     ([_OK], dict(labels=None), None, "this file has no labels (@classLabel false); a classif"),
     ([_OK], dict(labels=False), None, "this file has no labels (no @classLabel line); a class"),
-    (
-        ["1,2:3,4:0.5"],
-        dict(labels=False, extra=_TARGETS),
-        None,
-        "this file holds regression targets (@targetLabel true), not class labels",
-    ),
+    (["1,2:3,4:0.5"], dict(labels=False, extra=_TARGETS), None, _REGRESSION),
 ]
 
 
@@ -2323,8 +2203,7 @@ def test_uea_data_numpy_arrays_clipping_and_padding_notes_and_no_torch(tmp_path)
     assert any("clips 0 of 4 TRAIN cases and 1 of 2 TEST" in n for n in default.notes)
     data = load_uea(str(tmp_path), "Toy", max_len=3)
     assert (data.n_clipped_train, data.n_clipped_test) == (2, 1)
-    assert data.mask_train.sum(1).tolist() == [2, 3, 3, 2]
-    assert data.mask_test.sum(1).tolist() == [3, 1]
+    assert [m.sum(1).tolist() for m in (data.mask_train, data.mask_test)] == [[2, 3, 3, 2], [3, 1]]
     [note] = [n for n in data.notes if "clips" in n]
     assert "clips 2 of 4 TRAIN cases and 1 of 2 TEST cases (longest 5 and 6 steps)" in note
     far = load_uea(str(tmp_path), "Toy", max_len=13)
