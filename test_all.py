@@ -1286,9 +1286,8 @@ def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
     said = f"{lra_data.DONE['listops']}; {cut} of 72 inputs cut at max_len 30: their ends dropped"
     assert notes[0].endswith(f"(seed 5), written to {folder}; {said}")
     assert all(row[: len(i)].tolist() == i for row, i in zip(split.x, ids, strict=False))
-    lengths = [len(i) for i in ids]
-    _lra_check_batch(split, lengths[:48])
-    _lra_check_batch(data["val"], lengths[48:60])
+    _lra_check_batch(split, [len(i) for i in ids[:48]])
+    _lra_check_batch(data["val"], [len(i) for i in ids[48:60]])
     stamp = train.stat().st_mtime_ns
     again, _ = lra_data.load_task("listops", tmp_path, 30, seed=5, listops=_LRA_TINY_LISTOPS)
     assert train.stat().st_mtime_ns == stamp and np.array_equal(again["val"].x, data["val"].x)
@@ -1343,8 +1342,9 @@ def test_lra_data_imdb_and_aan_readers(tmp_path):
     assert long.lengths.tolist() == [10000, 1] and long.lengths2.tolist() == [1, 10000]
     for name, label in (("train", 1), ("eval", 0), ("test", 1)):
         _write(tmp_path / "tsv_data" / f"new_aan_pairs.{name}.tsv", f"{label}\ta\tb\t{name}\tx\n")
-    val, test = (lra_data.load_task("retrieval", tmp_path, 8)[0][k] for k in ("val", "test"))
-    assert (val.x[0, :4] - 1).tolist() == list(b"eval") and [*val.y, *test.y] == [0, 1]
+    data, _ = lra_data.load_task("retrieval", tmp_path, 8)
+    assert (data["val"].x[0, :4] - 1).tolist() == list(b"eval")
+    assert data["val"].y.tolist() == [0] and data["test"].y.tolist() == [1]
 
 
 def test_lra_data_real_imdb_reviews_keep_their_unicode_ends(tmp_path):
