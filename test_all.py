@@ -2245,10 +2245,9 @@ def test_uea_data_missing_dataset_or_a_name_with_a_path_says_where_and_how(tmp_p
     _dataset(tmp_path / "data", [_OK], [_OK])  # a dataset there must not be reached
     data_dir = str(tmp_path / "data" / "sub")
     for name in ("../etc", "..", ".", "", "a/b", "a\\b", "../Toy", "/etc"):
-        for call, args in ((load_uea, (data_dir, name)),
-                           (uea_data.download_dataset, (name, data_dir, "file:///x"))):  # fmt: skip
+        for call in (load_uea, lambda d, n: uea_data.download_dataset(n, d, "file:///x")):
             with pytest.raises(DatasetNotFoundError) as err:
-                call(*args)
+                call(data_dir, name)
             assert str(err.value).startswith(f"{name!r} is no UEA dataset name: a name is a plain")
     names = ["Toy", "Toy_TEST.ts", "Toy_TRAIN.ts", "data"]
     assert sorted(p.name for p in tmp_path.rglob("*")) == names
@@ -2304,11 +2303,9 @@ def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
 
 def _lra_args(data_dir, out, *more) -> list:
     """Flags of a tiny ListOps run: a few dozen short expressions, a 16-wide model."""
-    return [
-        "--preset", "quick", "--data-dir", str(data_dir), "--out", str(out),
-        "--listops-size", "48", "--listops-eval-size", "12", "--steps", "4",
-        "--eval-every", "2", "--batch-size", "8", "--d-model", "16", "--d-ff", "32", *more,
-    ]  # fmt: skip
+    paths = ["--data-dir", str(data_dir), "--out", str(out)]
+    tiny = "--listops-size 48 --listops-eval-size 12 --steps 4 --eval-every 2 --batch-size 8"
+    return ["--preset", "quick", *paths, *tiny.split(), *"--d-model 16 --d-ff 32".split(), *more]
 
 
 def _lra_run(argv: list) -> dict:
@@ -2331,7 +2328,6 @@ def _uea_run(argv: list) -> tuple[dict, str]:
 def _toy_uea(root: pathlib.Path, name="Toy", n=12, length=6) -> pathlib.Path:
     """<root>/<name>/<name>_{TRAIN,TEST}.ts: two classes told apart by the sign of channel 1."""
     rng, folder = np.random.default_rng(0), root / name
-    folder.mkdir(parents=True, exist_ok=True)
     header = f"@problemName {name}\n@timeStamps false\n@missing false\n@univariate false\n"
     header += "@dimensions 2\n@equalLength true\n@seriesLength 6\n@classLabel true up down\n@data\n"
     for split in ("TRAIN", "TEST"):
@@ -2340,7 +2336,7 @@ def _toy_uea(root: pathlib.Path, name="Toy", n=12, length=6) -> pathlib.Path:
             sign, label = (1, "up") if i % 2 else (-1, "down")
             a, b = sign + 0.1 * rng.standard_normal((2, length))
             rows.append(",".join(map(str, a)) + ":" + ",".join(map(str, b)) + ":" + label)
-        (folder / f"{name}_{split}.ts").write_text(header + "\n".join(rows) + "\n")
+        _write(folder / f"{name}_{split}.ts", header + "\n".join(rows) + "\n")
     return folder
 
 
@@ -2358,8 +2354,8 @@ def _argv(tmp: pathlib.Path, script: str, out: pathlib.Path, *more) -> list:
     if script == "train_lra.py":
         return _lra_args(tmp / "data", out, *more)
     _toy_uea(tmp)
-    return [*TINY, "--dataset", "Toy", "--data-dir", str(tmp), "--epochs", "2", "--out", str(out),
-            *more]  # fmt: skip
+    paths = ["--data-dir", str(tmp), "--out", str(out)]
+    return [*TINY, *"--dataset Toy --epochs 2".split(), *paths, *more]
 
 
 def _train_both(tmp: pathlib.Path, script: str, out: pathlib.Path, *more, printed=None) -> tuple:
@@ -2407,17 +2403,17 @@ def test_train_lra_and_train_uea_presets_follow_the_official_scripts(script, fla
     assert {k: getattr(cfg, k) for k in want} == want  # _BUILT: what each preset builds
 
 
-_VALUES = dict(task="image", attention="gfsa", preset="quick", device="cpu", agf_basis="monomial",
-               optimizer="adam", agf_variant="svd", gfsa_high_order="exact", dataset="Heartbeat",
-               n_heads=4, gfsa_order=4, warmup=0, steps=7, pathfinder="easy")  # not the defaults
+_VALUES = dict(task="image", attention="gfsa", preset="quick", device="cpu")  # not the defaults
+_VALUES.update(optimizer="adam", agf_basis="monomial", agf_variant="svd", gfsa_high_order="exact")
+_VALUES.update(steps=7, dataset="Heartbeat", n_heads=4, gfsa_order=4, warmup=0, pathfinder="easy")
 
 
 _AFTER_BUILD = set(  # flags that act after build(): their own tests
     "data_dir data_seed listops_size listops_eval_size download download_url out batch_size cache "
     "eval_every epochs grad_clip resume overwrite device amp compile attention pathfinder".split()
 )
-_ONLY = {"attn_dropout": {"softmax", "gfsa", "primal+trans"}, "dataset": {"agf", "primal",
-         "primal+trans"}}  # the kinds it reaches if not all (agf_* etc.: their own)  # fmt: skip
+_ONLY = dict(attn_dropout={"softmax", "gfsa", "primal+trans"})  # the kinds it reaches if not all
+_ONLY["dataset"] = {"agf", "primal", "primal+trans"}  # (agf_* etc.: their own)
 
 
 def _built(script: str, *argv) -> list:
@@ -2428,13 +2424,15 @@ def _built(script: str, *argv) -> list:
     model, opt, *schedule = built[: 3 if lra else 2]
     learns, held = [p for p in model.parameters() if p.requires_grad], opt.param_groups[0]["params"]
     assert len(opt.param_groups) == 1 and sorted(map(id, held)) == sorted(map(id, learns))
-    return [[(n, k, v) for n, m in model.named_modules() for k, v in vars(m).items()
-             if type(v) in (bool, int, float, str)], [(k, tuple(v.shape), v.double().sum().item())
-             for k, v in [*model.state_dict().items(), *model.named_buffers()]], len(learns),
-            {k: v for k, v in vars(model.cfg).items() if k not in ("attention_kwargs",
-             "attn_dropout")},
-            type(opt), {k: v for k, v in opt.param_groups[0].items() if k != "params"},
-            [(s.total_steps, s._schedule_phases) for s in schedule]]  # fmt: skip
+    settings = [(n, k, v) for n, m in model.named_modules() for k, v in vars(m).items()]
+    settings = [(n, k, v) for n, k, v in settings if type(v) in (bool, int, float, str)]
+    tensors = [*model.state_dict().items(), *model.named_buffers()]
+    weights = [(k, tuple(v.shape), v.double().sum().item()) for k, v in tensors]
+    layers_only = ("attention_kwargs", "attn_dropout")  # what only the layers read
+    config = {k: v for k, v in vars(model.cfg).items() if k not in layers_only}
+    group = {k: v for k, v in opt.param_groups[0].items() if k != "params"}
+    phases = [(s.total_steps, s._schedule_phases) for s in schedule]
+    return [settings, weights, len(learns), config, type(opt), group, phases]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=_id)
@@ -2481,19 +2479,20 @@ _BAD_FLAGS = [  # (flags, a fragment of the one sentence); each refused at parse
     (["--d-model", "10", "--n-heads", "3"], "--d-model 10 is not divisible by --n-heads 3"),
     (["--resume", "--overwrite"], "--resume continues a run and --overwrite deletes it"),
 ]
-_BAD = [("train_uea.py", *case) for case in _BAD_FLAGS] + [("train_lra.py", *c) for c in [
-    *_BAD_FLAGS,
+_BAD_LRA = _BAD_FLAGS + [  # and train_lra.py's own
     (["--steps", "0"], "--steps must be at least 1, got 0"),
     (["--steps", "10", "--warmup", "1"], "--warmup must be 0 or 2 .. --steps - 1 = 9, got 1"),
     (["--steps", "10", "--warmup", "10"], "--warmup must be 0 or 2 .. --steps - 1 = 9, got 10"),
     (["--task", "text", "--preset", "quick"], "use it with --task listops"),
     (["--task", "video"], "argument --task: invalid choice"),
     (["--max-len", "0"], "--max-len must be at least 1"),
-]] + [("train_uea.py", *c) for c in [
+]
+_BAD_UEA = _BAD_FLAGS + [  # and train_uea.py's own
     (["--epochs", "0"], "--epochs must be at least 1, got 0"),
     (["--dataset", "../etc"], "--dataset: '../etc' is no UEA dataset name: a name is a plain"),
     (["--optimizer", "sgd"], "argument --optimizer: invalid choice"),
-]]  # fmt: skip
+]
+_BAD = [("train_lra.py", *c) for c in _BAD_LRA] + [("train_uea.py", *c) for c in _BAD_UEA]
 
 
 @pytest.mark.parametrize("script, flags, message", _BAD, ids=_id)
@@ -2517,13 +2516,10 @@ def test_train_lra_and_train_uea_refusals_of_processes_and_devices(script):
         cases += [(["--device", "cuda"], "--device cuda: this machine has no CUDA device", 1)]
     for flags, message, world in cases:
         for rank, said_by in ((0, True), (1, False)):
-            with (
-                mock.patch.multiple(runs, RANK=rank, WORLD=world),
-                mock.patch.object(runs.dist, "init_process_group") as meet,
-                contextlib.redirect_stderr(io.StringIO()) as err,
-                pytest.raises(SystemExit) as stop,
-            ):
-                module.parse_config(flags)
+            err, meeting = io.StringIO(), mock.patch.object(runs.dist, "init_process_group")
+            with mock.patch.multiple(runs, RANK=rank, WORLD=world), meeting as meet:
+                with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as stop:
+                    module.parse_config(flags)
             assert stop.value.code == 2 and (message in err.getvalue()) is said_by, err.getvalue()
             assert meet.call_count == (not said_by)
             assert said_by or err.getvalue() == ""
@@ -2574,12 +2570,18 @@ SelfRegulationSCP2 2 500 jacobi 7 2.0 1.5 0.1 1 20 0.0 200 20 0.2 200 16 100 1e-
 SpokenArabicDigits 2 500 jacobi 4 1.0 0.0 0.5 1 20 0.1 100 30 0.2 150 16 100 1e-3 adam
 UWaveGestureLibrary 2 500 jacobi 10 2.0 1.5 0.1 1 20 0.0 200 40 0.1 400 16 100 1e-3 radam
 BasicMotions 2 500 legendre 4 1.0 0.2 0.01 0 40 0.5 200 40 0.5 200 16 100 1e-3 radam"""
-_LAYER = {  # what reaches a layer, read off the built module
-    SoftmaxAttention: lambda a: (a.dropout,), AGFAttention: lambda a: (*(getattr(a.poly_filter, k)
-    for k in ("basis", "order", "alpha", "beta")), a.ortho_weight, a.poly_filter.theta0 is None,
-    a.variant), PrimalAttention: lambda a: (a.We.shape[-1], a.ksvd_weight, a.n_samples,
-    a.ksvd_reduction, a.causal), GFSAttention: lambda a: (a.order, a.dropout, a.high_order,
-    a.w0.unique().tolist(), a.w1.unique().tolist(), a.w0.requires_grad, a.w1.requires_grad)}
+
+
+def _layer(a) -> tuple:  # what reaches a layer, read off the built module
+    if type(a) is AGFAttention:
+        f = a.poly_filter
+        return (f.basis, f.order, f.alpha, f.beta, a.ortho_weight, f.theta0 is None, a.variant)
+    if type(a) is PrimalAttention:
+        return (a.We.shape[-1], a.ksvd_weight, a.n_samples, a.ksvd_reduction, a.causal)
+    if type(a) is GFSAttention:  # w0 and w1: the values each holds, and whether it learns
+        w0, w1 = ((w.unique().tolist(), w.requires_grad) for w in (a.w0, a.w1))
+        return (a.order, a.dropout, a.high_order, w0, w1)
+    return (a.dropout,)
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=_id)
@@ -2599,17 +2601,18 @@ def test_train_lra_and_train_uea_flags_alone_build_the_promised_layers(script, a
         model, opt = (train_lra.build(cfg, cpu) if lra else train_uea.build(cfg, data, cpu))[:2]
         D, H, d_ff = (64, 2, 128) if lra or quick else (512, 8, 2048)
         p, pa = (0.2, 0.2 if lra else 0.3) if quick else (0.1, 0.1)  # blocks, attention weights
-        want = {SoftmaxAttention: (pa,), AGFAttention: (basis, K, a, b, g, frozen, "agf"),
-                PrimalAttention: (*[(s, eta, m), (s2, eta2, m2)][trans], "batch" * lra or "sample",
-                                  False),
-                GFSAttention: (3 - lra, pa, "taylor", [0.0], [1.0], False, False)}
-        got = [(type(at), _LAYER[type(at)](at), at.d_model, at.n_heads, blk.mlp[0].out_features,
-                blk.drop.p) for blk in model.blocks for at in [blk.attn]]  # fmt: skip
-        assert got == [(k, want[k], D, H, d_ff, p) for k in kinds], (name, attention, quick)
-        got = (len(model.pos), model.cfg.n_classes, model.cfg.two_tower, opt.defaults["lr"],
-               type(opt).__name__.lower(), cfg.batch_size, cfg.steps if lra else cfg.epochs)
-        assert got == (float(N), float(C), name == "retrieval", lr, optimizer, batch,
-                       10 if quick and not lra else length), (name, attention, quick)
+        primal = [(s, eta, m), (s2, eta2, m2)][trans]
+        want = {SoftmaxAttention: (pa,), AGFAttention: (basis, K, a, b, g, frozen, "agf")}
+        want[PrimalAttention] = (*primal, "batch" * lra or "sample", False)
+        want[GFSAttention] = (3 - lra, pa, "taylor", ([0.0], False), ([1.0], False))
+        blocks = [(blk.attn, blk.mlp[0].out_features, blk.drop.p) for blk in model.blocks]
+        got = [(type(at), _layer(at), at.d_model, at.n_heads, *rest) for at, *rest in blocks]
+        case = (name, attention, quick)
+        assert got == [(k, want[k], D, H, d_ff, p) for k in kinds], case
+        got = (len(model.pos), model.cfg.n_classes, model.cfg.two_tower, opt.defaults["lr"])
+        assert got == (float(N), float(C), name == "retrieval", lr), case
+        got = (type(opt).__name__.lower(), cfg.batch_size, cfg.steps if lra else cfg.epochs)
+        assert got == (optimizer, batch, 10 if quick and not lra else length), case
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=_id)
@@ -2619,8 +2622,8 @@ def test_train_uea_short_runs_of_each_attention_on_real_data(tmp_path, kind):
     out, data_dir = tmp_path / "uea", str(_real_uea().parent)
     argv = [*TINY, "--attention", kind, "--epochs", "2", "--data-dir", data_dir]
     result, printed = _uea_run([*argv, "--out", str(out)])
-    assert set(os.listdir(out)) == {"config.json", "metrics.jsonl", "checkpoint.pt",
-                                    "result.json", "lock"}  # fmt: skip
+    files = {"config.json", "metrics.jsonl", "checkpoint.pt", "result.json", "lock"}
+    assert set(os.listdir(out)) == files
     assert json.loads((out / "config.json").read_text())["attention"] == kind
     records = _log(out)
     accs = [r["test_acc"] for r in records]  # evaluated after the first and last epoch
@@ -2632,29 +2635,30 @@ def test_train_uea_short_runs_of_each_attention_on_real_data(tmp_path, kind):
     assert records[1]["train_loss"] < records[0]["train_loss"] and accs[-1] > 1 / 9
 
 
-def test_train_lra_two_tower_and_image_runs_from_pickles():
+def test_train_lra_two_tower_and_image_runs_from_pickles(tmp_path):
     """Retrieval (two towers) and Image (no padding) train from PyTorch-LRA pickles."""
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp, rng = pathlib.Path(tmp), np.random.default_rng(4)
-        for split in ("train", "dev", "test"):
-            docs = [{"input_ids_0": np.r_[rng.integers(1, 257, 5), np.zeros(3)],
-                     "input_ids_1": np.r_[rng.integers(1, 257, 3), np.zeros(5)],
-                     "label": i % 2} for i in range(8)]  # fmt: skip
-            (tmp / f"retrieval.{split}.pickle").write_bytes(pickle.dumps(docs))
-            pixels = [{"input_ids_0": rng.integers(0, 256, 16), "label": i % 10} for i in range(8)]
-            (tmp / f"image.{split}.pickle").write_bytes(pickle.dumps(pixels))
-        for task in ("retrieval", "image"):
-            flags = ["--task", task, "--attention", "softmax", "--data-dir", str(tmp)]
-            flags += ["--out", str(tmp / task), "--steps", "2", "--eval-every", "1"]
-            flags += ["--batch-size", "4", "--max-len", "8" if task == "retrieval" else "16"]
-            result = _lra_run(flags + ["--d-model", "16", "--d-ff", "32"])
-            assert result["task"] == task and result["config"]["max_len"] in (8, 16)
+    rng = np.random.default_rng(4)
+    for split in ("train", "dev", "test"):  # retrieval: two documents, 5 and 3 tokens, then 0s
+        ids = [[np.r_[rng.integers(1, 257, n), np.zeros(8 - n)] for n in (5, 3)] for _ in range(8)]
+        docs = [dict(input_ids_0=a, input_ids_1=b, label=i % 2) for i, (a, b) in enumerate(ids)]
+        (tmp_path / f"retrieval.{split}.pickle").write_bytes(pickle.dumps(docs))
+        pixels = [{"input_ids_0": rng.integers(0, 256, 16), "label": i % 10} for i in range(8)]
+        (tmp_path / f"image.{split}.pickle").write_bytes(pickle.dumps(pixels))
+    for task in ("retrieval", "image"):
+        flags = f"--task {task} --attention softmax --steps 2 --eval-every 1 --batch-size 4"
+        flags += f" --max-len {8 if task == 'retrieval' else 16} --d-model 16 --d-ff 32"
+        result = _lra_run(f"{flags} --data-dir {tmp_path} --out {tmp_path / task}".split())
+        assert result["task"] == task and result["config"]["max_len"] in (8, 16)
 
 
-@pytest.mark.parametrize("flags, empty, said", [  # CIFAR-10, 5 images a batch; test_batch empty?
-    ("--task image --batch-size 2", True, "test_batch: an empty batch"),  # test_acc NaN, once
-    ("--task image", False, "the training split has 22 examples, fewer than one batch"),
-    ("--task pathfinder --pathfinder easy", False, "pathfinder32/curv_baseline/metadata")])
+@pytest.mark.parametrize(
+    "flags, empty, said",
+    [  # CIFAR-10, 5 images a batch; test_batch empty?
+        ("--task image --batch-size 2", True, "test_batch: an empty batch"),  # test_acc NaN, once
+        ("--task image", False, "the training split has 22 examples, fewer than one batch"),
+        ("--task pathfinder --pathfinder easy", False, "pathfinder32/curv_baseline/metadata"),
+    ],
+)
 def test_train_lra_refuses_bad_data_before_training_no_folder_left(flags, empty, said, tmp_path):
     _lra_cifar(tmp_path / "cifar-10-batches-py")
     if empty:
