@@ -2709,20 +2709,43 @@ def test_train_lra_text_reuses_the_validation_score_and_logs_each_evaluation(tmp
     score, not evaluated again; a --max-len given far above the inputs is noted; when stderr is
     no terminal (no bar), a line per evaluation."""
     _lra_imdb(tmp_path, {"neg": ["bad", "awful film", "no"], "pos": ["good", "fine film", "ok"]})
-    argv = ["--task", "text", "--attention", "softmax", "--data-dir", str(tmp_path), "--out",
-            str(tmp_path / "run"), "--steps", "4", "--eval-every", "2", "--batch-size", "2",
-            "--max-len", "32", "--d-model", "16", "--d-ff", "32"]  # fmt: skip
+    argv = [
+        "--task",
+        "text",
+        "--attention",
+        "softmax",
+        "--data-dir",
+        str(tmp_path),
+        "--out",
+        str(tmp_path / "run"),
+        "--steps",
+        "4",
+        "--eval-every",
+        "2",
+        "--batch-size",
+        "2",
+        "--max-len",
+        "32",
+        "--d-model",
+        "16",
+        "--d-ff",
+        "32",
+    ]
     printed, evaluate = io.StringIO(), mock.Mock(wraps=train_lra.evaluate)
     with (
-        mock.patch.object(train_lra, "evaluate", evaluate), _one_thread(),
-        contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()),
+        mock.patch.object(train_lra, "evaluate", evaluate),
+        _one_thread(),
+        contextlib.redirect_stdout(printed),
+        contextlib.redirect_stderr(io.StringIO()),
     ):
         result = train_lra.main(train_lra.parse_config(argv))
     assert evaluate.call_count == 2 and result["test_acc"] == result["val_acc"]
     lines = printed.getvalue().splitlines()
     assert lines[2].startswith("max_len 32 is more than twice the longest input (10 tokens)")
     assert [line.split()[:2] for line in lines if line.startswith("step ")] == [
-        ["step", "2"], ["step", "4"]]  # fmt: skip
+        ["step", "2"],
+        ["step", "4"],
+    ]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=_id)
@@ -2733,15 +2756,27 @@ def test_train_lra_and_train_uea_evaluate_is_one_pass_over_a_split_in_eval_mode(
     rng, lengths, cpu = np.random.default_rng(0), np.array([7, 3, 5, 1, 6]), torch.device("cpu")
     if script == "train_lra.py":
         model = train_lra.build(train_lra.parse_config(["--preset", "quick"]), cpu)[0]
-        split = lra_data.Split(rng.integers(1, 16, (5, 7)).astype(np.int16), lengths,
-                               np.zeros(5, np.int64))  # fmt: skip
+        split = lra_data.Split(
+            rng.integers(1, 16, (5, 7)).astype(np.int16), lengths, np.zeros(5, np.int64)
+        )
         labels, inputs = split.y, train_lra.to_batch(split, np.arange(5), "cpu")
         inputs, n_classes = (inputs["x"], inputs["mask"]), 10
         evaluate = functools.partial(train_lra.evaluate, model, split)
     else:
         x, mask = rng.normal(size=(5, 7, 3)).astype(np.float32), np.arange(7) < lengths[:, None]
-        data = uea_data.UEAData(x, mask, np.zeros(5, np.int64), x, mask, np.zeros(5, np.int64),
-                                ["a", "b"], np.zeros(3), np.ones(3), 0, 0)  # fmt: skip
+        data = uea_data.UEAData(
+            x,
+            mask,
+            np.zeros(5, np.int64),
+            x,
+            mask,
+            np.zeros(5, np.int64),
+            ["a", "b"],
+            np.zeros(3),
+            np.ones(3),
+            0,
+            0,
+        )
         model = train_uea.build(train_uea.parse_config(TINY), data, cpu)[0]
         labels, n_classes = data.y_test, 2
         inputs = train_uea.to_batch(data, "test", np.arange(5), "cpu")[:2]
@@ -2759,8 +2794,9 @@ def test_train_lra_and_train_uea_evaluate_is_one_pass_over_a_split_in_eval_mode(
     assert modes == [False, False, False] and model.training
 
 
-@pytest.mark.parametrize("script, size", [("train_lra.py", "8"), ("train_uea.py", "1"),
-                                          ("train_uea.py", "11")], ids=_id)  # fmt: skip
+@pytest.mark.parametrize(
+    "script, size", [("train_lra.py", "8"), ("train_uea.py", "1"), ("train_uea.py", "11")], ids=_id
+)
 def test_train_lra_and_train_uea_logged_numbers_are_recomputed(tmp_path, script, size):
     """--lr 1e-12 keeps the first weights: logged losses (+ aux) are their cross-entropy per
     example, accuracies counted ones; batches: LRA all 8 in one, UEA 12 cases 1 x 12 or 11 + 1."""
@@ -2772,8 +2808,11 @@ def test_train_lra_and_train_uea_logged_numbers_are_recomputed(tmp_path, script,
     data = lra_data.load_task(**ckpt["data"])[0] if lra else uea_data.load_uea(**ckpt["data"])
     for split in ("train", "val") if lra else ("train", "test"):
         idx = np.arange(8 if lra and split == "train" else 12)
-        x, mask, y = ([train_lra.to_batch(data[split], idx, "cpu")[k] for k in ("x", "mask", "y")]
-                      if lra else train_uea.to_batch(data, split, idx, "cpu"))  # fmt: skip
+        x, mask, y = (
+            [train_lra.to_batch(data[split], idx, "cpu")[k] for k in ("x", "mask", "y")]
+            if lra
+            else train_uea.to_batch(data, split, idx, "cpu")
+        )
         logits, aux = model(x, mask)
         want[f"{split}_loss"] = (F.cross_entropy(logits, y) + aux * (split == "train")).item()
         want[f"{split}_acc"] = (logits.argmax(-1) == y).sum().item() / len(idx)
@@ -2799,18 +2838,30 @@ def test_train_lra_and_train_uea_schedule_steps_and_clock_are_the_formulas(tmp_p
         return evaluate(*args)
 
     more = ["--steps", "7", "--warmup", "3", "--listops-size", "22"] if lra else ["--epochs", "3"]
-    with (mock.patch.multiple(module, train_step=step, evaluate=evaluating),
-          mock.patch.object(module.time, "time", lambda: clock[0])):  # fmt: skip
+    with (
+        mock.patch.multiple(module, train_step=step, evaluate=evaluating),
+        mock.patch.object(module.time, "time", lambda: clock[0]),
+    ):
         result = _train_both(tmp_path, script, tmp_path / "run", "--batch-size", "5", *more)[0]
     W, S, lr = 3, 7, 1e-3  # LRA: pct of the phase at step t = 0 .. S - 1
     pct = [t / (W - 1) if t < W else (t - W + 1) / (S - W) for t in range(S)]
-    want = [[lr / 25 + p * (lr - lr / 25), 0.95 - 0.1 * p] if t < W else
-            [lr + p * (lr / 25e4 - lr), 0.85 + 0.1 * p] for t, p in enumerate(pct)]  # fmt: skip
-    assert seen == pytest.approx([x for row in (want if lra else [[lr, 0.9]] * 9)  # + β₂, eps, no
-                                  for x in [*row, 0.999, 1e-6 if lra else 1e-8, 0]])  # decay
+    want = [
+        [lr / 25 + p * (lr - lr / 25), 0.95 - 0.1 * p]
+        if t < W
+        else [lr + p * (lr / 25e4 - lr), 0.85 + 0.1 * p]
+        for t, p in enumerate(pct)
+    ]
+    assert seen == pytest.approx(
+        [
+            x
+            for row in (want if lra else [[lr, 0.9]] * 9)  # + β₂, eps, no
+            for x in [*row, 0.999, 1e-6 if lra else 1e-8, 0]
+        ]
+    )  # decay
     log, evals = _log(tmp_path / "run"), [2, 4, 6, 7] if lra else [3, 6, 9]  # after these steps
     assert [(r["lr"], r["time_s"]) for r in log if lra] == [  # time_s: steps, evaluations so far
-        (seen[5 * k - 5], k + 10 * i) for i, k in enumerate(evals, 1) if lra]  # fmt: skip
+        (seen[5 * k - 5], k + 10 * i) for i, k in enumerate(evals, 1) if lra
+    ]
     assert result["wall_s"] == evals[-1] + 10 * len(evals) + 10 * lra  # LRA: + the test split
     for flags in [["--task", task] for task in train_lra.TASKS] + [["--preset", "quick"]]:
         preset = train_lra.QUICK if "quick" in flags else train_lra.TASKS[flags[1]]
@@ -2859,8 +2910,10 @@ def test_train_lra_and_train_uea_batches_follow_the_documented_order(tmp_path, s
         ):
             _train_both(tmp_path, script, tmp_path / f"r{rank}", *more, "--batch-size", str(batch))
         assert torch.initial_seed() == seed + (rank or 0)  # dropout's: a seed of each process
-    orders = [np.random.default_rng([seed, e]).permutation(n).tolist() for e in
-              ((0, 1, 2) if lra else (1, 2))]  # fmt: skip
+    orders = [
+        np.random.default_rng([seed, e]).permutation(n).tolist()
+        for e in ((0, 1, 2) if lra else (1, 2))
+    ]
     per_epoch = range(0, n - size + 1 if lra else n, size)
     assert seen[None] == [o[k : k + size] for o in orders for k in per_epoch][: 12 if lra else 6]
     assert orders[0] != orders[1]
@@ -2953,7 +3006,10 @@ def test_train_uea_evaluates_the_first_every_eval_every_and_the_last_epoch(tmp_p
     assert [r["epoch"] for r in records if "test_acc" in r] == [1, 2, 4, 6]
     assert [r["best_test_acc"] for r in records if "test_acc" in r] == [0.5, 0.9, 0.9, 0.9]
     assert (result["best_test_acc"], result["best_test_epoch"], result["final_test_acc"]) == (
-        0.9, 2, 0.6)  # fmt: skip
+        0.9,
+        2,
+        0.6,
+    )
 
 
 def test_train_uea_a_constant_training_channel_is_said_and_does_not_blow_test_up(tmp_path):
@@ -2975,8 +3031,12 @@ def test_train_uea_a_constant_training_channel_is_said_and_does_not_blow_test_up
 
 def test_train_lra_and_test_train_uea_from_the_command_line(tmp_path):
     """The command line: settings first, RESULT last; missing data one line; --download."""
-    run = _cli("train_lra.py", *_lra_args(tmp_path, tmp_path / "run", "--steps", "2"),
-               "--attention", "softmax")  # fmt: skip
+    run = _cli(
+        "train_lra.py",
+        *_lra_args(tmp_path, tmp_path / "run", "--steps", "2"),
+        "--attention",
+        "softmax",
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     lines = run.stdout.strip().splitlines()
     assert json.loads(lines[0])["attention"] == "softmax" and lines[-1].startswith("RESULT ")
@@ -2992,8 +3052,9 @@ def test_train_lra_and_test_train_uea_from_the_command_line(tmp_path):
         for p in source.iterdir():
             z.write(p, f"Toy/{p.name.upper()}")
     argv = [*TINY, "--dataset", "Toy", "--epochs", "1", "--data-dir", str(tmp_path / "data")]
-    result, _ = _uea_run([*argv, "--download", "--download-url", server.as_uri(), "--out",
-                          str(tmp_path / "r")])  # fmt: skip
+    result, _ = _uea_run(
+        [*argv, "--download", "--download-url", server.as_uri(), "--out", str(tmp_path / "r")]
+    )
     for p in source.iterdir():
         assert (tmp_path / "data" / "Toy" / p.name).read_bytes() == p.read_bytes()
     assert result["final_test_acc"] is not None
@@ -3001,9 +3062,14 @@ def test_train_lra_and_test_train_uea_from_the_command_line(tmp_path):
 
 def _torchrun(script: str, *argv, ok=True) -> subprocess.CompletedProcess:
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    run = subprocess.run([sys.executable, *torchrun, str(HERE / script), *argv], cwd=HERE,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, *torchrun, str(HERE / script), *argv],
+        cwd=HERE,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert (run.returncode == 0) is ok, run.stderr[-3000:]
     return run
 
@@ -3023,8 +3089,10 @@ def test_train_lra_and_train_uea_torchrun_two_cpu_processes_match_one(tmp_path, 
         argv.append("--resume")
     run = _torchrun(script, *argv)
     assert run.stdout.count("RESULT ") == 1 and "cpu x 2" in run.stdout, run.stderr[-3000:]
-    one, two = (torch.load(tmp_path / r / "checkpoint.pt", weights_only=False)["model"]
-                for r in ("one", "two"))  # fmt: skip
+    one, two = (
+        torch.load(tmp_path / r / "checkpoint.pt", weights_only=False)["model"]
+        for r in ("one", "two")
+    )
     # Adam turns a gradient of ~0 into a step of ±lr whose sign depends on rounding (the
     # all-reduce sums in another order), so a few weights may differ by ~lr; a broken DDP
     # (unsynchronised or unscaled gradients) changes nearly all of them.
@@ -3143,18 +3211,27 @@ def test_runs_ctrl_c_says_how_to_go_on(tmp_path, script):
     assert f"interrupted; continue from its {unit} {done} with --resume" in err.getvalue()
 
 
-@pytest.mark.parametrize("script, cut", [("train_lra.py", "pipe"), ("diagnose.py", "pipe"),
-                                         ("train_lra.py", "ctrl-c")])  # (train_uea.py: runs.run)
+@pytest.mark.parametrize(
+    "script, cut", [("train_lra.py", "pipe"), ("diagnose.py", "pipe"), ("train_lra.py", "ctrl-c")]
+)  # (train_uea.py: runs.run)
 def test_runs_a_closed_stdout_or_ctrl_c_in_listops_workers_is_one_sentence(tmp_path, script, cut):
     """`| head` gone: a run stops as after Ctrl-C, said; diagnose.py writes its files. Ctrl-C while
     the paper preset's ListOps shards generate: the run's sentence alone; first a CPU note."""
-    argv = _argv(tmp_path, script, tmp_path / "run") if cut == "pipe" else [
-        "--device", "cpu", "--data-dir", tmp_path, "--out", tmp_path / "run"]  # fmt: skip
+    argv = (
+        _argv(tmp_path, script, tmp_path / "run")
+        if cut == "pipe"
+        else ["--device", "cpu", "--data-dir", tmp_path, "--out", tmp_path / "run"]
+    )
     if script == "diagnose.py":  # a run to diagnose
         argv = [_train_both(tmp_path, "train_uea.py", tmp_path / "run")[1] and tmp_path / "run"]
-    with subprocess.Popen([sys.executable, HERE / script, *argv], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, start_new_session=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}) as run:  # fmt: skip
+    with subprocess.Popen(
+        [sys.executable, HERE / script, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    ) as run:
         if cut == "pipe":  # long before its first line (the imports take seconds)
             run.stdout.close()
         else:  # after its settings, 1.5 s into the data: the shards' workers run
@@ -3176,9 +3253,16 @@ def test_runs_one_run_per_folder_checked_under_the_lock(tmp_path, script):
     out = tmp_path / "run"
     out.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
-         "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
-         str(out / "lock")], stdout=subprocess.PIPE, text=True)  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
+            "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
+            str(out / "lock"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "held"
     assert "in use by another run" in _stops(tmp_path, script, out) and os.listdir(out) == ["lock"]
     holder.kill()
