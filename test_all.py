@@ -2687,10 +2687,7 @@ def _lra_stubbed(tmp: pathlib.Path, scores: list, *flags) -> tuple:
     cfg = train_lra.parse_config(argv)
     listops = dict(train_lra.LISTOPS["quick"], train=48, val=12, test=12)
     data, notes = lra_data.load_task("listops", str(tmp / "data"), cfg.max_len, listops=listops)
-    with (
-        mock.patch.object(train_lra, "load_task", lambda **kwargs: (data, notes)),
-        mock.patch.object(train_lra, "evaluate", stub),
-    ):
+    with mock.patch.multiple(train_lra, load_task=lambda **kwargs: (data, notes), evaluate=stub):
         result = _lra_run(argv)
     return result, calls
 
@@ -2709,43 +2706,18 @@ def test_train_lra_text_reuses_the_validation_score_and_logs_each_evaluation(tmp
     score, not evaluated again; a --max-len given far above the inputs is noted; when stderr is
     no terminal (no bar), a line per evaluation."""
     _lra_imdb(tmp_path, {"neg": ["bad", "awful film", "no"], "pos": ["good", "fine film", "ok"]})
-    argv = [
-        "--task",
-        "text",
-        "--attention",
-        "softmax",
-        "--data-dir",
-        str(tmp_path),
-        "--out",
-        str(tmp_path / "run"),
-        "--steps",
-        "4",
-        "--eval-every",
-        "2",
-        "--batch-size",
-        "2",
-        "--max-len",
-        "32",
-        "--d-model",
-        "16",
-        "--d-ff",
-        "32",
-    ]
+    argv = ["--task", "text", "--data-dir", str(tmp_path), "--out", str(tmp_path / "run")]
+    argv += "--attention softmax --steps 4 --eval-every 2 --batch-size 2 --max-len 32".split()
+    argv += "--d-model 16 --d-ff 32".split()
     printed, evaluate = io.StringIO(), mock.Mock(wraps=train_lra.evaluate)
-    with (
-        mock.patch.object(train_lra, "evaluate", evaluate),
-        _one_thread(),
-        contextlib.redirect_stdout(printed),
-        contextlib.redirect_stderr(io.StringIO()),
-    ):
+    stdout, stderr = contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO())
+    with mock.patch.object(train_lra, "evaluate", evaluate), _one_thread(), stdout, stderr:
         result = train_lra.main(train_lra.parse_config(argv))
     assert evaluate.call_count == 2 and result["test_acc"] == result["val_acc"]
     lines = printed.getvalue().splitlines()
     assert lines[2].startswith("max_len 32 is more than twice the longest input (10 tokens)")
-    assert [line.split()[:2] for line in lines if line.startswith("step ")] == [
-        ["step", "2"],
-        ["step", "4"],
-    ]
+    steps = [line.split()[:2] for line in lines if line.startswith("step ")]
+    assert steps == [["step", "2"], ["step", "4"]]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=_id)
@@ -2756,27 +2728,15 @@ def test_train_lra_and_train_uea_evaluate_is_one_pass_over_a_split_in_eval_mode(
     rng, lengths, cpu = np.random.default_rng(0), np.array([7, 3, 5, 1, 6]), torch.device("cpu")
     if script == "train_lra.py":
         model = train_lra.build(train_lra.parse_config(["--preset", "quick"]), cpu)[0]
-        split = lra_data.Split(
-            rng.integers(1, 16, (5, 7)).astype(np.int16), lengths, np.zeros(5, np.int64)
-        )
+        tokens = rng.integers(1, 16, (5, 7)).astype(np.int16)
+        split = lra_data.Split(tokens, lengths, np.zeros(5, np.int64))
         labels, inputs = split.y, train_lra.to_batch(split, np.arange(5), "cpu")
         inputs, n_classes = (inputs["x"], inputs["mask"]), 10
         evaluate = functools.partial(train_lra.evaluate, model, split)
     else:
         x, mask = rng.normal(size=(5, 7, 3)).astype(np.float32), np.arange(7) < lengths[:, None]
-        data = uea_data.UEAData(
-            x,
-            mask,
-            np.zeros(5, np.int64),
-            x,
-            mask,
-            np.zeros(5, np.int64),
-            ["a", "b"],
-            np.zeros(3),
-            np.ones(3),
-            0,
-            0,
-        )
+        y = np.zeros(5, np.int64)
+        data = uea_data.UEAData(x, mask, y, x, mask, y, ["a", "b"], np.zeros(3), np.ones(3), 0, 0)
         model = train_uea.build(train_uea.parse_config(TINY), data, cpu)[0]
         labels, n_classes = data.y_test, 2
         inputs = train_uea.to_batch(data, "test", np.arange(5), "cpu")[:2]
@@ -2808,11 +2768,10 @@ def test_train_lra_and_train_uea_logged_numbers_are_recomputed(tmp_path, script,
     data = lra_data.load_task(**ckpt["data"])[0] if lra else uea_data.load_uea(**ckpt["data"])
     for split in ("train", "val") if lra else ("train", "test"):
         idx = np.arange(8 if lra and split == "train" else 12)
-        x, mask, y = (
-            [train_lra.to_batch(data[split], idx, "cpu")[k] for k in ("x", "mask", "y")]
-            if lra
-            else train_uea.to_batch(data, split, idx, "cpu")
-        )
+        if lra:
+            x, mask, y = map(train_lra.to_batch(data[split], idx, "cpu").get, ("x", "mask", "y"))
+        else:
+            x, mask, y = train_uea.to_batch(data, split, idx, "cpu")
         logits, aux = model(x, mask)
         want[f"{split}_loss"] = (F.cross_entropy(logits, y) + aux * (split == "train")).item()
         want[f"{split}_acc"] = (logits.argmax(-1) == y).sum().item() / len(idx)
@@ -2838,26 +2797,15 @@ def test_train_lra_and_train_uea_schedule_steps_and_clock_are_the_formulas(tmp_p
         return evaluate(*args)
 
     more = ["--steps", "7", "--warmup", "3", "--listops-size", "22"] if lra else ["--epochs", "3"]
-    with (
-        mock.patch.multiple(module, train_step=step, evaluate=evaluating),
-        mock.patch.object(module.time, "time", lambda: clock[0]),
-    ):
+    clocked = mock.patch.object(module.time, "time", lambda: clock[0])
+    with mock.patch.multiple(module, train_step=step, evaluate=evaluating), clocked:
         result = _train_both(tmp_path, script, tmp_path / "run", "--batch-size", "5", *more)[0]
     W, S, lr = 3, 7, 1e-3  # LRA: pct of the phase at step t = 0 .. S - 1
     pct = [t / (W - 1) if t < W else (t - W + 1) / (S - W) for t in range(S)]
-    want = [
-        [lr / 25 + p * (lr - lr / 25), 0.95 - 0.1 * p]
-        if t < W
-        else [lr + p * (lr / 25e4 - lr), 0.85 + 0.1 * p]
-        for t, p in enumerate(pct)
-    ]
-    assert seen == pytest.approx(
-        [
-            x
-            for row in (want if lra else [[lr, 0.9]] * 9)  # + β₂, eps, no
-            for x in [*row, 0.999, 1e-6 if lra else 1e-8, 0]
-        ]
-    )  # decay
+    want = [[lr / 25 + p * (lr - lr / 25), 0.95 - 0.1 * p] for p in pct[:W]]
+    want += [[lr + p * (lr / 25e4 - lr), 0.85 + 0.1 * p] for p in pct[W:]]
+    rows, eps = (want, 1e-6) if lra else ([[lr, 0.9]] * 9, 1e-8)  # lr, β₁ (+ β₂, eps, no decay)
+    assert seen == pytest.approx([x for row in rows for x in [*row, 0.999, eps, 0]])
     log, evals = _log(tmp_path / "run"), [2, 4, 6, 7] if lra else [3, 6, 9]  # after these steps
     assert [(r["lr"], r["time_s"]) for r in log if lra] == [  # time_s: steps, evaluations so far
         (seen[5 * k - 5], k + 10 * i) for i, k in enumerate(evals, 1) if lra
@@ -2877,13 +2825,10 @@ def _as_rank(module, rank: int) -> contextlib.ExitStack:
     names = ("init_process_group", "barrier", "all_reduce", "destroy_process_group")
     fake = types.SimpleNamespace(**calls, **{k: lambda *a, **kw: None for k in names})
     stack = contextlib.ExitStack()
-    for patch in (
-        mock.patch.dict(os.environ, {"RANK": str(rank), "WORLD_SIZE": "2"}),
-        mock.patch.multiple(runs, dist=fake, RANK=rank, WORLD=2),
-        mock.patch.object(module, "dist", fake),
-        mock.patch.object(torch.nn.parallel, "DistributedDataParallel", lambda m: m),
-    ):
-        stack.enter_context(patch)
+    stack.enter_context(mock.patch.dict(os.environ, {"RANK": str(rank), "WORLD_SIZE": "2"}))
+    stack.enter_context(mock.patch.multiple(runs, dist=fake, RANK=rank, WORLD=2))
+    stack.enter_context(mock.patch.object(module, "dist", fake))
+    stack.enter_context(mock.patch("torch.nn.parallel.DistributedDataParallel", lambda m: m))
     return stack
 
 
@@ -2904,16 +2849,12 @@ def test_train_lra_and_train_uea_batches_follow_the_documented_order(tmp_path, s
                 taken.append(np.asarray(idx).tolist())
             return real(*args)
 
-        with (
-            _as_rank(module, rank) if rank is not None else contextlib.nullcontext(),
-            mock.patch.object(module, "to_batch", recording),
-        ):
+        ranked = _as_rank(module, rank) if rank is not None else contextlib.nullcontext()
+        with ranked, mock.patch.object(module, "to_batch", recording):
             _train_both(tmp_path, script, tmp_path / f"r{rank}", *more, "--batch-size", str(batch))
         assert torch.initial_seed() == seed + (rank or 0)  # dropout's: a seed of each process
-    orders = [
-        np.random.default_rng([seed, e]).permutation(n).tolist()
-        for e in ((0, 1, 2) if lra else (1, 2))
-    ]
+    epochs = (0, 1, 2) if lra else (1, 2)
+    orders = [np.random.default_rng([seed, e]).permutation(n).tolist() for e in epochs]
     per_epoch = range(0, n - size + 1 if lra else n, size)
     assert seen[None] == [o[k : k + size] for o in orders for k in per_epoch][: 12 if lra else 6]
     assert orders[0] != orders[1]
@@ -2947,9 +2888,8 @@ class _RecordingScaler:
 def test_train_lra_train_step_order_zero_grad_scale_step_update():
     """One step: gradients zeroed first, then scale, step, update (the official LRA code does
     not clip), then the schedule moves on."""
-    model, opt, sched, _ = train_lra.build(
-        train_lra.parse_config(["--preset", "quick", "--d-model", "16"]), torch.device("cpu")
-    )
+    cfg = train_lra.parse_config(["--preset", "quick", "--d-model", "16"])
+    model, opt, sched, _ = train_lra.build(cfg, torch.device("cpu"))
     calls, zero_grad = [], opt.zero_grad
     opt.zero_grad = lambda **kw: (calls.append("zero_grad"), zero_grad(**kw))[1]
     sched.step = lambda: calls.append("schedule")
@@ -3005,11 +2945,8 @@ def test_train_uea_evaluates_the_first_every_eval_every_and_the_last_epoch(tmp_p
     assert [r["epoch"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert [r["epoch"] for r in records if "test_acc" in r] == [1, 2, 4, 6]
     assert [r["best_test_acc"] for r in records if "test_acc" in r] == [0.5, 0.9, 0.9, 0.9]
-    assert (result["best_test_acc"], result["best_test_epoch"], result["final_test_acc"]) == (
-        0.9,
-        2,
-        0.6,
-    )
+    best = (result["best_test_acc"], result["best_test_epoch"], result["final_test_acc"])
+    assert best == (0.9, 2, 0.6)
 
 
 def test_train_uea_a_constant_training_channel_is_said_and_does_not_blow_test_up(tmp_path):
@@ -3031,12 +2968,8 @@ def test_train_uea_a_constant_training_channel_is_said_and_does_not_blow_test_up
 
 def test_train_lra_and_test_train_uea_from_the_command_line(tmp_path):
     """The command line: settings first, RESULT last; missing data one line; --download."""
-    run = _cli(
-        "train_lra.py",
-        *_lra_args(tmp_path, tmp_path / "run", "--steps", "2"),
-        "--attention",
-        "softmax",
-    )
+    argv = _lra_args(tmp_path, tmp_path / "run", "--steps", "2", "--attention", "softmax")
+    run = _cli("train_lra.py", *argv)
     assert run.returncode == 0, run.stderr[-2000:]
     lines = run.stdout.strip().splitlines()
     assert json.loads(lines[0])["attention"] == "softmax" and lines[-1].startswith("RESULT ")
@@ -3062,14 +2995,9 @@ def test_train_lra_and_test_train_uea_from_the_command_line(tmp_path):
 
 def _torchrun(script: str, *argv, ok=True) -> subprocess.CompletedProcess:
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    run = subprocess.run(
-        [sys.executable, *torchrun, str(HERE / script), *argv],
-        cwd=HERE,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    command = [sys.executable, *torchrun, str(HERE / script), *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(command, cwd=HERE, env=env, capture_output=True, text=True, timeout=120)
     assert (run.returncode == 0) is ok, run.stderr[-3000:]
     return run
 
@@ -3089,10 +3017,8 @@ def test_train_lra_and_train_uea_torchrun_two_cpu_processes_match_one(tmp_path, 
         argv.append("--resume")
     run = _torchrun(script, *argv)
     assert run.stdout.count("RESULT ") == 1 and "cpu x 2" in run.stdout, run.stderr[-3000:]
-    one, two = (
-        torch.load(tmp_path / r / "checkpoint.pt", weights_only=False)["model"]
-        for r in ("one", "two")
-    )
+    paths = [tmp_path / r / "checkpoint.pt" for r in ("one", "two")]
+    one, two = (torch.load(path, weights_only=False)["model"] for path in paths)
     # Adam turns a gradient of ~0 into a step of ±lr whose sign depends on rounding (the
     # all-reduce sums in another order), so a few weights may differ by ~lr; a broken DDP
     # (unsynchronised or unscaled gradients) changes nearly all of them.
@@ -3191,10 +3117,8 @@ def test_runs_ctrl_c_says_how_to_go_on(tmp_path, script):
     again (what it left is no run: --resume says so too); after it, --resume from it."""
     module, unit = SCRIPTS[script]
     err = io.StringIO()
-    with (
-        mock.patch.object(module, "train_step", mock.Mock(side_effect=KeyboardInterrupt)),
-        pytest.raises(SystemExit) as stop,
-    ):
+    interrupt = mock.patch.object(module, "train_step", mock.Mock(side_effect=KeyboardInterrupt))
+    with interrupt, pytest.raises(SystemExit) as stop:
         _train_both(tmp_path, script, tmp_path / "run", printed=err)
     assert stop.value.code == 130 and os.listdir(tmp_path / "run") != ["lock"]
     assert "before the first checkpoint: the same command starts the run again" in err.getvalue()
@@ -3217,21 +3141,13 @@ def test_runs_ctrl_c_says_how_to_go_on(tmp_path, script):
 def test_runs_a_closed_stdout_or_ctrl_c_in_listops_workers_is_one_sentence(tmp_path, script, cut):
     """`| head` gone: a run stops as after Ctrl-C, said; diagnose.py writes its files. Ctrl-C while
     the paper preset's ListOps shards generate: the run's sentence alone; first a CPU note."""
-    argv = (
-        _argv(tmp_path, script, tmp_path / "run")
-        if cut == "pipe"
-        else ["--device", "cpu", "--data-dir", tmp_path, "--out", tmp_path / "run"]
-    )
+    paper_preset = ["--device", "cpu", "--data-dir", tmp_path, "--out", tmp_path / "run"]
+    argv = _argv(tmp_path, script, tmp_path / "run") if cut == "pipe" else paper_preset
     if script == "diagnose.py":  # a run to diagnose
         argv = [_train_both(tmp_path, "train_uea.py", tmp_path / "run")[1] and tmp_path / "run"]
-    with subprocess.Popen(
-        [sys.executable, HERE / script, *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    ) as run:
+    kw = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with subprocess.Popen([sys.executable, HERE / script, *argv], env=env, **kw) as run:
         if cut == "pipe":  # long before its first line (the imports take seconds)
             run.stdout.close()
         else:  # after its settings, 1.5 s into the data: the shards' workers run
@@ -3252,17 +3168,10 @@ def test_runs_one_run_per_folder_checked_under_the_lock(tmp_path, script):
     checked under the lock; a fresh run never overwrites a run; --overwrite starts it again."""
     out = tmp_path / "run"
     out.mkdir()
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
-            "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
-            str(out / "lock"),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
+    hold = "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+    hold += "print('held', flush=True); time.sleep(60)"
+    command = [sys.executable, "-c", hold, str(out / "lock")]
+    holder = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     assert "in use by another run" in _stops(tmp_path, script, out) and os.listdir(out) == ["lock"]
     holder.kill()
