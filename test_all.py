@@ -3510,7 +3510,8 @@ def test_diagnose_implied_matrix_equals_an_independent_dense_reference(kind):
         "agf": lambda: AGFAttention(16, 2, order=3, basis="legendre"),
         "gfsa": lambda: GFSAttention(16, 2, order=4, w0=0.3),
         "primal": lambda: PrimalAttention(16, 2, rank=3, rank_multi=2, max_len=10),
-    }[kind]().double().eval()
+    }[kind]().double()
+    layer.eval()
     with torch.no_grad():  # non-trivial filters (at init AGF has g ≡ 1, GFSA is plain Ā)
         if kind == "agf":
             layer.poly_filter.theta.normal_()
@@ -3531,8 +3532,8 @@ def _diag_mixed_run():
     """An untrained 4-layer UEA-style model with one layer of each kind, and its diagnosis."""
     torch.manual_seed(0)
     kinds, primal = ["softmax", "agf", "gfsa", "primal"], {"primal": {"rank": 3, "rank_multi": 2}}
-    cfg = ModelConfig(n_classes=3, max_len=10, n_features=16, style="uea", d_model=16, n_heads=2,
-                      n_layers=4, attention=kinds, attention_kwargs=primal)  # fmt: skip
+    shape = dict(n_classes=3, max_len=10, n_features=16, style="uea", d_model=16, n_heads=2)
+    cfg = ModelConfig(**shape, n_layers=4, attention=kinds, attention_kwargs=primal)
     model = Classifier(cfg).double().eval()
     with torch.no_grad():
         model.blocks[1].attn.poly_filter.theta.normal_()
@@ -3695,8 +3696,8 @@ def test_diagnose_uea_runs_a_sweep_table_and_its_glob_again(uea_runs, tmp_path, 
     assert not list(tmp_path.iterdir())  # nothing written here
     table = printed[printed.index("cosine similarity per layer") :].splitlines()[1:4]
     assert len({len(line) for line in table}) == 1  # fixed width: every line ends on a number
-    assert table[0].split() == ["run", "weights", "attention", "layers", "cos_per_layer",
-                                "cos_last", "final_test_acc"]  # fmt: skip
+    columns = "run weights attention layers cos_per_layer cos_last final_test_acc"
+    assert table[0].split() == columns.split()
     rows = list(csv.DictReader(open(sweep / "comparison.csv")))
     curves = list(csv.DictReader(open(sweep / "cosine_per_layer.csv")))  # the plot's data
     y = load_uea(str(UEA_DIR), "JapaneseVowels").y_test
@@ -3750,8 +3751,9 @@ def test_diagnose_uea_runs_a_sweep_table_and_its_glob_again(uea_runs, tmp_path, 
         first = (run / "diagnose" / "train" / "summary.txt").read_text().splitlines()[0]
         assert first.startswith(f"JapaneseVowels train, attention {run.name}, 2 layers: 16 ")
     check = "import sys, diagnose; print(sorted({'train_lra', 'train_uea'} & set(sys.modules)))"
-    imported = subprocess.run([sys.executable, "-c", check], cwd=HERE, capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
+    imported = subprocess.run(
+        [sys.executable, "-c", check], cwd=HERE, capture_output=True, text=True, timeout=120
+    )
     assert imported.returncode == 0 and imported.stdout.strip() == "[]", imported.stderr
 
 
@@ -3779,8 +3781,8 @@ def test_diagnose_bad_input_gets_one_clear_line(uea_runs, tmp_path):
     assert "JapaneseVowels is not in" in message and "point --data-dir at its data" in message
     denied = PermissionError(13, "Permission denied")  # a run folder one may only read
     with mock.patch.object(pathlib.Path, "mkdir", side_effect=denied):
-        assert "(Permission denied): choose a folder to write to with --out" in _diag_error(
-            [uea_runs[0]])  # fmt: skip
+        message = _diag_error([uea_runs[0]])
+    assert "(Permission denied): choose a folder to write to with --out" in message
     ckpt = torch.load(uea_runs[0] / "checkpoint.pt", weights_only=False)
     ckpt["model_config"]["n_layers"] = 3
     (tmp_path / "other").mkdir()
@@ -3872,8 +3874,8 @@ def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path,
         lines = bench.main(argv)
         first = pathlib.Path("runs/bench/bench_cpu.csv").read_bytes()
         again = gpu_bench.main(["--kinds", "agf", "--ns", "32", "--repeats", "1", "--warmup", "0"])
-    assert [c.args[0].as_posix() for c in fig.savefig.call_args_list] == [
-        "runs/bench/bench_cpu.png", "runs/bench/bench_cpu_2.png"] and os.listdir() == ["runs"]
+    png = [c.args[0].as_posix() for c in fig.savefig.call_args_list]
+    assert png == [f"runs/bench/bench_cpu{s}.png" for s in ("", "_2")] and os.listdir() == ["runs"]
     assert first == pathlib.Path("runs/bench/bench_cpu.csv").read_bytes()  # kept
     assert again == ["no log-log slopes: every N measured is below --fit-min 1024"]
     assert f"\n{again[0]}\n" in out.getvalue() and bench.slopes([dict(what="step")], 1) == []
@@ -3898,8 +3900,8 @@ def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path,
         want = [math.log(float(b[k]) / float(a[k])) / math.log(2) for k in ("fwdbwd_ms", "mem_mib")]
         assert [float(line.split()[i]) for i in (4, 6)] == pytest.approx(want, abs=0.0066), line
     assert bench.slope([1, 2, 4], [3, 12, 48]) == pytest.approx(2.0)  # quadratic
-    rows = [dict(what="layer", kind="agf", dtype="float32", mode="graphs", N=n, fwdbwd_ms=n / 4)
-            for n in (8, 16)]  # fmt: skip
+    row = dict(what="layer", kind="agf", dtype="float32", mode="graphs")
+    rows = [dict(row, N=n, fwdbwd_ms=n / 4) for n in (8, 16)]
     assert re.search(r"agf float32 graphs\s+time  1.00   memory     -", bench.slopes(rows, 8)[1])
 
 
@@ -3956,8 +3958,8 @@ def test_bench_out_of_memory_skips_that_n_and_larger_but_not_smaller_ones(tmp_pa
     big = _BenchLayer(fail_from=64, error=torch.cuda.OutOfMemoryError("CUDA out of memory"))
     argv = ["--ns", "64", "128", "32", "--fit-min", "32", "--repeats", "1"]
     rows = _bench_run(monkeypatch, tmp_path, {"big": big}, argv)
-    assert [(r["N"], r.get("note", "")) for r in rows] == [(64, "out of memory: larger N skipped"),
-                                                           (32, "")]  # fmt: skip
+    oom = "out of memory: larger N skipped"
+    assert [(r["N"], r.get("note", "")) for r in rows] == [(64, oom), (32, "")]
 
 
 def test_bench_graphs_mode_and_a_graph_break_are_said_in_the_note(tmp_path, monkeypatch):
@@ -4044,7 +4046,8 @@ def test_bench_report_compares_modes_and_each_kind_at_its_fastest_with_softmax_i
     ]
     assert gpu_bench.against_softmax(rows)[1:] == [
         "  step  N=  4096 (softmax compiled bfloat16): primal 2.00x (graphs bfloat16)",
-        "  layer N=  4096 (softmax graphs bfloat16): agf 2.00x (compiled float32, 10x its floor)"]
+        "  layer N=  4096 (softmax graphs bfloat16): agf 2.00x (compiled float32, 10x its floor)",
+    ]
     assert gpu_bench.against_softmax([r for r in rows if r["kind"] != "softmax"]) == []
     line = gpu_bench.side_by_side(rows)[1]  # layer softmax bf16: eager 3, compiled 2.5, graphs 2
     assert "3.00 ms  compiled     2.50 ms  graphs     2.00 ms  (compiled is 1.50x as fast)" in line
@@ -4070,8 +4073,8 @@ def test_readme_picture_is_drawn_beside_its_script_or_needs_matplotlib(tmp_path,
     monkeypatch.chdir(tmp_path)
     plt = mock.MagicMock(**{"subplots.side_effect": lambda rows, cols, **_: (plt, [plt] * cols)})
     png, said = (HERE / "figures" / "attentions.png").resolve(), []
-    for stub in [{"matplotlib": None}, {"matplotlib": mock.MagicMock(pyplot=plt),
-                                        "matplotlib.pyplot": plt}] * 2:  # fmt: skip
+    pyplot = {"matplotlib": mock.MagicMock(pyplot=plt), "matplotlib.pyplot": plt}
+    for stub in [{"matplotlib": None}, pyplot] * 2:
         with mock.patch.dict(sys.modules, stub), contextlib.redirect_stdout(io.StringIO()) as out:
             try:  # python figures/attentions.py
                 runpy.run_path(str(HERE / "figures" / "attentions.py"), run_name="__main__")
@@ -4142,24 +4145,19 @@ def test_readme_and_results_commands_parse(monkeypatch, tmp_path):
                 with contextlib.suppress(Parsed):
                     diagnose.main(argv)
 
-    commands = []
-    for doc in ("README.md", "RESULTS.md", "NOTES.md"):
-        commands += [(doc, *c) for c in _documented_commands((HERE / doc).read_text())]
-    outs = {a[i + 1].split("/")[0] + "/" for *_, a, _ in commands for i in range(len(a) - 1)
-            if a[i] in ("--out", "--csv")}  # fmt: skip
+    docs = ("README.md", "RESULTS.md", "NOTES.md")
+    commands = [(d, *c) for d in docs for c in _documented_commands((HERE / d).read_text())]
+    pairs = [pair for *_, a, _ in commands for pair in itertools.pairwise(a)]
+    outs = {value.split("/")[0] + "/" for flag, value in pairs if flag in ("--out", "--csv")}
     assert outs <= set((HERE / ".gitignore").read_text().split()), outs  # runs/, diagnosis/
-    assert {c[1] for c in commands} == {"train_lra", "train_uea", "bench", "diagnose",
-                                        ".ci/gpu_bench"}, commands  # fmt: skip
+    scripts = {"train_lra", "train_uea", "bench", "diagnose", ".ci/gpu_bench"}
+    assert {c[1] for c in commands} == scripts, commands
     assert len(commands) >= 100, commands  # the sweeps of RESULTS.md, every value of each loop
     monkeypatch.chdir(tmp_path)
-    with (
-        mock.patch.object(torch.cuda, "is_available", return_value=True),
-        mock.patch.object(torch.cuda, "device_count", return_value=1),
-    ):
+    with mock.patch.multiple(torch.cuda, is_available=lambda: True, device_count=lambda: 1):
         for doc, name, argv, written in commands:
-            err = io.StringIO()
             try:
-                with contextlib.redirect_stderr(err):
+                with contextlib.redirect_stderr(io.StringIO()) as err:
                     parse(name, argv)
             except SystemExit as e:
                 if e.code == 0 and argv[-1:] == ["--help"]:  # `python bench.py --help`: parsed
@@ -4172,12 +4170,10 @@ def test_readme_and_results_commands_parse(monkeypatch, tmp_path):
 # CUDA: skipped without a GPU (`.ci/gpu` runs them where there is one)
 # ----------------------------------------------------------------------------------------------
 
-
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
-
-
-ATTENTIONS = {"softmax": SoftmaxAttention, "agf": AGFAttention, "primal": PrimalAttention,
-              "gfsa": GFSAttention}  # fmt: skip
+ATTENTIONS = dict(
+    softmax=SoftmaxAttention, agf=AGFAttention, primal=PrimalAttention, gfsa=GFSAttention
+)
 
 
 @cuda
@@ -4248,8 +4244,8 @@ def test_cuda_lra_resume_continues_the_same_run():
     non-deterministic summation order; other dropout masks would move them by ~1e-3."""
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
-        straight, resumed, logs = _straight_and_resumed(tmp, "train_lra.py", "--device", "cuda",
-                                                        "--no-amp")
+        args = tmp, "train_lra.py", "--device", "cuda", "--no-amp"
+        straight, resumed, logs = _straight_and_resumed(*args)
         a, b = (torch.load(tmp / r / "checkpoint.pt", weights_only=False) for r in "ab")
         assert a["cuda_rng"] is not None
         for k in a["model"]:
@@ -4263,16 +4259,15 @@ def test_cuda_training_scripts_and_torchrun_end_with_a_result_line():
     """train_uea.py and train_lra.py --preset quick --device cuda (a few steps), and torchrun with
     one process on NCCL, each end with RESULT {json} naming the GPU."""
     with tempfile.TemporaryDirectory() as tmp:
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        commands = [[sys.executable, "train_lra.py", *_lra_args(tmp + "/data", tmp + "/lra")]]
-        commands += [torchrun + ["--nproc_per_node", "1", "train_lra.py",
-                                 *_lra_args(tmp + "/data", tmp + "/ddp")]]  # fmt: skip
+        torchrun = "-m torch.distributed.run --standalone --nproc_per_node 1".split()
+        commands = [["train_lra.py", *_lra_args(tmp + "/data", tmp + "/lra")]]
+        commands += [[*torchrun, "train_lra.py", *_lra_args(tmp + "/data", tmp + "/ddp")]]
         if (UEA_DIR / "JapaneseVowels").exists():
-            commands += [[sys.executable, "train_uea.py", *TINY, "--epochs", "2", "--data-dir",
-                          str(UEA_DIR), "--out", tmp + "/uea"]]  # fmt: skip
+            uea = [*TINY, "--epochs", "2", "--data-dir", str(UEA_DIR), "--out", tmp + "/uea"]
+            commands += [["train_uea.py", *uea]]
         for argv in commands:
-            run = subprocess.run([*argv, "--device", "cuda"], cwd=HERE, capture_output=True,
-                                 text=True, timeout=300)  # fmt: skip
+            argv = [sys.executable, *argv, "--device", "cuda"]
+            run = subprocess.run(argv, cwd=HERE, capture_output=True, text=True, timeout=300)
             assert run.returncode == 0, run.stderr[-3000:]
             result = json.loads(run.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
             assert torch.cuda.get_device_name() in result["device"], result["device"]
@@ -4283,12 +4278,11 @@ def test_cuda_bench_measures_eager_compiled_and_cuda_graphs_side_by_side(tmp_pat
     """.ci/gpu_bench.py on the GPU: AGF and Primal layers and an AGF training step in the three
     modes, each measured (none fails to compile), graphs rows without a memory figure, eager
     rows with their operators. Last of the CUDA tests: its compiles take the longest."""
-    common = ["--device", "cuda", "--repeats", "2", "--warmup", "1", "--kinds", "agf"]
+    common = "--device cuda --repeats 2 --warmup 1 --kinds agf".split()
+    layer, step = "primal --ns 512 --fit-min 512", "--what step --step-ns 256 --step-batch 4"
     with contextlib.redirect_stdout(io.StringIO()) as out:
-        gpu_bench.main([*common, "primal", "--ns", "512", "--fit-min", "512", "--csv",
-                        str(tmp_path / "layer.csv")])  # fmt: skip
-        gpu_bench.main([*common, "--what", "step", "--step-ns", "256", "--step-batch", "4",
-                        "--csv", str(tmp_path / "step.csv")])  # fmt: skip
+        for what, flags in (("layer", layer), ("step", step)):
+            gpu_bench.main([*common, *flags.split(), "--csv", str(tmp_path / f"{what}.csv")])
     rows = [r for f in ("layer", "step") for r in csv.DictReader(open(tmp_path / f"{f}.csv"))]
     modes = ("eager", "compiled", "graphs")
     want = {("layer", k, m) for k in ("agf", "primal") for m in modes}
