@@ -134,17 +134,8 @@ def _real_uea(name: str = "JapaneseVowels") -> pathlib.Path:
 
 def _tiny(style: str, attention="softmax", **over) -> ModelConfig:
     """A small config of either style; token inputs for "lra", 5 features for "uea"."""
-    base = dict(
-        n_classes=3,
-        max_len=24,
-        style=style,
-        attention=attention,
-        d_model=16,
-        n_heads=2,
-        d_ff=32,
-        n_layers=2,
-        head_hidden=16,
-    )
+    base = dict(n_classes=3, max_len=24, style=style, attention=attention, n_layers=2)
+    base.update(d_model=16, n_heads=2, d_ff=32, head_hidden=16)
     base.update(vocab_size=11) if style == "lra" else base.update(n_features=5)
     base.update(over)
     return ModelConfig(**base)
@@ -166,11 +157,7 @@ def _inputs(cfg: ModelConfig, B: int = 3, N: int = 20, dtype=torch.float64):
 def _largest_saved(forward, x: torch.Tensor) -> int:
     """Elements of the largest tensor autograd keeps for backward in forward(x) -> (y, aux)."""
     sizes = []
-
-    def pack(t):
-        sizes.append(t.numel())
-        return t
-
+    pack = lambda t: sizes.append(t.numel()) or t  # noqa: E731
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         y, aux = forward(x)
         (y.sum() + aux).backward()
@@ -190,29 +177,21 @@ def _one_thread():
 
 def _cli(script: str, *argv, cwd=None, timeout=120) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(HERE / script), *argv], cwd=cwd or HERE, env=env,
-                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+    kwargs = dict(cwd=cwd or HERE, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run([sys.executable, str(HERE / script), *argv], **kwargs)
 
 
 def _runs_alone(name: str, needs: list) -> None:
     """Copy a mechanism file (plus only what its header says it needs) into an empty folder and
     run it: its demo must pass. `needs`: what it may need besides torch; it must match the
     "Depends on:" line in the file's header."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # the demos are small; one thread is plenty
     header = (HERE / name).read_text().split('"""')[1]
     for dependency in needs:
         assert dependency in header, f"{name}: header does not mention {dependency}"
     with tempfile.TemporaryDirectory() as tmp:
         for f in (name, *needs):
             shutil.copy(HERE / f, tmp)
-        run = subprocess.run(
-            [sys.executable, name],
-            cwd=tmp,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
+        run = _cli(os.path.join(tmp, name), cwd=tmp, timeout=300)  # one thread: demos are small
         assert run.returncode == 0, f"{name} does not run alone:\n{run.stderr[-2000:]}"
         assert "False" not in run.stdout, f"{name}: a check in its demo failed:\n{run.stdout}"
 
@@ -231,8 +210,8 @@ def _polynomials_jacobi_closed_form(n: int, a: float, b: float, x: np.ndarray) -
     """P_n^(a,b)(x) = Σ_s C(n+a, n-s) C(n+b, s) ((x-1)/2)^s ((x+1)/2)^(n-s)   (DLMF 18.5.8),
     with the generalised binomial C(z, k) = z (z-1) ... (z-k+1) / k! for real z."""
     binom = lambda z, k: math.prod((z - i) / (i + 1) for i in range(k))  # noqa: E731
-    return sum(binom(n + a, n - s) * binom(n + b, s) * ((x - 1) / 2) ** s * ((x + 1) / 2) ** (n - s)
-               for s in range(n + 1))  # fmt: skip
+    u, v = (x - 1) / 2, (x + 1) / 2
+    return sum(binom(n + a, n - s) * binom(n + b, s) * u**s * v ** (n - s) for s in range(n + 1))
 
 
 @pytest.mark.parametrize("a, b", JACOBI_PAIRS)
@@ -372,6 +351,7 @@ def test_agf_reductions_over_n_split_and_bf16_equal_the_plain_form(form, monkeyp
         for plain, other in zip(got["plain"], got[form], strict=True):
             assert (other - plain).abs().max() <= tol * plain.abs().max() + 1e-13, N
         assert not lo or not torch.equal(got[form][1], got["plain"][1])  # bf16 ran
+
 
 def test_agf_orthogonality_penalty_zero_for_orthonormal_and_official_form():
     """One-hot disjoint columns give UᵀU = VᵀV = I and a zero penalty; else the official mean."""
@@ -587,8 +567,8 @@ def test_gfsa_fast_path_equals_dense_polynomial(kernel):
         assert torch.allclose(fast, dense, rtol=0, atol=1e-12), (K, mask is not None, causal)
         assert torch.allclose(graph_filter.sum(-1), (w0 + w1 + wK)[:, None], atol=1e-13)
         one_hot = torch.tensor([0.0, 0.0, 1.0], dtype=F64)[:, None].expand(3, 3)  # w0, w1, wK
-        assert torch.equal(torch.stack([a.flatten() for a in filter_coefficients(*one_hot, 2)]),
-                           one_hot)  # fmt: skip
+        coefficients = torch.stack([a.flatten() for a in filter_coefficients(*one_hot, 2)])
+        assert torch.equal(coefficients, one_hot)
         g = gfsa_dense_reference(attn, v, *one_hot, order=2)[1]
         assert torch.allclose(g, attn @ attn, atol=1e-15) and taylor_error(attn, 2)[0].max() < 1e-14
         assert torch.allclose(attn.sum(-1), torch.ones_like(attn[..., 0]), atol=1e-14)
@@ -665,8 +645,8 @@ def _dense_reference(layer: torch.nn.Module):
     if isinstance(layer, (AGFAttention, PrimalAttention)):
         agf = isinstance(layer, AGFAttention)
         return lambda x: agf_dense_reference(layer, x)[0] if agf else layer(x)[0]
-    ref = copy.deepcopy(layer) if isinstance(layer, GFSAttention) else GFSAttention(
-        16, 2, causal=layer.causal).double()  # fmt: skip
+    gfsa = isinstance(layer, GFSAttention)
+    ref = copy.deepcopy(layer) if gfsa else GFSAttention(16, 2, causal=layer.causal).double()
     ref.load_state_dict(layer.state_dict(), strict=False)  # softmax: W_qkv, W_o
     ref.evaluation = "official"
     return lambda x: ref.eval()(x)[0]
@@ -717,8 +697,7 @@ def test_model_padding_is_never_read_and_every_parameter_learns(name):
         assert logits.shape == (0, 3) and aux.item() == 0.0
 
 
-@pytest.mark.parametrize("name", ["agf", "primal", "primal-causal", "gfsa", "gfsa-linear"],
-                         ids=_id)
+@pytest.mark.parametrize("name", ["agf", "primal", "primal-causal", "gfsa", "gfsa-linear"], ids=_id)
 def test_model_attentions_save_no_n_by_n_tensor_for_backward(name):
     """Nothing of N·N elements is kept for backward at N = 512 (the dense AGF reference is)."""
     N, (kind, kwargs) = 512, VARIANTS[name]
@@ -762,13 +741,13 @@ def test_model_dense_references_refuse_an_n_by_n_matrix_too_large():
 # python -O), and what it says; every kind also refuses d_model = 16 with n_heads = 3.
 BAD_ARGUMENTS = {
     "agf": [({"basis": "hermite"}, "unknown basis 'hermite'"), ({"order": -1}, "order K=-1"),
-            ({"variant": "usv"}, "variant='usv'")],  # fmt: skip
+            ({"variant": "usv"}, "variant='usv'")],
     "primal": [({"ksvd_reduction": "mean"}, "ksvd_reduction='mean'")],
     "gfsa": [({"order": 1}, "order K=1"), ({"kernel": "elu"}, "kernel='elu'"),
              ({"causal": True, "kernel": "linear"}, "causal=True needs kernel='softmax'"),
              ({"evaluation": "slow"}, "evaluation='slow'"),
-             ({"high_order": "power"}, "high_order='power'")],  # fmt: skip
-}
+             ({"high_order": "power"}, "high_order='power'")],
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("kind", list(ATTENTION), ids=_id)
@@ -822,14 +801,20 @@ _STATE = {
              ({"learn_w1": True}, "wK:2:0 ~w0:2:0 w1:2:1 W_qkv.weight:48x16 W_qkv.bias:48" + _O)],
 }  # fmt: skip
 _CLASSIFIER = {  # the classifier's own entries (_tiny), and each block's besides its attention
-    "lra": "embed.weight:11x16:N pos:24x16:N head.0.weight:16x16 head.0.bias:16 head.2.weight:3x16 "
-           "head.2.bias:3", "uea": "embed.weight:16x5 embed.bias:16 pos:24x16:u head.weight:3x384 "
-           "head.bias:3", "block": "norm1.weight:16:1 norm1.bias:16:0 norm2.weight:16:1 "
-           "norm2.bias:16:0 mlp.0.weight:32x16 mlp.0.bias:32 mlp.3.weight:16x32 mlp.3.bias:16"}
-_INIT = {"0": lambda t: not t.any(), "1": lambda t: t.eq(1).all(), "U": lambda t: t.min() >= 0
-         and t.max() <= 1 and t.std() > 0.15, "u": lambda t: t.abs().max() <= 0.02 < 3 * t.std(),
-         "N": lambda t: 0.015 < t.std() < 0.025, "Q": lambda t: torch.allclose(  # orthonormal rows
-         t.flatten(1) @ t.flatten(1).T, torch.eye(len(t)), atol=1e-6)}  # as each docstring says
+    "lra": "embed.weight:11x16:N pos:24x16:N "
+    "head.0.weight:16x16 head.0.bias:16 head.2.weight:3x16 head.2.bias:3",
+    "uea": "embed.weight:16x5 embed.bias:16 pos:24x16:u head.weight:3x384 head.bias:3",
+    "block": "norm1.weight:16:1 norm1.bias:16:0 norm2.weight:16:1 norm2.bias:16:0 "
+    "mlp.0.weight:32x16 mlp.0.bias:32 mlp.3.weight:16x32 mlp.3.bias:16",
+}
+_INIT = {  # as each docstring says ("Q": orthonormal rows)
+    "0": lambda t: not t.any(),
+    "1": lambda t: t.eq(1).all(),
+    "U": lambda t: t.min() >= 0 and t.max() <= 1 and t.std() > 0.15,
+    "u": lambda t: t.abs().max() <= 0.02 < 3 * t.std(),
+    "N": lambda t: 0.015 < t.std() < 0.025,
+    "Q": lambda t: torch.allclose(t.flatten(1) @ t.flatten(1).T, torch.eye(len(t)), atol=1e-6),
+}
 
 
 @pytest.mark.parametrize("kind", list(ATTENTION), ids=_id)
@@ -844,8 +829,8 @@ def test_model_state_dict_holds_what_the_table_says(kind):
         assert state == {k: v for k, v in want.items() if "~" not in k}
         assert {k for k, p in module.named_parameters() if p.requires_grad} == set(state)
         values = {**dict(module.named_parameters()), **dict(module.named_buffers())}
-        assert {k: tuple(v.shape) for k, v in module.named_buffers()} == {
-            k.replace("~", ""): v for k, v in want.items() if "~" in k}  # fmt: skip
+        buffers = {k.replace("~", ""): v for k, v in want.items() if "~" in k}
+        assert {k: tuple(v.shape) for k, v in module.named_buffers()} == buffers
         assert [k for k, _, i in entries if i and not _INIT[i](values[k.replace("~", "")])] == []
 
     for kwargs, spec in _STATE[kind]:
@@ -853,26 +838,26 @@ def test_model_state_dict_holds_what_the_table_says(kind):
     attention = " ".join("attn." + entry for entry in _STATE[kind][0][1].split())
     for style in ("lra", "uea"):  # Primal: m = 200 as alone (attention_kwargs beat the config)
         cfg = _tiny(style, kind, attention_kwargs={"primal": {"max_len": 1024}})
-        blocks = [f"blocks.{i}.{entry}" for i in range(2)
-                  for entry in f"{_CLASSIFIER['block']} {attention}".split()]  # fmt: skip
-        check(Classifier(cfg), " ".join([_CLASSIFIER[style], *blocks, "norm.weight:16:1 "
-                                         "norm.bias:16:0"]))
+        block = f"{_CLASSIFIER['block']} {attention}".split()
+        blocks = " ".join(f"blocks.{i}.{entry}" for i in range(2) for entry in block)
+        check(Classifier(cfg), f"{_CLASSIFIER[style]} {blocks} norm.weight:16:1 norm.bias:16:0")
 
 
 # Another value where "the default, else bool: not, int: + 1, float: + 0.5" cannot say (max_len:
 # below m = 200). GFSA at K = 3, where high_order matters (Eq. 4 is exact at 2), on both paths;
 # a path: another way to the same numbers.
-_OTHER = dict(basis="legendre", variant="svd", ksvd_reduction="sample", kernel="linear",
-              evaluation="official", high_order="exact", max_len=7)
+_OTHER = dict(basis="legendre", variant="svd", ksvd_reduction="sample", kernel="linear")
+_OTHER |= dict(evaluation="official", high_order="exact", max_len=7)
 _BASES, _PATHS = {"gfsa": [{"order": 3}, {"order": 3, "evaluation": "official"}]}, ("evaluation",)
 _DEFAULTS = {  # each docstring's: the official code's or, said there, our choice
     "softmax": "dropout=0.0 causal=False",
     "agf": "order=5 basis='jacobi' alpha=2.0 beta=-1.0 ortho_weight=0.01 fix_theta0=True "
-           "variant='agf'",
+    "variant='agf'",
     "primal": "rank=20 rank_multi=10 max_len=1024 ksvd_weight=0.1 causal=False "
-              "ksvd_reduction='batch'",
+    "ksvd_reduction='batch'",
     "gfsa": "order=2 w0=0.0 learn_w0=False learn_w1=False dropout=0.0 causal=False "
-            "kernel='softmax' evaluation='fast' high_order='taylor'"}  # fmt: skip
+    "kernel='softmax' evaluation='fast' high_order='taylor'",
+}
 
 
 @pytest.mark.parametrize("kind", list(ATTENTION), ids=_id)
@@ -1057,8 +1042,11 @@ def _classifier_by_hand(model, x, mask, x2=None, mask2=None):
 
 @pytest.mark.parametrize(  # no "lra" / "uea" in the ids: filtering out train scripts keeps these
     "style, kinds, two_tower",
-    [("lra", ["agf", "softmax", "primal"], False), ("uea", ["gfsa", "primal", "agf"], False),
-     ("lra", ["softmax", "gfsa", "primal"], True)],  # fmt: skip
+    [
+        ("lra", ["agf", "softmax", "primal"], False),
+        ("uea", ["gfsa", "primal", "agf"], False),
+        ("lra", ["softmax", "gfsa", "primal"], True),
+    ],
     ids=["pre-LN-masked-mean", "post-LN-flatten", "two-tower-retrieval"],
 )
 @pytest.mark.parametrize("dropout", [False, True], ids=["eval", "dropout"])
@@ -1233,8 +1221,8 @@ def test_lra_data_listops_generator_labels_bounds_seeds_and_pinned_draws():
     assert {len(lra_data.tokenize_listops(t)) for t, _ in b} == {5, 6, 7}
     with pytest.raises(lra_data.DataError, match="no new tree"):  # depth 2: at most 12 tokens
         lra_data.generate_listops(5, 0, min_length=20, max_length=40, max_depth=2, progress=False)
-    digests = ["6b936ced0c6deb3274eebb4bdb9fca95995cc1085193a2874c2b7f85e1b1ef85",
-               "1cd6b73ad95d85761a7fef4ecc4e2edd550714c11a7d8ab2ad16e46d60c97afc"]  # fmt: skip
+    digests = ["6b936ced0c6deb3274eebb4bdb9fca95995cc1085193a2874c2b7f85e1b1ef85"]  # seed 0
+    digests += ["1cd6b73ad95d85761a7fef4ecc4e2edd550714c11a7d8ab2ad16e46d60c97afc"]  # seed 1
     for seed, digest in enumerate(digests):
         pairs = lra_data.generate_listops(200, seed, 10, 300, max_depth=6, progress=False)
         text = "\n".join(f"{e}\t{y}" for e, y in pairs)
@@ -1244,9 +1232,8 @@ def test_lra_data_listops_generator_labels_bounds_seeds_and_pinned_draws():
         assert {op for e, _ in pairs for op in ops if op in e} == ops
     # shards = 3: the seeded generators "5/0", "5/1", "5/2" one after the other, joined unique
     pairs = lra_data.generate_listops(60, 5, 5, 60, 4, 4, progress=False, shards=3)
-    joined = {}
-    for s in range(3):
-        joined.update(lra_data.generate_listops(21, f"5/{s}", 5, 60, 4, 4, progress=False))
+    shards = [lra_data.generate_listops(21, f"5/{s}", 5, 60, 4, 4, progress=False) for s in "012"]
+    joined = dict(itertools.chain(*shards))
     assert pairs == list(joined.items())[:60] and len({text for text, _ in pairs}) == 60
 
 
@@ -1266,8 +1253,7 @@ def test_lra_data_listops_tokeniser_and_trees():
 def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
     """Generated tsv = header Source/Target via csv, marker json, reused, mismatch is an error."""
     data, notes = lra_data.load_task("listops", tmp_path, 30, seed=5, listops=_LRA_TINY_LISTOPS)
-    folder = tmp_path / "listops-tiny"
-    train = folder / "basic_train.tsv"
+    folder, train = tmp_path / "listops-tiny", tmp_path / "listops-tiny" / "basic_train.tsv"
     assert train.read_bytes().startswith(b"Source\tTarget\r\n")
     with open(train, newline="") as f:
         rows = list(csv.reader(f, delimiter="\t"))
@@ -1285,12 +1271,11 @@ def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
     assert split.x.shape == (48, 30) and split.x.dtype == np.int16 and notes[1:] == []
     ids = [lra_data.tokenize_listops(e)[:30] for e, _ in pairs]
     cut = sum(len(lra_data.tokenize_listops(e)) > 30 for e, _ in pairs)  # said in the first note
-    assert notes[0].endswith(f"(seed 5), written to {folder}; {lra_data.DONE['listops']}; {cut} "
-                             "of 72 inputs cut at max_len 30: their ends dropped")  # fmt: skip
+    said = f"{lra_data.DONE['listops']}; {cut} of 72 inputs cut at max_len 30: their ends dropped"
+    assert notes[0].endswith(f"(seed 5), written to {folder}; {said}")
     assert all(row[: len(i)].tolist() == i for row, i in zip(split.x, ids, strict=False))
-    lengths = [len(i) for i in ids]
-    _lra_check_batch(split, lengths[:48])
-    _lra_check_batch(data["val"], lengths[48:60])
+    _lra_check_batch(split, [len(i) for i in ids[:48]])
+    _lra_check_batch(data["val"], [len(i) for i in ids[48:60]])
     stamp = train.stat().st_mtime_ns
     again, _ = lra_data.load_task("listops", tmp_path, 30, seed=5, listops=_LRA_TINY_LISTOPS)
     assert train.stat().st_mtime_ns == stamp and np.array_equal(again["val"].x, data["val"].x)
@@ -1322,16 +1307,15 @@ def _lra_imdb(root: pathlib.Path, texts: dict) -> pathlib.Path:
 def test_lra_data_imdb_and_aan_readers(tmp_path):
     """Bytes + 1. aclImdb/{train,test}/{neg,pos}/*.txt: the bytes, stripped, never decoded (tfds);
     val = test. AAN tsv: label id1 id2 text1 text2, each text cut to 10000 bytes, then max_len."""
-    texts = {"neg": ["  bad<br />film \n", "\r\nfine\r\nok\r\n", "\x1cmeh\x1c", b"caf\xe9 "],
-             "pos": ["très bien\n", "\u00a0nice\u3000\n"]}  # fmt: skip
-    _lra_imdb(tmp_path, texts)
+    neg = ["  bad<br />film \n", "\r\nfine\r\nok\r\n", "\x1cmeh\x1c", b"caf\xe9 "]
+    _lra_imdb(tmp_path, {"neg": neg, "pos": ["très bien\n", "\u00a0nice\u3000\n"]})
     splits, notes = lra_data.load_task("text", tmp_path, 12)
-    assert splits["val"] is splits["test"] and notes[1:] == [] and notes[0].endswith(
-        "; bytes + 1; val is test; 2 of 12 inputs cut at max_len 12: their ends dropped")
+    said = "; bytes + 1; val is test; 2 of 12 inputs cut at max_len 12: their ends dropped"
+    assert splits["val"] is splits["test"] and notes[1:] == [] and notes[0].endswith(said)
     train = splits["train"]
     assert train.y.tolist() == [0, 0, 0, 0, 1, 1] and train.x.dtype == np.int16
-    expected = [b"bad<br />fil", b"fine\r\nok", b"\x1cmeh\x1c", b"caf\xe9", "très bien".encode(),
-                b"\xc2\xa0nice\xe3\x80\x80"]  # str.strip() would drop U+00A0, U+3000, \x1c
+    expected = [b"bad<br />fil", b"fine\r\nok", b"\x1cmeh\x1c", b"caf\xe9", "très bien".encode()]
+    expected += [b"\xc2\xa0nice\xe3\x80\x80"]  # str.strip() would drop U+00A0, U+3000, \x1c
     rows = (train.x - 1).astype(np.uint8)  # the bytes again
     assert [row[:n].tobytes() for row, n in zip(rows, train.lengths, strict=True)] == expected
     _lra_check_batch(train, [len(w) for w in expected])
@@ -1446,16 +1430,15 @@ def test_lra_data_image_readers_png_pathfinder_and_cifar(tmp_path):
     examples = _lra_pathfinder(folder, 22)  # 22 lines count: cut at round(17.6), round(19.8)
     splits, notes = lra_data.load_task("pathfinder", tmp_path, 16)
     empty = folder / "imgs" / "1" / "sample_empty.png"  # counted in the cuts, then skipped
-    assert notes[1:] == [f"{folder}/metadata/2.npy:2: no newline at the end: left out, as "
-                         f"officially", f"{folder}: skipped 1 empty PNG file(s) (the first: "
-                         f"{empty}), as the official pipeline does"] and "the hard " in notes[0]
+    skipped = f"skipped 1 empty PNG file(s) (the first: {empty}), as the official pipeline does"
+    newline = f"{folder}/metadata/2.npy:2: no newline at the end: left out, as officially"
+    assert notes[1:] == [newline, f"{folder}: {skipped}"] and "the hard " in notes[0]
     # TFDS order by hand: sorted by the MD5 hex digest of "hard" + key (same-length hex strings)
     ranked = sorted(examples, key=lambda key: hashlib.md5(f"hard{key}".encode()).hexdigest())
     for name, keys in zip(lra_data.SPLITS, (ranked[:18], ranked[18:20], ranked[20:]), strict=True):
         kept = [examples[key] for key in keys if examples[key][0] is not None]
         assert splits[name].x.tolist() == [image.reshape(-1).tolist() for image, _ in kept]
-        assert splits[name].y.tolist() == [label for _, label in kept]
-        assert splits[name].x.dtype == np.int16
+        assert splits[name].y.tolist() == [y for _, y in kept] and splits[name].x.dtype == np.int16
         _lra_check_batch(splits[name], [16] * len(kept))
     assert len(examples) == 22 and sum(len(split.y) for split in splits.values()) == 21
     with pytest.raises(lra_data.DataError, match="a Pathfinder folder is one of"):
@@ -1526,8 +1509,7 @@ def test_lra_data_pytorch_lra_pickles(tmp_path):
     image, _ = lra_data.load_task("image", tmp_path, 16)
     assert image["val"].x[0, :5].tolist() == [0] * 5 and image["val"].y.tolist() == [1, 1, 0]
     _lra_check_batch(image["val"], [16, 16, 3])
-    path, _ = lra_data.load_task("pathfinder", tmp_path, 16)
-    _lra_check_batch(path["test"], [3, 16, 16])
+    _lra_check_batch(lra_data.load_task("pathfinder", tmp_path, 16)[0]["test"], [3, 16, 16])
     pair, _ = lra_data.load_task("retrieval", tmp_path, 8)
     assert pair["val"].x2[0, :3].tolist() == [7, 0, 3]
     _lra_check_batch(pair["val"], [2, 2], [3, 3])
@@ -1541,8 +1523,10 @@ def _lra_read(kind: str, content, tmp_path: pathlib.Path):
     if kind.startswith("pickle"):  # pickle:<task>; content: the items (bytes: the file itself)
         keys = {2: ("input_ids_0", "label"), 3: ("input_ids_0", "input_ids_1", "label")}
         if isinstance(content, list):  # tuples: the fields of an item, in the order of keys
-            content = [dict(zip(keys[len(t)], t, strict=True)) if isinstance(t, tuple) else t
-                       for t in content]  # fmt: skip
+            content = [
+                dict(zip(keys[len(t)], t, strict=True)) if isinstance(t, tuple) else t
+                for t in content
+            ]
         raw = content if isinstance(content, bytes) else pickle.dumps(content)
         return lra_data.read_lra_pickle(_write(tmp_path / "bad.pickle", raw), kind[7:], 8)
     if kind == "imdb":  # content: one more negative training review (None: no positive one)
@@ -1582,6 +1566,10 @@ def _lra_npy(data, labels=None) -> bytes:  # numpy.save's bytes; labels: a CIFAR
     return buffer.getvalue() if labels is None else pickle.dumps({b"data": data, b"labels": labels})
 
 
+_HWC = _lra_npy(np.zeros((4, 32, 32, 3), np.uint8), [0] * 4)  # PIL's and torchvision's layout
+_NO_IMDB = "aclImdb/train (from ai.stanford.edu/~amaas/data/sentiment) or the PyTorch-LRA pickles"
+_LISTOPS_NO_DEPTH = {k: v for k, v in _LRA_TINY_LISTOPS.items() if k != "max_depth"}
+_LOAD_NO_DEPTH = dict(task="listops", max_len=8, listops=_LISTOPS_NO_DEPTH)
 _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the file)
     ("listops", "expr\tlabel\n[MAX 1 2 ]\t2\n", "@:1: expected the header 'Source<TAB>Target'"),
     ("listops", "Source\tTarget\n[MAX 1 2 ]\t2\n[MIN 1 ]\tten\n", "@:3: expected 'expression"),
@@ -1603,8 +1591,7 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("png", "filter 5", "@: row 0 has the unknown filter type 5"),
     ("png", "cut", "@: corrupt image data"),
     ("cifar", b"not a pickle", "data_batch_3: not a CIFAR-10 python batch"),
-    ("cifar", _lra_npy(np.zeros((4, 32, 32, 3), np.uint8), [0] * 4),  # PIL's and torchvision's
-     "data_batch_3: data is uint8 (4, 32, 32, 3); CIFAR-10 holds uint8 (n, 3072)"),
+    ("cifar", _HWC, "data_batch_3: data is uint8 (4, 32, 32, 3); CIFAR-10 holds uint8 (n, 3072)"),
     ("cifar", _lra_npy(np.full((4, 3072), 0.5), [0] * 4), "data is float64 (4, 3072); CIFAR"),
     ("cifar", _lra_npy(np.zeros((4, 3072), np.uint8), [0, 1, 2, 10]), "3: a label that is not a"),
     ("cifar", _lra_npy(np.zeros((0, 3072), np.uint8), []), "data_batch_3: an empty batch"),
@@ -1641,13 +1628,10 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("load_task", dict(task="listops", max_len=2.5), "max_len must be a positive integer"),
     ("load_task", dict(task="listops", max_len=True), "max_len must be a positive integer"),
     ("load_task", dict(task="image", max_len=8), "no data for task image: expected"),
-    ("load_task", dict(task="text", max_len=8),
-     "aclImdb/train (from ai.stanford.edu/~amaas/data/sentiment) or the PyTorch-LRA pickles"),
-    ("load_task", dict(task="listops", max_len=8, listops={
-        k: v for k, v in _LRA_TINY_LISTOPS.items() if k != "max_depth"}),
-     "the ListOps settings lack ['max_depth']"),
+    ("load_task", dict(task="text", max_len=8), _NO_IMDB),
+    ("load_task", _LOAD_NO_DEPTH, "the ListOps settings lack ['max_depth']"),
     ("retrieval", "1\ta\tb\tc\td\n", "{tmp}/tsv_data/new_aan_pairs.eval.tsv: no such file"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("kind, content, what", _LRA_BAD_INPUTS)
@@ -1674,13 +1658,12 @@ _LRA_SKIPPED = [  # (reader, content, kept labels, kept lengths (, lengths2), th
 @pytest.mark.parametrize("kind, content, labels, lengths, first", _LRA_SKIPPED)
 def test_lra_data_tokenless_examples_are_skipped(kind, content, labels, lengths, first, tmp_path):
     """An example with a field of no real token is skipped; one note counts them and names one."""
-    split, notes = _lra_read(kind, content, tmp_path)
+    split, [note] = _lra_read(kind, content, tmp_path)
     assert split.y.tolist() == labels and split.lengths.tolist() == lengths[0]
     if len(lengths) > 1:
         assert split.lengths2.tolist() == lengths[1] and len(split.x2) == len(labels)
     _lra_check_batch(split, *lengths)
     file = tmp_path / {"listops": "bad.tsv", "aan": "bad.tsv"}.get(kind, "bad.pickle")
-    [note] = notes
     assert f"skipped 1 of {len(labels) + 1} examples with no real token (the first: " in note
     assert first.replace("@", str(file)) in note and note.endswith("nothing to attend to")
 
@@ -1688,10 +1671,9 @@ def test_lra_data_tokenless_examples_are_skipped(kind, content, labels, lengths,
 def test_lra_data_notes_unknown_listops_token_and_padding_far_beyond_the_inputs(tmp_path):
     """A typo ([MAXX): a note names file, line and token; max_len over twice the longest: said."""
     folder = tmp_path / "listops-1000"  # the release: no generator.json
+    val = ["( ( [MAXX 3 ) 4 ) ]\t4", "( ( [MIN 5 ) 6 ) ]\t5", "( [MED 7 ) [FIRST ]\t7"]  # val only
     for split in lra_data.SPLITS:
-        rows = ["( ( [MAX 1 ) 2 ) ]\t2"]
-        if split == "val":
-            rows += ["( ( [MAXX 3 ) 4 ) ]\t4", "( ( [MIN 5 ) 6 ) ]\t5", "( [MED 7 ) [FIRST ]\t7"]
+        rows = ["( ( [MAX 1 ) 2 ) ]\t2"] + (val if split == "val" else [])
         _write(folder / f"basic_{split}.tsv", "\r\n".join(["Source\tTarget", *rows]) + "\r\n")
     splits, notes = lra_data.load_task("listops", tmp_path, 8)
     assert splits["val"].x[1, 0] == lra_data.LISTOPS_OOV == 16  # the official OOV id
@@ -1701,10 +1683,9 @@ def test_lra_data_notes_unknown_listops_token_and_padding_far_beyond_the_inputs(
     assert "token (0 1 2 3 4 5 6 7 8 9 [MIN [MAX [MED [SM ]);" in note
     assert note.endswith("of 2 line(s) of this file become the OOV id 16")
     assert lra_data.read_listops_tsv(folder / "basic_train.tsv", 8)[1] == []
-    assert lra_data.load_task("listops", tmp_path, 9)[1][-1] == (
-        "max_len 9 is more than twice the longest input (4 tokens): every input is padded to 9 "
-        "tokens, and attention pays for the padding"
-    )
+    said = lra_data.load_task("listops", tmp_path, 9)[1][-1]
+    twice = "max_len 9 is more than twice the longest input (4 tokens): every input is padded to 9"
+    assert said == f"{twice} tokens, and attention pays for the padding"
     _lra_pickles(tmp_path, "retrieval", [{"input_ids_0": [1], "input_ids_1": [1] * 5, "label": 0}])
     assert lra_data.load_task("retrieval", tmp_path, 10)[1][1:] == []  # the longest: document 2
     assert any("max_len 11 is" in n for n in lra_data.load_task("retrieval", tmp_path, 11)[1])
@@ -1737,28 +1718,28 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
     """--download from a local server, the archives in their layouts (the release nested): what
     is kept, two steps; ListOps read no further than its folder (before the cut). Each fault: one
     sentence (URL, by hand), nothing left; two at once: one fetches. The table as published."""
+    imdb = "https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz"
+    cifar = "https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz"
     assert [(a["url"], a["md5"], a["size"]) for a in lra_data.ARCHIVES.values()] == [
-        ("https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz",
-         "7c2ac02c03563afcf9b574c7e56c153a", None), ("https://www.cs.toronto.edu/~kriz/cifar-10-"
-         "python.tar.gz", "c58f30108f718f92721af3b95e74349a", 170498071),
+        (imdb, "7c2ac02c03563afcf9b574c7e56c153a", None),
+        (cifar, "c58f30108f718f92721af3b95e74349a", 170498071),
     ] + [("https://storage.googleapis.com/long-range-arena/lra_release.gz", None, None)] * 3
     src, server, data = tmp_path / "src", tmp_path / "server", tmp_path / "data"
-    _lra_imdb(src, {"neg": ["bad", "poor", "meh", "dull"], "pos": ["good", "fine", "great", "ok"],
-                    "unsup": ["not kept"]})  # fmt: skip
+    texts = {"neg": ["bad", "poor", "meh", "dull"], "pos": ["good", "fine", "great", "ok"]}
+    _lra_imdb(src, {**texts, "unsup": ["not kept"]})
     _write(src / "aclImdb" / "train" / "labeledBow.feat", "not kept")
     _lra_cifar(src / "cifar-10-batches-py")
     stem = src / "lra_release" / "lra_release"
     lra_data.write_listops(stem / "listops-1000", dict(_LRA_TINY_LISTOPS, seed=0), False)
     (stem / "listops-1000" / "generator.json").unlink()  # as the release: no generator.json
-    for n in ("train", "eval", "test"):  # label, id1, id2, text1, text2
-        _write(stem / "tsv_data" / f"new_aan_pairs.{n}.tsv", "1\ta\tb\tx\ty\n0\ta\tb\tz\tw\n" * 4)
+    _lra_aan(stem, "1\ta\tb\tx\ty\n0\ta\tb\tz\tw\n" * 4)  # label, id1, id2, text1, text2
     _lra_pathfinder(stem / "pathfinder32" / "curv_contour_length_14", 22)
     _lra_pathfinder(stem / "pathfinder32" / "curv_baseline", 11)  # another difficulty
-    for archive, tops in [("aclImdb_v1.tar.gz", ["aclImdb", "lra_release"]),  # more after it
-                          ("lra_release.gz", ["lra_release"]),
-                          ("cifar-10-python.tar.gz", ["cifar-10-batches-py"])]:  # fmt: skip
+    tops = {"aclImdb_v1.tar.gz": ["aclImdb", "lra_release"]}  # more after the folder
+    tops |= {"lra_release.gz": ["lra_release"], "cifar-10-python.tar.gz": ["cifar-10-batches-py"]}
+    for archive, folders in tops.items():
         with tarfile.open(_write(server / archive, b""), "w:gz") as tar:
-            for top in tops:
+            for top in folders:
                 tar.add(src / top, top)
     md5 = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in server.iterdir()}
     for k, name in enumerate(["../../evil", "/cifar-10-batches-py/evil", "link", "device"]):
@@ -1767,18 +1748,21 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
             member = tarfile.TarInfo(name if name[0] == "/" else f"cifar-10-batches-py/{name}")
             member.type = [tarfile.REGTYPE, tarfile.REGTYPE, tarfile.SYMTYPE, tarfile.CHRTYPE][k]
             tar.addfile(member)
-    flags = ["--attention", "softmax", "--steps", "2", "--batch-size", "4", "--d-model", "16",
-             "--d-ff", "32", "--n-layers", "1", "--data-dir", str(data), "--download"]  # fmt: skip
+    small = "--attention softmax --steps 2 --batch-size 4 --d-model 16 --d-ff 32 --n-layers 1"
+    flags = [*small.split(), "--data-dir", str(data), "--download"]
     with _serve(server) as (url, asked):
-        cases = [("text", f"{url}/aclImdb_v1.tar.gz", "is not the expected archive: its MD5 is"),
-                 ("image", f"{url}/cifar-10-python.tar.gz", "bytes, not 170,498,071"),
-                 ("text", f"{url}/nothing.gz", "HTTP Error 404"), ("text", f"{url}/500/", "500"),
-                 ("retrieval", "http://127.0.0.1:0/lra_release.gz", "Connection refused"),
-                 ("retrieval", f"{url}/cut/lra_release.gz", "cut short")]  # fmt: skip
-        cases += [("image", f"{url}/hostile{k}.tar.gz", "an absolute path or '..'" if k < 2
-                   else "is a link or a device") for k in range(4)]  # fmt: skip
-        cases += [("pathfinder", f"{url}/lra_release.gz", fault)  # faults in a write
-                  for fault in (KeyboardInterrupt(), OSError(28, "No space left on device"))]
+        cases = [
+            ("text", f"{url}/aclImdb_v1.tar.gz", "is not the expected archive: its MD5 is"),
+            ("image", f"{url}/cifar-10-python.tar.gz", "bytes, not 170,498,071"),
+            ("text", f"{url}/nothing.gz", "HTTP Error 404"),
+            ("text", f"{url}/500/", "500"),
+            ("retrieval", "http://127.0.0.1:0/lra_release.gz", "Connection refused"),
+            ("retrieval", f"{url}/cut/lra_release.gz", "cut short"),
+        ]
+        cases += [("image", f"{url}/hostile{k}.tar.gz", "an absolute path or '..'") for k in (0, 1)]
+        cases += [("image", f"{url}/hostile{k}.tar.gz", "is a link or a device") for k in (2, 3)]
+        faults = (KeyboardInterrupt(), OSError(28, "No space left on device"))  # in a write
+        cases += [("pathfinder", f"{url}/lra_release.gz", fault) for fault in faults]
         for task, where, what in cases:
             fails = mock.Mock(wraps=shutil, copyfileobj=mock.Mock(side_effect=what))
             with mock.patch("download.shutil", shutil if type(what) is str else fails):
@@ -1797,9 +1781,9 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
             ("pathfinder", "lra_release.gz", 16, stem / lra_data.PATH_HARD),
         ]:
             ours = dict(md5=md5[archive], size=None) if task in ("text", "image") else {}
+            more = f"--task {task} --max-len {max_len} --download-url {url}/{archive} --out"
             with mock.patch.dict(lra_data.ARCHIVES[task], ours):  # our archive, the same checks
-                result = _lra_run([*flags, "--task", task, "--max-len", str(max_len), "--out",
-                                   str(tmp_path / task), "--download-url", f"{url}/{archive}"])
+                result = _lra_run([*flags, *more.split(), str(tmp_path / task)])
             assert result["steps"] == 2 and asked.pop() == f"/{archive}"
             kept = {p.relative_to(folder) for p in folder.rglob("*") if p.is_file()}
             kept -= {p for p in kept if "unsup" in p.parts or p.suffix == ".feat"}
@@ -1814,9 +1798,9 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda u: lra_data.download_task("retrieval", data, u), [slow] * 2))
     assert asked.count(slow[len(url) :]) == 1 and "is downloading into" in capsys.readouterr().err
-    assert sorted(os.listdir(data)) + os.listdir(data / "pathfinder32") == ["aclImdb",  # no more
-        "cifar-10-batches-py", "listops-1000", "lra-cache", "pathfinder32", "tsv_data",
-        "curv_contour_length_14"]
+    found = sorted(os.listdir(data)) + os.listdir(data / "pathfinder32")
+    names = "aclImdb cifar-10-batches-py listops-1000 lra-cache pathfinder32 tsv_data"
+    assert found == [*names.split(), "curv_contour_length_14"]  # no more
 
 
 def _lra_aan(root: pathlib.Path, rows="1\ta\tb\tabc\tdefgh\n0\tc\td\tx\t\n0\te\tf\ty\tz\n"):
@@ -1824,15 +1808,15 @@ def _lra_aan(root: pathlib.Path, rows="1\ta\tb\tabc\tdefgh\n0\tc\td\tx\t\n0\te\t
         _write(root / "tsv_data" / f"new_aan_pairs.{name}.tsv", rows)
 
 
+_LRA_PAIR = {"input_ids_0": [5, 6, 7, 8, 0], "input_ids_1": [7, 0, 3], "label": 1}  # a pickle item
 _LRA_SOURCES = {  # a folder of each kind -> (task, max_len); listops: generated
     "listops": ("listops", 30, lambda root: None),
     "text": ("text", 6, lambda root: _lra_imdb(root, {"neg": ["bad film", " "], "pos": ["good"]})),
     "retrieval": ("retrieval", 4, _lra_aan),
     "image": ("image", 1024, lambda root: _lra_cifar(root / "cifar-10-batches-py")),
     "pathfinder": ("pathfinder", 16, lambda root: _lra_pathfinder(root / lra_data.PATH_HARD, 22)),
-    "pickles": ("retrieval", 3, lambda root: _lra_pickles(root, "retrieval", [
-        {"input_ids_0": [5, 6, 7, 8, 0], "input_ids_1": [7, 0, 3], "label": 1}] * 2)),
-}  # fmt: skip
+    "pickles": ("retrieval", 3, lambda root: _lra_pickles(root, "retrieval", [_LRA_PAIR] * 2)),
+}
 
 
 @pytest.mark.parametrize("source", _LRA_SOURCES)
@@ -1862,15 +1846,14 @@ def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_pat
     cache = tmp_path / "lra-cache/tsv_data-4.npz"
     train = tmp_path / "tsv_data/new_aan_pairs.train.tsv"
     want = lra_data.load_task("retrieval", tmp_path, 4)[0]["test"].x2  # writes the cache
-
+    bad, version = "it was damaged (BadZipFile)", "the readers changed (version 1, now 2)"
     for change, why in [
         (lambda: os.utime(train, ns=(0, 0)), f"{train} changed"),  # the same bytes, another time
-        (lambda: cache.write_bytes(cache.read_bytes()[:-100]), "it was damaged (BadZipFile)"),
-        (lambda: cache.write_bytes(cache.read_bytes().replace(b"v\0\0\0e", b"V\0\0\0e", 1)),
-         "it was damaged (BadZipFile)"),  # a letter of its key (UTF-32): the CRC does not match
-        (lambda: monkeypatch.setattr(lra_data, "CACHE_VERSION", 2), "the readers changed (version "
-         "1, now 2)"),
-    ]:  # fmt: skip
+        (lambda: cache.write_bytes(cache.read_bytes()[:-100]), bad),
+        # a letter of its key (UTF-32): the CRC does not match
+        (lambda: cache.write_bytes(cache.read_bytes().replace(b"v\0\0\0e", b"V\0\0\0e", 1)), bad),
+        (lambda: monkeypatch.setattr(lra_data, "CACHE_VERSION", 2), version),
+    ]:
         change()
         data, notes = lra_data.load_task("retrieval", tmp_path, 4)
         assert notes[-1] == f"{cache}: rebuilt, as {why}" and " cache " not in notes[0]
@@ -1924,8 +1907,7 @@ def test_uea_data_reader_values_labels_missing_steps_and_unlabelled_files(tmp_pa
     """An equal-length file: values, header-order labels, tags case-insensitive; '?' filled
     linearly per channel, ends by the nearest; files without class labels; regression targets."""
     rows = ["1,2,3:4,5,6:down", "# a comment", "  ", "7,8,9:1.5,-2,3e-1:up"]  # 2 cases
-    text, _ = _toy_ts(rows, equal="true", length=3)
-    text = text.replace("@problemName", "@PROBLEMNAME")
+    text = _toy_ts(rows, equal="true", length=3)[0].replace("@problemName", "@PROBLEMNAME")
     # a non-UTF-8 comment byte (latin-1 é), as in some archive files
     path = _write(tmp_path / "Toy_TRAIN.ts", text.encode().replace(b"# toy", b"# caf\xe9 toy"))
     ts = read_ts(path, require_labels=True)
@@ -1951,6 +1933,8 @@ def test_uea_data_reader_values_labels_missing_steps_and_unlabelled_files(tmp_pa
 
 _OK = "1,2:3,4:up"
 _NUL, _TARGETS = "NUL bytes: a binary or UTF-16 file, not .ts text", ["@targetLabel true"]
+_LATIN1 = _toy_ts([_OK, "1,2:3,4:caf\xe9"], labels="up caf\xe9")[0].encode("latin-1")
+_REGRESSION = "this file holds regression targets (@targetLabel true), not class labels"
 _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or tag or None, what)
     ([_OK, "1,2:3,4:5,6:up"], {}, 1, "3 dimension(s), not 2 (the header)"),
     ([_OK, "1,2:up"], dict(dims=None), 1, "1 dimension(s), not 2 (case 1)"),
@@ -1980,8 +1964,10 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     ([_OK], dict(extra=["@classLabel maybe"]), "@classLabel maybe", "must be 'true <labels"),
     ([_OK], dict(extra=["@dimensions two"]), "@dimensions two", "@dimensions must be a positive"),
     ([_OK], dict(extra=["@seriesLength 0"]), "@seriesLength", "@serieslength must be a positive"),
-    *[([_OK], dict(extra=[f"@{tag} maybe"]), f"@{tag} maybe", f"@{tag.lower()} must be true or")
-      for tag in ("missing", "univariate", "equalLength", "targetLabel")],
+    *[
+        ([_OK], dict(extra=[f"@{tag} maybe"]), f"@{tag} maybe", f"@{tag.lower()} must be true or")
+        for tag in ("missing", "univariate", "equalLength", "targetLabel")
+    ],
     ([_OK], dict(extra=["@data now"]), "@data now", "@data must have no value, got 'now'"),
     (b"@problemName X\n@classLabel true a b\n", None, None, "no @data line (is this a .ts file?)"),
     ([], {}, None, "no cases after @data"),
@@ -1990,13 +1976,11 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     (b"PK\x03\x04\x14\x00\x00\x00\x08\x00zip", None, None, _NUL),
     (_toy_ts([_OK])[0].encode("utf-16"), None, None, _NUL),
     # latin-1 bytes in a label (not a comment): refused at the first line that holds one
-    (_toy_ts([_OK, "1,2:3,4:caf\xe9"], labels="up caf\xe9")[0].encode("latin-1"), None,
-     "@classLabel", "bytes that are not UTF-8 text (a binary file?)"),
+    (_LATIN1, None, "@classLabel", "bytes that are not UTF-8 text (a binary file?)"),
     ([_OK], dict(labels=None), None, "this file has no labels (@classLabel false); a classif"),
     ([_OK], dict(labels=False), None, "this file has no labels (no @classLabel line); a class"),
-    (["1,2:3,4:0.5"], dict(labels=False, extra=_TARGETS), None,
-     "this file holds regression targets (@targetLabel true), not class labels"),
-]  # fmt: skip
+    (["1,2:3,4:0.5"], dict(labels=False, extra=_TARGETS), None, _REGRESSION),
+]
 
 
 @pytest.mark.parametrize("rows, options, where, what", _UEA_BAD_FILES)
@@ -2076,7 +2060,7 @@ def test_uea_data_standardisation_uses_train_statistics_and_centres_constant_cha
     assert data.constant_channels == [1] and [n for n in data.notes if "constant" in n] == [
         "channels [1] are constant in TRAIN: centred, not scaled (0-based indices; dividing by "
         "their std of ~0 would blow TEST values up)"
-    ]  # fmt: skip
+    ]
     # a constant channel at a large level (rounding noise in its mean) is caught as well
     big = [_row(a, [123456.789] * 5, label="up") for a in train_a]
     _dataset(tmp_path, big, [_row(test_a[0], [123457.789] * 5, label="up")])
@@ -2207,8 +2191,7 @@ def test_uea_data_numpy_arrays_clipping_and_padding_notes_and_no_torch(tmp_path)
     assert any("clips 0 of 4 TRAIN cases and 1 of 2 TEST" in n for n in default.notes)
     data = load_uea(str(tmp_path), "Toy", max_len=3)
     assert (data.n_clipped_train, data.n_clipped_test) == (2, 1)
-    assert data.mask_train.sum(1).tolist() == [2, 3, 3, 2]
-    assert data.mask_test.sum(1).tolist() == [3, 1]
+    assert [m.sum(1).tolist() for m in (data.mask_train, data.mask_test)] == [[2, 3, 3, 2], [3, 1]]
     [note] = [n for n in data.notes if "clips" in n]
     assert "clips 2 of 4 TRAIN cases and 1 of 2 TEST cases (longest 5 and 6 steps)" in note
     far = load_uea(str(tmp_path), "Toy", max_len=13)
@@ -2245,10 +2228,9 @@ def test_uea_data_missing_dataset_or_a_name_with_a_path_says_where_and_how(tmp_p
     _dataset(tmp_path / "data", [_OK], [_OK])  # a dataset there must not be reached
     data_dir = str(tmp_path / "data" / "sub")
     for name in ("../etc", "..", ".", "", "a/b", "a\\b", "../Toy", "/etc"):
-        for call, args in ((load_uea, (data_dir, name)),
-                           (uea_data.download_dataset, (name, data_dir, "file:///x"))):  # fmt: skip
+        for call in (load_uea, lambda d, n: uea_data.download_dataset(n, d, "file:///x")):
             with pytest.raises(DatasetNotFoundError) as err:
-                call(*args)
+                call(data_dir, name)
             assert str(err.value).startswith(f"{name!r} is no UEA dataset name: a name is a plain")
     names = ["Toy", "Toy_TEST.ts", "Toy_TRAIN.ts", "data"]
     assert sorted(p.name for p in tmp_path.rglob("*")) == names
@@ -2304,11 +2286,9 @@ def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
 
 def _lra_args(data_dir, out, *more) -> list:
     """Flags of a tiny ListOps run: a few dozen short expressions, a 16-wide model."""
-    return [
-        "--preset", "quick", "--data-dir", str(data_dir), "--out", str(out),
-        "--listops-size", "48", "--listops-eval-size", "12", "--steps", "4",
-        "--eval-every", "2", "--batch-size", "8", "--d-model", "16", "--d-ff", "32", *more,
-    ]  # fmt: skip
+    paths = ["--data-dir", str(data_dir), "--out", str(out)]
+    tiny = "--listops-size 48 --listops-eval-size 12 --steps 4 --eval-every 2 --batch-size 8"
+    return ["--preset", "quick", *paths, *tiny.split(), *"--d-model 16 --d-ff 32".split(), *more]
 
 
 def _lra_run(argv: list) -> dict:
@@ -2331,7 +2311,6 @@ def _uea_run(argv: list) -> tuple[dict, str]:
 def _toy_uea(root: pathlib.Path, name="Toy", n=12, length=6) -> pathlib.Path:
     """<root>/<name>/<name>_{TRAIN,TEST}.ts: two classes told apart by the sign of channel 1."""
     rng, folder = np.random.default_rng(0), root / name
-    folder.mkdir(parents=True, exist_ok=True)
     header = f"@problemName {name}\n@timeStamps false\n@missing false\n@univariate false\n"
     header += "@dimensions 2\n@equalLength true\n@seriesLength 6\n@classLabel true up down\n@data\n"
     for split in ("TRAIN", "TEST"):
@@ -2340,7 +2319,7 @@ def _toy_uea(root: pathlib.Path, name="Toy", n=12, length=6) -> pathlib.Path:
             sign, label = (1, "up") if i % 2 else (-1, "down")
             a, b = sign + 0.1 * rng.standard_normal((2, length))
             rows.append(",".join(map(str, a)) + ":" + ",".join(map(str, b)) + ":" + label)
-        (folder / f"{name}_{split}.ts").write_text(header + "\n".join(rows) + "\n")
+        _write(folder / f"{name}_{split}.ts", header + "\n".join(rows) + "\n")
     return folder
 
 
@@ -2358,8 +2337,8 @@ def _argv(tmp: pathlib.Path, script: str, out: pathlib.Path, *more) -> list:
     if script == "train_lra.py":
         return _lra_args(tmp / "data", out, *more)
     _toy_uea(tmp)
-    return [*TINY, "--dataset", "Toy", "--data-dir", str(tmp), "--epochs", "2", "--out", str(out),
-            *more]  # fmt: skip
+    paths = ["--data-dir", str(tmp), "--out", str(out)]
+    return [*TINY, *"--dataset Toy --epochs 2".split(), *paths, *more]
 
 
 def _train_both(tmp: pathlib.Path, script: str, out: pathlib.Path, *more, printed=None) -> tuple:
@@ -2407,17 +2386,17 @@ def test_train_lra_and_train_uea_presets_follow_the_official_scripts(script, fla
     assert {k: getattr(cfg, k) for k in want} == want  # _BUILT: what each preset builds
 
 
-_VALUES = dict(task="image", attention="gfsa", preset="quick", device="cpu", agf_basis="monomial",
-               optimizer="adam", agf_variant="svd", gfsa_high_order="exact", dataset="Heartbeat",
-               n_heads=4, gfsa_order=4, warmup=0, steps=7, pathfinder="easy")  # not the defaults
+_VALUES = dict(task="image", attention="gfsa", preset="quick", device="cpu")  # not the defaults
+_VALUES.update(optimizer="adam", agf_basis="monomial", agf_variant="svd", gfsa_high_order="exact")
+_VALUES.update(steps=7, dataset="Heartbeat", n_heads=4, gfsa_order=4, warmup=0, pathfinder="easy")
 
 
 _AFTER_BUILD = set(  # flags that act after build(): their own tests
     "data_dir data_seed listops_size listops_eval_size download download_url out batch_size cache "
     "eval_every epochs grad_clip resume overwrite device amp compile attention pathfinder".split()
 )
-_ONLY = {"attn_dropout": {"softmax", "gfsa", "primal+trans"}, "dataset": {"agf", "primal",
-         "primal+trans"}}  # the kinds it reaches if not all (agf_* etc.: their own)  # fmt: skip
+_ONLY = dict(attn_dropout={"softmax", "gfsa", "primal+trans"})  # the kinds it reaches if not all
+_ONLY["dataset"] = {"agf", "primal", "primal+trans"}  # (agf_* etc.: their own)
 
 
 def _built(script: str, *argv) -> list:
@@ -2428,13 +2407,15 @@ def _built(script: str, *argv) -> list:
     model, opt, *schedule = built[: 3 if lra else 2]
     learns, held = [p for p in model.parameters() if p.requires_grad], opt.param_groups[0]["params"]
     assert len(opt.param_groups) == 1 and sorted(map(id, held)) == sorted(map(id, learns))
-    return [[(n, k, v) for n, m in model.named_modules() for k, v in vars(m).items()
-             if type(v) in (bool, int, float, str)], [(k, tuple(v.shape), v.double().sum().item())
-             for k, v in [*model.state_dict().items(), *model.named_buffers()]], len(learns),
-            {k: v for k, v in vars(model.cfg).items() if k not in ("attention_kwargs",
-             "attn_dropout")},
-            type(opt), {k: v for k, v in opt.param_groups[0].items() if k != "params"},
-            [(s.total_steps, s._schedule_phases) for s in schedule]]  # fmt: skip
+    settings = [(n, k, v) for n, m in model.named_modules() for k, v in vars(m).items()]
+    settings = [(n, k, v) for n, k, v in settings if type(v) in (bool, int, float, str)]
+    tensors = [*model.state_dict().items(), *model.named_buffers()]
+    weights = [(k, tuple(v.shape), v.double().sum().item()) for k, v in tensors]
+    layers_only = ("attention_kwargs", "attn_dropout")  # what only the layers read
+    config = {k: v for k, v in vars(model.cfg).items() if k not in layers_only}
+    group = {k: v for k, v in opt.param_groups[0].items() if k != "params"}
+    phases = [(s.total_steps, s._schedule_phases) for s in schedule]
+    return [settings, weights, len(learns), config, type(opt), group, phases]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=_id)
@@ -2481,19 +2462,20 @@ _BAD_FLAGS = [  # (flags, a fragment of the one sentence); each refused at parse
     (["--d-model", "10", "--n-heads", "3"], "--d-model 10 is not divisible by --n-heads 3"),
     (["--resume", "--overwrite"], "--resume continues a run and --overwrite deletes it"),
 ]
-_BAD = [("train_uea.py", *case) for case in _BAD_FLAGS] + [("train_lra.py", *c) for c in [
-    *_BAD_FLAGS,
+_BAD_LRA = _BAD_FLAGS + [  # and train_lra.py's own
     (["--steps", "0"], "--steps must be at least 1, got 0"),
     (["--steps", "10", "--warmup", "1"], "--warmup must be 0 or 2 .. --steps - 1 = 9, got 1"),
     (["--steps", "10", "--warmup", "10"], "--warmup must be 0 or 2 .. --steps - 1 = 9, got 10"),
     (["--task", "text", "--preset", "quick"], "use it with --task listops"),
     (["--task", "video"], "argument --task: invalid choice"),
     (["--max-len", "0"], "--max-len must be at least 1"),
-]] + [("train_uea.py", *c) for c in [
+]
+_BAD_UEA = _BAD_FLAGS + [  # and train_uea.py's own
     (["--epochs", "0"], "--epochs must be at least 1, got 0"),
     (["--dataset", "../etc"], "--dataset: '../etc' is no UEA dataset name: a name is a plain"),
     (["--optimizer", "sgd"], "argument --optimizer: invalid choice"),
-]]  # fmt: skip
+]
+_BAD = [("train_lra.py", *c) for c in _BAD_LRA] + [("train_uea.py", *c) for c in _BAD_UEA]
 
 
 @pytest.mark.parametrize("script, flags, message", _BAD, ids=_id)
@@ -2517,13 +2499,10 @@ def test_train_lra_and_train_uea_refusals_of_processes_and_devices(script):
         cases += [(["--device", "cuda"], "--device cuda: this machine has no CUDA device", 1)]
     for flags, message, world in cases:
         for rank, said_by in ((0, True), (1, False)):
-            with (
-                mock.patch.multiple(runs, RANK=rank, WORLD=world),
-                mock.patch.object(runs.dist, "init_process_group") as meet,
-                contextlib.redirect_stderr(io.StringIO()) as err,
-                pytest.raises(SystemExit) as stop,
-            ):
-                module.parse_config(flags)
+            err, meeting = io.StringIO(), mock.patch.object(runs.dist, "init_process_group")
+            with mock.patch.multiple(runs, RANK=rank, WORLD=world), meeting as meet:
+                with contextlib.redirect_stderr(err), pytest.raises(SystemExit) as stop:
+                    module.parse_config(flags)
             assert stop.value.code == 2 and (message in err.getvalue()) is said_by, err.getvalue()
             assert meet.call_count == (not said_by)
             assert said_by or err.getvalue() == ""
@@ -2574,12 +2553,18 @@ SelfRegulationSCP2 2 500 jacobi 7 2.0 1.5 0.1 1 20 0.0 200 20 0.2 200 16 100 1e-
 SpokenArabicDigits 2 500 jacobi 4 1.0 0.0 0.5 1 20 0.1 100 30 0.2 150 16 100 1e-3 adam
 UWaveGestureLibrary 2 500 jacobi 10 2.0 1.5 0.1 1 20 0.0 200 40 0.1 400 16 100 1e-3 radam
 BasicMotions 2 500 legendre 4 1.0 0.2 0.01 0 40 0.5 200 40 0.5 200 16 100 1e-3 radam"""
-_LAYER = {  # what reaches a layer, read off the built module
-    SoftmaxAttention: lambda a: (a.dropout,), AGFAttention: lambda a: (*(getattr(a.poly_filter, k)
-    for k in ("basis", "order", "alpha", "beta")), a.ortho_weight, a.poly_filter.theta0 is None,
-    a.variant), PrimalAttention: lambda a: (a.We.shape[-1], a.ksvd_weight, a.n_samples,
-    a.ksvd_reduction, a.causal), GFSAttention: lambda a: (a.order, a.dropout, a.high_order,
-    a.w0.unique().tolist(), a.w1.unique().tolist(), a.w0.requires_grad, a.w1.requires_grad)}
+
+
+def _layer(a) -> tuple:  # what reaches a layer, read off the built module
+    if type(a) is AGFAttention:
+        f = a.poly_filter
+        return (f.basis, f.order, f.alpha, f.beta, a.ortho_weight, f.theta0 is None, a.variant)
+    if type(a) is PrimalAttention:
+        return (a.We.shape[-1], a.ksvd_weight, a.n_samples, a.ksvd_reduction, a.causal)
+    if type(a) is GFSAttention:  # w0 and w1: the values each holds, and whether it learns
+        w0, w1 = ((w.unique().tolist(), w.requires_grad) for w in (a.w0, a.w1))
+        return (a.order, a.dropout, a.high_order, w0, w1)
+    return (a.dropout,)
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=_id)
@@ -2599,17 +2584,18 @@ def test_train_lra_and_train_uea_flags_alone_build_the_promised_layers(script, a
         model, opt = (train_lra.build(cfg, cpu) if lra else train_uea.build(cfg, data, cpu))[:2]
         D, H, d_ff = (64, 2, 128) if lra or quick else (512, 8, 2048)
         p, pa = (0.2, 0.2 if lra else 0.3) if quick else (0.1, 0.1)  # blocks, attention weights
-        want = {SoftmaxAttention: (pa,), AGFAttention: (basis, K, a, b, g, frozen, "agf"),
-                PrimalAttention: (*[(s, eta, m), (s2, eta2, m2)][trans], "batch" * lra or "sample",
-                                  False),
-                GFSAttention: (3 - lra, pa, "taylor", [0.0], [1.0], False, False)}
-        got = [(type(at), _LAYER[type(at)](at), at.d_model, at.n_heads, blk.mlp[0].out_features,
-                blk.drop.p) for blk in model.blocks for at in [blk.attn]]  # fmt: skip
-        assert got == [(k, want[k], D, H, d_ff, p) for k in kinds], (name, attention, quick)
-        got = (len(model.pos), model.cfg.n_classes, model.cfg.two_tower, opt.defaults["lr"],
-               type(opt).__name__.lower(), cfg.batch_size, cfg.steps if lra else cfg.epochs)
-        assert got == (float(N), float(C), name == "retrieval", lr, optimizer, batch,
-                       10 if quick and not lra else length), (name, attention, quick)
+        primal = [(s, eta, m), (s2, eta2, m2)][trans]
+        want = {SoftmaxAttention: (pa,), AGFAttention: (basis, K, a, b, g, frozen, "agf")}
+        want[PrimalAttention] = (*primal, "batch" * lra or "sample", False)
+        want[GFSAttention] = (3 - lra, pa, "taylor", ([0.0], False), ([1.0], False))
+        blocks = [(blk.attn, blk.mlp[0].out_features, blk.drop.p) for blk in model.blocks]
+        got = [(type(at), _layer(at), at.d_model, at.n_heads, *rest) for at, *rest in blocks]
+        case = (name, attention, quick)
+        assert got == [(k, want[k], D, H, d_ff, p) for k in kinds], case
+        got = (len(model.pos), model.cfg.n_classes, model.cfg.two_tower, opt.defaults["lr"])
+        assert got == (float(N), float(C), name == "retrieval", lr), case
+        got = (type(opt).__name__.lower(), cfg.batch_size, cfg.steps if lra else cfg.epochs)
+        assert got == (optimizer, batch, 10 if quick and not lra else length), case
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=_id)
@@ -2619,8 +2605,8 @@ def test_train_uea_short_runs_of_each_attention_on_real_data(tmp_path, kind):
     out, data_dir = tmp_path / "uea", str(_real_uea().parent)
     argv = [*TINY, "--attention", kind, "--epochs", "2", "--data-dir", data_dir]
     result, printed = _uea_run([*argv, "--out", str(out)])
-    assert set(os.listdir(out)) == {"config.json", "metrics.jsonl", "checkpoint.pt",
-                                    "result.json", "lock"}  # fmt: skip
+    files = {"config.json", "metrics.jsonl", "checkpoint.pt", "result.json", "lock"}
+    assert set(os.listdir(out)) == files
     assert json.loads((out / "config.json").read_text())["attention"] == kind
     records = _log(out)
     accs = [r["test_acc"] for r in records]  # evaluated after the first and last epoch
@@ -2632,29 +2618,30 @@ def test_train_uea_short_runs_of_each_attention_on_real_data(tmp_path, kind):
     assert records[1]["train_loss"] < records[0]["train_loss"] and accs[-1] > 1 / 9
 
 
-def test_train_lra_two_tower_and_image_runs_from_pickles():
+def test_train_lra_two_tower_and_image_runs_from_pickles(tmp_path):
     """Retrieval (two towers) and Image (no padding) train from PyTorch-LRA pickles."""
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp, rng = pathlib.Path(tmp), np.random.default_rng(4)
-        for split in ("train", "dev", "test"):
-            docs = [{"input_ids_0": np.r_[rng.integers(1, 257, 5), np.zeros(3)],
-                     "input_ids_1": np.r_[rng.integers(1, 257, 3), np.zeros(5)],
-                     "label": i % 2} for i in range(8)]  # fmt: skip
-            (tmp / f"retrieval.{split}.pickle").write_bytes(pickle.dumps(docs))
-            pixels = [{"input_ids_0": rng.integers(0, 256, 16), "label": i % 10} for i in range(8)]
-            (tmp / f"image.{split}.pickle").write_bytes(pickle.dumps(pixels))
-        for task in ("retrieval", "image"):
-            flags = ["--task", task, "--attention", "softmax", "--data-dir", str(tmp)]
-            flags += ["--out", str(tmp / task), "--steps", "2", "--eval-every", "1"]
-            flags += ["--batch-size", "4", "--max-len", "8" if task == "retrieval" else "16"]
-            result = _lra_run(flags + ["--d-model", "16", "--d-ff", "32"])
-            assert result["task"] == task and result["config"]["max_len"] in (8, 16)
+    rng = np.random.default_rng(4)
+    for split in ("train", "dev", "test"):  # retrieval: two documents, 5 and 3 tokens, then 0s
+        ids = [[np.r_[rng.integers(1, 257, n), np.zeros(8 - n)] for n in (5, 3)] for _ in range(8)]
+        docs = [dict(input_ids_0=a, input_ids_1=b, label=i % 2) for i, (a, b) in enumerate(ids)]
+        (tmp_path / f"retrieval.{split}.pickle").write_bytes(pickle.dumps(docs))
+        pixels = [{"input_ids_0": rng.integers(0, 256, 16), "label": i % 10} for i in range(8)]
+        (tmp_path / f"image.{split}.pickle").write_bytes(pickle.dumps(pixels))
+    for task in ("retrieval", "image"):
+        flags = f"--task {task} --attention softmax --steps 2 --eval-every 1 --batch-size 4"
+        flags += f" --max-len {8 if task == 'retrieval' else 16} --d-model 16 --d-ff 32"
+        result = _lra_run(f"{flags} --data-dir {tmp_path} --out {tmp_path / task}".split())
+        assert result["task"] == task and result["config"]["max_len"] in (8, 16)
 
 
-@pytest.mark.parametrize("flags, empty, said", [  # CIFAR-10, 5 images a batch; test_batch empty?
-    ("--task image --batch-size 2", True, "test_batch: an empty batch"),  # test_acc NaN, once
-    ("--task image", False, "the training split has 22 examples, fewer than one batch"),
-    ("--task pathfinder --pathfinder easy", False, "pathfinder32/curv_baseline/metadata")])
+@pytest.mark.parametrize(
+    "flags, empty, said",
+    [  # CIFAR-10, 5 images a batch; test_batch empty?
+        ("--task image --batch-size 2", True, "test_batch: an empty batch"),  # test_acc NaN, once
+        ("--task image", False, "the training split has 22 examples, fewer than one batch"),
+        ("--task pathfinder --pathfinder easy", False, "pathfinder32/curv_baseline/metadata"),
+    ],
+)
 def test_train_lra_refuses_bad_data_before_training_no_folder_left(flags, empty, said, tmp_path):
     _lra_cifar(tmp_path / "cifar-10-batches-py")
     if empty:
@@ -2687,10 +2674,7 @@ def _lra_stubbed(tmp: pathlib.Path, scores: list, *flags) -> tuple:
     cfg = train_lra.parse_config(argv)
     listops = dict(train_lra.LISTOPS["quick"], train=48, val=12, test=12)
     data, notes = lra_data.load_task("listops", str(tmp / "data"), cfg.max_len, listops=listops)
-    with (
-        mock.patch.object(train_lra, "load_task", lambda **kwargs: (data, notes)),
-        mock.patch.object(train_lra, "evaluate", stub),
-    ):
+    with mock.patch.multiple(train_lra, load_task=lambda **kwargs: (data, notes), evaluate=stub):
         result = _lra_run(argv)
     return result, calls
 
@@ -2709,20 +2693,18 @@ def test_train_lra_text_reuses_the_validation_score_and_logs_each_evaluation(tmp
     score, not evaluated again; a --max-len given far above the inputs is noted; when stderr is
     no terminal (no bar), a line per evaluation."""
     _lra_imdb(tmp_path, {"neg": ["bad", "awful film", "no"], "pos": ["good", "fine film", "ok"]})
-    argv = ["--task", "text", "--attention", "softmax", "--data-dir", str(tmp_path), "--out",
-            str(tmp_path / "run"), "--steps", "4", "--eval-every", "2", "--batch-size", "2",
-            "--max-len", "32", "--d-model", "16", "--d-ff", "32"]  # fmt: skip
+    argv = ["--task", "text", "--data-dir", str(tmp_path), "--out", str(tmp_path / "run")]
+    argv += "--attention softmax --steps 4 --eval-every 2 --batch-size 2 --max-len 32".split()
+    argv += "--d-model 16 --d-ff 32".split()
     printed, evaluate = io.StringIO(), mock.Mock(wraps=train_lra.evaluate)
-    with (
-        mock.patch.object(train_lra, "evaluate", evaluate), _one_thread(),
-        contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO()),
-    ):
+    stdout, stderr = contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO())
+    with mock.patch.object(train_lra, "evaluate", evaluate), _one_thread(), stdout, stderr:
         result = train_lra.main(train_lra.parse_config(argv))
     assert evaluate.call_count == 2 and result["test_acc"] == result["val_acc"]
     lines = printed.getvalue().splitlines()
     assert lines[2].startswith("max_len 32 is more than twice the longest input (10 tokens)")
-    assert [line.split()[:2] for line in lines if line.startswith("step ")] == [
-        ["step", "2"], ["step", "4"]]  # fmt: skip
+    steps = [line.split()[:2] for line in lines if line.startswith("step ")]
+    assert steps == [["step", "2"], ["step", "4"]]
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=_id)
@@ -2733,15 +2715,15 @@ def test_train_lra_and_train_uea_evaluate_is_one_pass_over_a_split_in_eval_mode(
     rng, lengths, cpu = np.random.default_rng(0), np.array([7, 3, 5, 1, 6]), torch.device("cpu")
     if script == "train_lra.py":
         model = train_lra.build(train_lra.parse_config(["--preset", "quick"]), cpu)[0]
-        split = lra_data.Split(rng.integers(1, 16, (5, 7)).astype(np.int16), lengths,
-                               np.zeros(5, np.int64))  # fmt: skip
+        tokens = rng.integers(1, 16, (5, 7)).astype(np.int16)
+        split = lra_data.Split(tokens, lengths, np.zeros(5, np.int64))
         labels, inputs = split.y, train_lra.to_batch(split, np.arange(5), "cpu")
         inputs, n_classes = (inputs["x"], inputs["mask"]), 10
         evaluate = functools.partial(train_lra.evaluate, model, split)
     else:
         x, mask = rng.normal(size=(5, 7, 3)).astype(np.float32), np.arange(7) < lengths[:, None]
-        data = uea_data.UEAData(x, mask, np.zeros(5, np.int64), x, mask, np.zeros(5, np.int64),
-                                ["a", "b"], np.zeros(3), np.ones(3), 0, 0)  # fmt: skip
+        y = np.zeros(5, np.int64)
+        data = uea_data.UEAData(x, mask, y, x, mask, y, ["a", "b"], np.zeros(3), np.ones(3), 0, 0)
         model = train_uea.build(train_uea.parse_config(TINY), data, cpu)[0]
         labels, n_classes = data.y_test, 2
         inputs = train_uea.to_batch(data, "test", np.arange(5), "cpu")[:2]
@@ -2759,8 +2741,9 @@ def test_train_lra_and_train_uea_evaluate_is_one_pass_over_a_split_in_eval_mode(
     assert modes == [False, False, False] and model.training
 
 
-@pytest.mark.parametrize("script, size", [("train_lra.py", "8"), ("train_uea.py", "1"),
-                                          ("train_uea.py", "11")], ids=_id)  # fmt: skip
+@pytest.mark.parametrize(
+    "script, size", [("train_lra.py", "8"), ("train_uea.py", "1"), ("train_uea.py", "11")], ids=_id
+)
 def test_train_lra_and_train_uea_logged_numbers_are_recomputed(tmp_path, script, size):
     """--lr 1e-12 keeps the first weights: logged losses (+ aux) are their cross-entropy per
     example, accuracies counted ones; batches: LRA all 8 in one, UEA 12 cases 1 x 12 or 11 + 1."""
@@ -2772,8 +2755,10 @@ def test_train_lra_and_train_uea_logged_numbers_are_recomputed(tmp_path, script,
     data = lra_data.load_task(**ckpt["data"])[0] if lra else uea_data.load_uea(**ckpt["data"])
     for split in ("train", "val") if lra else ("train", "test"):
         idx = np.arange(8 if lra and split == "train" else 12)
-        x, mask, y = ([train_lra.to_batch(data[split], idx, "cpu")[k] for k in ("x", "mask", "y")]
-                      if lra else train_uea.to_batch(data, split, idx, "cpu"))  # fmt: skip
+        if lra:
+            x, mask, y = map(train_lra.to_batch(data[split], idx, "cpu").get, ("x", "mask", "y"))
+        else:
+            x, mask, y = train_uea.to_batch(data, split, idx, "cpu")
         logits, aux = model(x, mask)
         want[f"{split}_loss"] = (F.cross_entropy(logits, y) + aux * (split == "train")).item()
         want[f"{split}_acc"] = (logits.argmax(-1) == y).sum().item() / len(idx)
@@ -2799,18 +2784,19 @@ def test_train_lra_and_train_uea_schedule_steps_and_clock_are_the_formulas(tmp_p
         return evaluate(*args)
 
     more = ["--steps", "7", "--warmup", "3", "--listops-size", "22"] if lra else ["--epochs", "3"]
-    with (mock.patch.multiple(module, train_step=step, evaluate=evaluating),
-          mock.patch.object(module.time, "time", lambda: clock[0])):  # fmt: skip
+    clocked = mock.patch.object(module.time, "time", lambda: clock[0])
+    with mock.patch.multiple(module, train_step=step, evaluate=evaluating), clocked:
         result = _train_both(tmp_path, script, tmp_path / "run", "--batch-size", "5", *more)[0]
     W, S, lr = 3, 7, 1e-3  # LRA: pct of the phase at step t = 0 .. S - 1
     pct = [t / (W - 1) if t < W else (t - W + 1) / (S - W) for t in range(S)]
-    want = [[lr / 25 + p * (lr - lr / 25), 0.95 - 0.1 * p] if t < W else
-            [lr + p * (lr / 25e4 - lr), 0.85 + 0.1 * p] for t, p in enumerate(pct)]  # fmt: skip
-    assert seen == pytest.approx([x for row in (want if lra else [[lr, 0.9]] * 9)  # + β₂, eps, no
-                                  for x in [*row, 0.999, 1e-6 if lra else 1e-8, 0]])  # decay
+    want = [[lr / 25 + p * (lr - lr / 25), 0.95 - 0.1 * p] for p in pct[:W]]
+    want += [[lr + p * (lr / 25e4 - lr), 0.85 + 0.1 * p] for p in pct[W:]]
+    rows, eps = (want, 1e-6) if lra else ([[lr, 0.9]] * 9, 1e-8)  # lr, β₁ (+ β₂, eps, no decay)
+    assert seen == pytest.approx([x for row in rows for x in [*row, 0.999, eps, 0]])
     log, evals = _log(tmp_path / "run"), [2, 4, 6, 7] if lra else [3, 6, 9]  # after these steps
     assert [(r["lr"], r["time_s"]) for r in log if lra] == [  # time_s: steps, evaluations so far
-        (seen[5 * k - 5], k + 10 * i) for i, k in enumerate(evals, 1) if lra]  # fmt: skip
+        (seen[5 * k - 5], k + 10 * i) for i, k in enumerate(evals, 1) if lra
+    ]
     assert result["wall_s"] == evals[-1] + 10 * len(evals) + 10 * lra  # LRA: + the test split
     for flags in [["--task", task] for task in train_lra.TASKS] + [["--preset", "quick"]]:
         preset = train_lra.QUICK if "quick" in flags else train_lra.TASKS[flags[1]]
@@ -2826,13 +2812,10 @@ def _as_rank(module, rank: int) -> contextlib.ExitStack:
     names = ("init_process_group", "barrier", "all_reduce", "destroy_process_group")
     fake = types.SimpleNamespace(**calls, **{k: lambda *a, **kw: None for k in names})
     stack = contextlib.ExitStack()
-    for patch in (
-        mock.patch.dict(os.environ, {"RANK": str(rank), "WORLD_SIZE": "2"}),
-        mock.patch.multiple(runs, dist=fake, RANK=rank, WORLD=2),
-        mock.patch.object(module, "dist", fake),
-        mock.patch.object(torch.nn.parallel, "DistributedDataParallel", lambda m: m),
-    ):
-        stack.enter_context(patch)
+    stack.enter_context(mock.patch.dict(os.environ, {"RANK": str(rank), "WORLD_SIZE": "2"}))
+    stack.enter_context(mock.patch.multiple(runs, dist=fake, RANK=rank, WORLD=2))
+    stack.enter_context(mock.patch.object(module, "dist", fake))
+    stack.enter_context(mock.patch("torch.nn.parallel.DistributedDataParallel", lambda m: m))
     return stack
 
 
@@ -2853,14 +2836,12 @@ def test_train_lra_and_train_uea_batches_follow_the_documented_order(tmp_path, s
                 taken.append(np.asarray(idx).tolist())
             return real(*args)
 
-        with (
-            _as_rank(module, rank) if rank is not None else contextlib.nullcontext(),
-            mock.patch.object(module, "to_batch", recording),
-        ):
+        ranked = _as_rank(module, rank) if rank is not None else contextlib.nullcontext()
+        with ranked, mock.patch.object(module, "to_batch", recording):
             _train_both(tmp_path, script, tmp_path / f"r{rank}", *more, "--batch-size", str(batch))
         assert torch.initial_seed() == seed + (rank or 0)  # dropout's: a seed of each process
-    orders = [np.random.default_rng([seed, e]).permutation(n).tolist() for e in
-              ((0, 1, 2) if lra else (1, 2))]  # fmt: skip
+    epochs = (0, 1, 2) if lra else (1, 2)
+    orders = [np.random.default_rng([seed, e]).permutation(n).tolist() for e in epochs]
     per_epoch = range(0, n - size + 1 if lra else n, size)
     assert seen[None] == [o[k : k + size] for o in orders for k in per_epoch][: 12 if lra else 6]
     assert orders[0] != orders[1]
@@ -2894,9 +2875,8 @@ class _RecordingScaler:
 def test_train_lra_train_step_order_zero_grad_scale_step_update():
     """One step: gradients zeroed first, then scale, step, update (the official LRA code does
     not clip), then the schedule moves on."""
-    model, opt, sched, _ = train_lra.build(
-        train_lra.parse_config(["--preset", "quick", "--d-model", "16"]), torch.device("cpu")
-    )
+    cfg = train_lra.parse_config(["--preset", "quick", "--d-model", "16"])
+    model, opt, sched, _ = train_lra.build(cfg, torch.device("cpu"))
     calls, zero_grad = [], opt.zero_grad
     opt.zero_grad = lambda **kw: (calls.append("zero_grad"), zero_grad(**kw))[1]
     sched.step = lambda: calls.append("schedule")
@@ -2952,8 +2932,8 @@ def test_train_uea_evaluates_the_first_every_eval_every_and_the_last_epoch(tmp_p
     assert [r["epoch"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert [r["epoch"] for r in records if "test_acc" in r] == [1, 2, 4, 6]
     assert [r["best_test_acc"] for r in records if "test_acc" in r] == [0.5, 0.9, 0.9, 0.9]
-    assert (result["best_test_acc"], result["best_test_epoch"], result["final_test_acc"]) == (
-        0.9, 2, 0.6)  # fmt: skip
+    best = (result["best_test_acc"], result["best_test_epoch"], result["final_test_acc"])
+    assert best == (0.9, 2, 0.6)
 
 
 def test_train_uea_a_constant_training_channel_is_said_and_does_not_blow_test_up(tmp_path):
@@ -2975,8 +2955,8 @@ def test_train_uea_a_constant_training_channel_is_said_and_does_not_blow_test_up
 
 def test_train_lra_and_test_train_uea_from_the_command_line(tmp_path):
     """The command line: settings first, RESULT last; missing data one line; --download."""
-    run = _cli("train_lra.py", *_lra_args(tmp_path, tmp_path / "run", "--steps", "2"),
-               "--attention", "softmax")  # fmt: skip
+    argv = _lra_args(tmp_path, tmp_path / "run", "--steps", "2", "--attention", "softmax")
+    run = _cli("train_lra.py", *argv)
     assert run.returncode == 0, run.stderr[-2000:]
     lines = run.stdout.strip().splitlines()
     assert json.loads(lines[0])["attention"] == "softmax" and lines[-1].startswith("RESULT ")
@@ -2992,8 +2972,9 @@ def test_train_lra_and_test_train_uea_from_the_command_line(tmp_path):
         for p in source.iterdir():
             z.write(p, f"Toy/{p.name.upper()}")
     argv = [*TINY, "--dataset", "Toy", "--epochs", "1", "--data-dir", str(tmp_path / "data")]
-    result, _ = _uea_run([*argv, "--download", "--download-url", server.as_uri(), "--out",
-                          str(tmp_path / "r")])  # fmt: skip
+    result, _ = _uea_run(
+        [*argv, "--download", "--download-url", server.as_uri(), "--out", str(tmp_path / "r")]
+    )
     for p in source.iterdir():
         assert (tmp_path / "data" / "Toy" / p.name).read_bytes() == p.read_bytes()
     assert result["final_test_acc"] is not None
@@ -3001,9 +2982,9 @@ def test_train_lra_and_test_train_uea_from_the_command_line(tmp_path):
 
 def _torchrun(script: str, *argv, ok=True) -> subprocess.CompletedProcess:
     torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    run = subprocess.run([sys.executable, *torchrun, str(HERE / script), *argv], cwd=HERE,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    command = [sys.executable, *torchrun, str(HERE / script), *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(command, cwd=HERE, env=env, capture_output=True, text=True, timeout=120)
     assert (run.returncode == 0) is ok, run.stderr[-3000:]
     return run
 
@@ -3023,8 +3004,8 @@ def test_train_lra_and_train_uea_torchrun_two_cpu_processes_match_one(tmp_path, 
         argv.append("--resume")
     run = _torchrun(script, *argv)
     assert run.stdout.count("RESULT ") == 1 and "cpu x 2" in run.stdout, run.stderr[-3000:]
-    one, two = (torch.load(tmp_path / r / "checkpoint.pt", weights_only=False)["model"]
-                for r in ("one", "two"))  # fmt: skip
+    paths = [tmp_path / r / "checkpoint.pt" for r in ("one", "two")]
+    one, two = (torch.load(path, weights_only=False)["model"] for path in paths)
     # Adam turns a gradient of ~0 into a step of ±lr whose sign depends on rounding (the
     # all-reduce sums in another order), so a few weights may differ by ~lr; a broken DDP
     # (unsynchronised or unscaled gradients) changes nearly all of them.
@@ -3123,10 +3104,8 @@ def test_runs_ctrl_c_says_how_to_go_on(tmp_path, script):
     again (what it left is no run: --resume says so too); after it, --resume from it."""
     module, unit = SCRIPTS[script]
     err = io.StringIO()
-    with (
-        mock.patch.object(module, "train_step", mock.Mock(side_effect=KeyboardInterrupt)),
-        pytest.raises(SystemExit) as stop,
-    ):
+    interrupt = mock.patch.object(module, "train_step", mock.Mock(side_effect=KeyboardInterrupt))
+    with interrupt, pytest.raises(SystemExit) as stop:
         _train_both(tmp_path, script, tmp_path / "run", printed=err)
     assert stop.value.code == 130 and os.listdir(tmp_path / "run") != ["lock"]
     assert "before the first checkpoint: the same command starts the run again" in err.getvalue()
@@ -3143,18 +3122,19 @@ def test_runs_ctrl_c_says_how_to_go_on(tmp_path, script):
     assert f"interrupted; continue from its {unit} {done} with --resume" in err.getvalue()
 
 
-@pytest.mark.parametrize("script, cut", [("train_lra.py", "pipe"), ("diagnose.py", "pipe"),
-                                         ("train_lra.py", "ctrl-c")])  # (train_uea.py: runs.run)
+@pytest.mark.parametrize(
+    "script, cut", [("train_lra.py", "pipe"), ("diagnose.py", "pipe"), ("train_lra.py", "ctrl-c")]
+)  # (train_uea.py: runs.run)
 def test_runs_a_closed_stdout_or_ctrl_c_in_listops_workers_is_one_sentence(tmp_path, script, cut):
     """`| head` gone: a run stops as after Ctrl-C, said; diagnose.py writes its files. Ctrl-C while
     the paper preset's ListOps shards generate: the run's sentence alone; first a CPU note."""
-    argv = _argv(tmp_path, script, tmp_path / "run") if cut == "pipe" else [
-        "--device", "cpu", "--data-dir", tmp_path, "--out", tmp_path / "run"]  # fmt: skip
+    paper_preset = ["--device", "cpu", "--data-dir", tmp_path, "--out", tmp_path / "run"]
+    argv = _argv(tmp_path, script, tmp_path / "run") if cut == "pipe" else paper_preset
     if script == "diagnose.py":  # a run to diagnose
         argv = [_train_both(tmp_path, "train_uea.py", tmp_path / "run")[1] and tmp_path / "run"]
-    with subprocess.Popen([sys.executable, HERE / script, *argv], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True, start_new_session=True,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}) as run:  # fmt: skip
+    kw = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with subprocess.Popen([sys.executable, HERE / script, *argv], env=env, **kw) as run:
         if cut == "pipe":  # long before its first line (the imports take seconds)
             run.stdout.close()
         else:  # after its settings, 1.5 s into the data: the shards' workers run
@@ -3175,10 +3155,10 @@ def test_runs_one_run_per_folder_checked_under_the_lock(tmp_path, script):
     checked under the lock; a fresh run never overwrites a run; --overwrite starts it again."""
     out = tmp_path / "run"
     out.mkdir()
-    holder = subprocess.Popen(
-        [sys.executable, "-c", "import fcntl, sys, time; f = open(sys.argv[1], 'a'); "
-         "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)",
-         str(out / "lock")], stdout=subprocess.PIPE, text=True)  # fmt: skip
+    hold = "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+    hold += "print('held', flush=True); time.sleep(60)"
+    command = [sys.executable, "-c", hold, str(out / "lock")]
+    holder = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "held"
     assert "in use by another run" in _stops(tmp_path, script, out) and os.listdir(out) == ["lock"]
     holder.kill()
@@ -3510,7 +3490,8 @@ def test_diagnose_implied_matrix_equals_an_independent_dense_reference(kind):
         "agf": lambda: AGFAttention(16, 2, order=3, basis="legendre"),
         "gfsa": lambda: GFSAttention(16, 2, order=4, w0=0.3),
         "primal": lambda: PrimalAttention(16, 2, rank=3, rank_multi=2, max_len=10),
-    }[kind]().double().eval()
+    }[kind]().double()
+    layer.eval()
     with torch.no_grad():  # non-trivial filters (at init AGF has g ≡ 1, GFSA is plain Ā)
         if kind == "agf":
             layer.poly_filter.theta.normal_()
@@ -3531,8 +3512,8 @@ def _diag_mixed_run():
     """An untrained 4-layer UEA-style model with one layer of each kind, and its diagnosis."""
     torch.manual_seed(0)
     kinds, primal = ["softmax", "agf", "gfsa", "primal"], {"primal": {"rank": 3, "rank_multi": 2}}
-    cfg = ModelConfig(n_classes=3, max_len=10, n_features=16, style="uea", d_model=16, n_heads=2,
-                      n_layers=4, attention=kinds, attention_kwargs=primal)  # fmt: skip
+    shape = dict(n_classes=3, max_len=10, n_features=16, style="uea", d_model=16, n_heads=2)
+    cfg = ModelConfig(**shape, n_layers=4, attention=kinds, attention_kwargs=primal)
     model = Classifier(cfg).double().eval()
     with torch.no_grad():
         model.blocks[1].attn.poly_filter.theta.normal_()
@@ -3695,8 +3676,8 @@ def test_diagnose_uea_runs_a_sweep_table_and_its_glob_again(uea_runs, tmp_path, 
     assert not list(tmp_path.iterdir())  # nothing written here
     table = printed[printed.index("cosine similarity per layer") :].splitlines()[1:4]
     assert len({len(line) for line in table}) == 1  # fixed width: every line ends on a number
-    assert table[0].split() == ["run", "weights", "attention", "layers", "cos_per_layer",
-                                "cos_last", "final_test_acc"]  # fmt: skip
+    columns = "run weights attention layers cos_per_layer cos_last final_test_acc"
+    assert table[0].split() == columns.split()
     rows = list(csv.DictReader(open(sweep / "comparison.csv")))
     curves = list(csv.DictReader(open(sweep / "cosine_per_layer.csv")))  # the plot's data
     y = load_uea(str(UEA_DIR), "JapaneseVowels").y_test
@@ -3750,8 +3731,9 @@ def test_diagnose_uea_runs_a_sweep_table_and_its_glob_again(uea_runs, tmp_path, 
         first = (run / "diagnose" / "train" / "summary.txt").read_text().splitlines()[0]
         assert first.startswith(f"JapaneseVowels train, attention {run.name}, 2 layers: 16 ")
     check = "import sys, diagnose; print(sorted({'train_lra', 'train_uea'} & set(sys.modules)))"
-    imported = subprocess.run([sys.executable, "-c", check], cwd=HERE, capture_output=True,
-                              text=True, timeout=120)  # fmt: skip
+    imported = subprocess.run(
+        [sys.executable, "-c", check], cwd=HERE, capture_output=True, text=True, timeout=120
+    )
     assert imported.returncode == 0 and imported.stdout.strip() == "[]", imported.stderr
 
 
@@ -3779,8 +3761,8 @@ def test_diagnose_bad_input_gets_one_clear_line(uea_runs, tmp_path):
     assert "JapaneseVowels is not in" in message and "point --data-dir at its data" in message
     denied = PermissionError(13, "Permission denied")  # a run folder one may only read
     with mock.patch.object(pathlib.Path, "mkdir", side_effect=denied):
-        assert "(Permission denied): choose a folder to write to with --out" in _diag_error(
-            [uea_runs[0]])  # fmt: skip
+        message = _diag_error([uea_runs[0]])
+    assert "(Permission denied): choose a folder to write to with --out" in message
     ckpt = torch.load(uea_runs[0] / "checkpoint.pt", weights_only=False)
     ckpt["model_config"]["n_layers"] = 3
     (tmp_path / "other").mkdir()
@@ -3872,8 +3854,8 @@ def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path,
         lines = bench.main(argv)
         first = pathlib.Path("runs/bench/bench_cpu.csv").read_bytes()
         again = gpu_bench.main(["--kinds", "agf", "--ns", "32", "--repeats", "1", "--warmup", "0"])
-    assert [c.args[0].as_posix() for c in fig.savefig.call_args_list] == [
-        "runs/bench/bench_cpu.png", "runs/bench/bench_cpu_2.png"] and os.listdir() == ["runs"]
+    png = [c.args[0].as_posix() for c in fig.savefig.call_args_list]
+    assert png == [f"runs/bench/bench_cpu{s}.png" for s in ("", "_2")] and os.listdir() == ["runs"]
     assert first == pathlib.Path("runs/bench/bench_cpu.csv").read_bytes()  # kept
     assert again == ["no log-log slopes: every N measured is below --fit-min 1024"]
     assert f"\n{again[0]}\n" in out.getvalue() and bench.slopes([dict(what="step")], 1) == []
@@ -3898,8 +3880,8 @@ def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path,
         want = [math.log(float(b[k]) / float(a[k])) / math.log(2) for k in ("fwdbwd_ms", "mem_mib")]
         assert [float(line.split()[i]) for i in (4, 6)] == pytest.approx(want, abs=0.0066), line
     assert bench.slope([1, 2, 4], [3, 12, 48]) == pytest.approx(2.0)  # quadratic
-    rows = [dict(what="layer", kind="agf", dtype="float32", mode="graphs", N=n, fwdbwd_ms=n / 4)
-            for n in (8, 16)]  # fmt: skip
+    row = dict(what="layer", kind="agf", dtype="float32", mode="graphs")
+    rows = [dict(row, N=n, fwdbwd_ms=n / 4) for n in (8, 16)]
     assert re.search(r"agf float32 graphs\s+time  1.00   memory     -", bench.slopes(rows, 8)[1])
 
 
@@ -3956,8 +3938,8 @@ def test_bench_out_of_memory_skips_that_n_and_larger_but_not_smaller_ones(tmp_pa
     big = _BenchLayer(fail_from=64, error=torch.cuda.OutOfMemoryError("CUDA out of memory"))
     argv = ["--ns", "64", "128", "32", "--fit-min", "32", "--repeats", "1"]
     rows = _bench_run(monkeypatch, tmp_path, {"big": big}, argv)
-    assert [(r["N"], r.get("note", "")) for r in rows] == [(64, "out of memory: larger N skipped"),
-                                                           (32, "")]  # fmt: skip
+    oom = "out of memory: larger N skipped"
+    assert [(r["N"], r.get("note", "")) for r in rows] == [(64, oom), (32, "")]
 
 
 def test_bench_graphs_mode_and_a_graph_break_are_said_in_the_note(tmp_path, monkeypatch):
@@ -4044,7 +4026,8 @@ def test_bench_report_compares_modes_and_each_kind_at_its_fastest_with_softmax_i
     ]
     assert gpu_bench.against_softmax(rows)[1:] == [
         "  step  N=  4096 (softmax compiled bfloat16): primal 2.00x (graphs bfloat16)",
-        "  layer N=  4096 (softmax graphs bfloat16): agf 2.00x (compiled float32, 10x its floor)"]
+        "  layer N=  4096 (softmax graphs bfloat16): agf 2.00x (compiled float32, 10x its floor)",
+    ]
     assert gpu_bench.against_softmax([r for r in rows if r["kind"] != "softmax"]) == []
     line = gpu_bench.side_by_side(rows)[1]  # layer softmax bf16: eager 3, compiled 2.5, graphs 2
     assert "3.00 ms  compiled     2.50 ms  graphs     2.00 ms  (compiled is 1.50x as fast)" in line
@@ -4070,8 +4053,8 @@ def test_readme_picture_is_drawn_beside_its_script_or_needs_matplotlib(tmp_path,
     monkeypatch.chdir(tmp_path)
     plt = mock.MagicMock(**{"subplots.side_effect": lambda rows, cols, **_: (plt, [plt] * cols)})
     png, said = (HERE / "figures" / "attentions.png").resolve(), []
-    for stub in [{"matplotlib": None}, {"matplotlib": mock.MagicMock(pyplot=plt),
-                                        "matplotlib.pyplot": plt}] * 2:  # fmt: skip
+    pyplot = {"matplotlib": mock.MagicMock(pyplot=plt), "matplotlib.pyplot": plt}
+    for stub in [{"matplotlib": None}, pyplot] * 2:
         with mock.patch.dict(sys.modules, stub), contextlib.redirect_stdout(io.StringIO()) as out:
             try:  # python figures/attentions.py
                 runpy.run_path(str(HERE / "figures" / "attentions.py"), run_name="__main__")
@@ -4142,24 +4125,19 @@ def test_readme_and_results_commands_parse(monkeypatch, tmp_path):
                 with contextlib.suppress(Parsed):
                     diagnose.main(argv)
 
-    commands = []
-    for doc in ("README.md", "RESULTS.md", "NOTES.md"):
-        commands += [(doc, *c) for c in _documented_commands((HERE / doc).read_text())]
-    outs = {a[i + 1].split("/")[0] + "/" for *_, a, _ in commands for i in range(len(a) - 1)
-            if a[i] in ("--out", "--csv")}  # fmt: skip
+    docs = ("README.md", "RESULTS.md", "NOTES.md")
+    commands = [(d, *c) for d in docs for c in _documented_commands((HERE / d).read_text())]
+    pairs = [pair for *_, a, _ in commands for pair in itertools.pairwise(a)]
+    outs = {value.split("/")[0] + "/" for flag, value in pairs if flag in ("--out", "--csv")}
     assert outs <= set((HERE / ".gitignore").read_text().split()), outs  # runs/, diagnosis/
-    assert {c[1] for c in commands} == {"train_lra", "train_uea", "bench", "diagnose",
-                                        ".ci/gpu_bench"}, commands  # fmt: skip
+    scripts = {"train_lra", "train_uea", "bench", "diagnose", ".ci/gpu_bench"}
+    assert {c[1] for c in commands} == scripts, commands
     assert len(commands) >= 100, commands  # the sweeps of RESULTS.md, every value of each loop
     monkeypatch.chdir(tmp_path)
-    with (
-        mock.patch.object(torch.cuda, "is_available", return_value=True),
-        mock.patch.object(torch.cuda, "device_count", return_value=1),
-    ):
+    with mock.patch.multiple(torch.cuda, is_available=lambda: True, device_count=lambda: 1):
         for doc, name, argv, written in commands:
-            err = io.StringIO()
             try:
-                with contextlib.redirect_stderr(err):
+                with contextlib.redirect_stderr(io.StringIO()) as err:
                     parse(name, argv)
             except SystemExit as e:
                 if e.code == 0 and argv[-1:] == ["--help"]:  # `python bench.py --help`: parsed
@@ -4172,12 +4150,10 @@ def test_readme_and_results_commands_parse(monkeypatch, tmp_path):
 # CUDA: skipped without a GPU (`.ci/gpu` runs them where there is one)
 # ----------------------------------------------------------------------------------------------
 
-
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
-
-
-ATTENTIONS = {"softmax": SoftmaxAttention, "agf": AGFAttention, "primal": PrimalAttention,
-              "gfsa": GFSAttention}  # fmt: skip
+ATTENTIONS = dict(
+    softmax=SoftmaxAttention, agf=AGFAttention, primal=PrimalAttention, gfsa=GFSAttention
+)
 
 
 @cuda
@@ -4248,8 +4224,8 @@ def test_cuda_lra_resume_continues_the_same_run():
     non-deterministic summation order; other dropout masks would move them by ~1e-3."""
     with tempfile.TemporaryDirectory() as tmp:
         tmp = pathlib.Path(tmp)
-        straight, resumed, logs = _straight_and_resumed(tmp, "train_lra.py", "--device", "cuda",
-                                                        "--no-amp")
+        args = tmp, "train_lra.py", "--device", "cuda", "--no-amp"
+        straight, resumed, logs = _straight_and_resumed(*args)
         a, b = (torch.load(tmp / r / "checkpoint.pt", weights_only=False) for r in "ab")
         assert a["cuda_rng"] is not None
         for k in a["model"]:
@@ -4263,16 +4239,15 @@ def test_cuda_training_scripts_and_torchrun_end_with_a_result_line():
     """train_uea.py and train_lra.py --preset quick --device cuda (a few steps), and torchrun with
     one process on NCCL, each end with RESULT {json} naming the GPU."""
     with tempfile.TemporaryDirectory() as tmp:
-        torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-        commands = [[sys.executable, "train_lra.py", *_lra_args(tmp + "/data", tmp + "/lra")]]
-        commands += [torchrun + ["--nproc_per_node", "1", "train_lra.py",
-                                 *_lra_args(tmp + "/data", tmp + "/ddp")]]  # fmt: skip
+        torchrun = "-m torch.distributed.run --standalone --nproc_per_node 1".split()
+        commands = [["train_lra.py", *_lra_args(tmp + "/data", tmp + "/lra")]]
+        commands += [[*torchrun, "train_lra.py", *_lra_args(tmp + "/data", tmp + "/ddp")]]
         if (UEA_DIR / "JapaneseVowels").exists():
-            commands += [[sys.executable, "train_uea.py", *TINY, "--epochs", "2", "--data-dir",
-                          str(UEA_DIR), "--out", tmp + "/uea"]]  # fmt: skip
+            uea = [*TINY, "--epochs", "2", "--data-dir", str(UEA_DIR), "--out", tmp + "/uea"]
+            commands += [["train_uea.py", *uea]]
         for argv in commands:
-            run = subprocess.run([*argv, "--device", "cuda"], cwd=HERE, capture_output=True,
-                                 text=True, timeout=300)  # fmt: skip
+            argv = [sys.executable, *argv, "--device", "cuda"]
+            run = subprocess.run(argv, cwd=HERE, capture_output=True, text=True, timeout=300)
             assert run.returncode == 0, run.stderr[-3000:]
             result = json.loads(run.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
             assert torch.cuda.get_device_name() in result["device"], result["device"]
@@ -4283,12 +4258,11 @@ def test_cuda_bench_measures_eager_compiled_and_cuda_graphs_side_by_side(tmp_pat
     """.ci/gpu_bench.py on the GPU: AGF and Primal layers and an AGF training step in the three
     modes, each measured (none fails to compile), graphs rows without a memory figure, eager
     rows with their operators. Last of the CUDA tests: its compiles take the longest."""
-    common = ["--device", "cuda", "--repeats", "2", "--warmup", "1", "--kinds", "agf"]
+    common = "--device cuda --repeats 2 --warmup 1 --kinds agf".split()
+    layer, step = "primal --ns 512 --fit-min 512", "--what step --step-ns 256 --step-batch 4"
     with contextlib.redirect_stdout(io.StringIO()) as out:
-        gpu_bench.main([*common, "primal", "--ns", "512", "--fit-min", "512", "--csv",
-                        str(tmp_path / "layer.csv")])  # fmt: skip
-        gpu_bench.main([*common, "--what", "step", "--step-ns", "256", "--step-batch", "4",
-                        "--csv", str(tmp_path / "step.csv")])  # fmt: skip
+        for what, flags in (("layer", layer), ("step", step)):
+            gpu_bench.main([*common, *flags.split(), "--csv", str(tmp_path / f"{what}.csv")])
     rows = [r for f in ("layer", "step") for r in csv.DictReader(open(tmp_path / f"{f}.csv"))]
     modes = ("eager", "compiled", "graphs")
     want = {("layer", k, m) for k in ("agf", "primal") for m in modes}
