@@ -2178,8 +2178,8 @@ def test_uea_data_numpy_arrays_clipping_and_padding_notes_and_no_torch(tmp_path)
     """Numpy arrays, masks of the lengths; clipped TRAIN and TEST cases counted and said; max_len
     over twice the longest series (6) said, exactly twice not; uea_data does not import torch."""
     rng = np.random.default_rng(2)
-    rows = lambda lengths: [_row(*rng.normal(size=(2, n)), label="up") for n in lengths]  # noqa
-    _dataset(tmp_path, rows([2, 4, 5]) + [_row([1, 2], [3, 4], label="down")], rows([6, 1]))
+    up = lambda n: _row(*rng.normal(size=(2, n)), label="up")  # noqa: E731
+    _dataset(tmp_path, [up(2), up(4), up(5), _row([1, 2], [3, 4], label="down")], [up(6), up(1)])
     default = load_uea(str(tmp_path), "Toy")  # max_len 5, the longest TRAIN series
     for split, n in (("train", 4), ("test", 2)):  # numpy arrays: x float32, mask bool, y int64
         arrays = [getattr(default, f"{k}_{split}") for k in ("x", "mask", "y")]
