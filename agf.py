@@ -154,15 +154,8 @@ class AGFAttention(nn.Module):
         )
 
     def factors(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, ...]:
-        """Steps 1-4 of forward: U, g(Σ), V and the values, in float32 (float64 stays float64).
-
-        Args:
-            x: input tokens.                         (B, N, D)
-            mask: True = real token, or None.        (B, N)
-        Returns:
-            u, g, v, values, each                    (B, H, N, d)
-            u and v are zero at padded tokens.
-        """
+        """Steps 1-4 of forward: U, g(Σ), V and the values, (B, H, N, d) each, in float32 (float64
+        stays float64), for x (B, N, D), mask (B, N) or None; u and v are 0 at padded tokens."""
         B, N, D = x.shape
         if mask is not None:
             # Junk at padded tokens (even NaN, as 0 · NaN = NaN) must not reach anything below.
@@ -220,14 +213,9 @@ class AGFAttention(nn.Module):
 
 
 def masked_token_softmax(logits: Tensor, mask: Tensor | None) -> Tensor:
-    """V(X): softmax over the token axis N, with padded tokens getting exactly zero weight.
-
-    Args:
-        logits: X W_V, split into heads.            (B, H, N, d)
-        mask: True = real token, or None.           (B, N)
-    Returns:
-        V, each column a distribution over the real tokens (all zero if none). (B, H, N, d)
-    """
+    """V(X) (B, H, N, d): softmax of the logits X W_V (B, H, N, d) over the token axis N, where
+    padded tokens (False in mask (B, N); None: no padding) get exactly zero weight. Each column is
+    a distribution over the real tokens (all zero if none)."""
     if mask is None:
         return logits.softmax(dim=-2)
     keep = mask[:, None, :, None]  # (B, 1, N, 1)

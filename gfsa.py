@@ -187,8 +187,7 @@ class GFSAttention(nn.Module):
         self.kernel, self.evaluation, self.high_order = kernel, evaluation, high_order
         self.W_qkv = nn.Linear(d_model, 3 * d_model)  # W_Q, W_K, W_val of all heads, fused
         self.W_o = nn.Linear(d_model, d_model)  # output projection
-        # wK: one learnable scalar per head, init 0, as in the official code; at init (w0 = 0)
-        # the layer is exactly softmax attention. w0 and w1 are fixed unless asked for.
+        # wK per head, learned from 0 (official code): at init (w0 = 0) exactly softmax attention
         # NOTE: differs from GFSA Eq. 5, where w0 and w1 may be learned: fixed by default, because
         #       the official code fixes them; learn_w0 / learn_w1 give the paper's form.
         self.wK = nn.Parameter(torch.zeros(n_heads))
@@ -200,7 +199,6 @@ class GFSAttention(nn.Module):
                 self.register_buffer(name, value, persistent=False)
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Args: x (B, N, D); mask (B, N) bool, True = real token. Returns: y (B, N, D), aux ()."""
         _check_inputs(x, mask, self.W_qkv.weight)  # TypeError / ValueError naming the argument
         B, N, D = x.shape
         if mask is not None:  # padded tokens are replaced, not multiplied by 0 (0 · NaN = NaN)
@@ -238,9 +236,8 @@ def attention_keep_mask(
 
     Args:
         mask: (B, N) bool, True = real token, or None (all tokens real).
-        n: N, number of tokens.
+        n, device: N, the number of tokens, and where to build the mask.
         causal: query t may only see keys <= t.
-        device: where to build the mask.
     Returns:
         None (no restriction), (B, 1, 1, N) key padding, (N, N) causal, or (B, 1, N, N) both.
     """

@@ -161,13 +161,8 @@ class PrimalAttention(nn.Module):
         self.W_o = nn.Linear(d_model, d_model)  # output projection
 
     def feature_maps(self, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Cosine feature maps φ_q = q / ‖q‖₂, φ_k = k / ‖k‖₂ (no softmax, no √d).
-
-        Args:
-            x: layer input (B, N, D); mask (B, N) bool.
-        Returns:
-            phi_q, phi_k                                              (B, H, N, d) each
-        """
+        """Cosine feature maps φ_q = q / ‖q‖₂, φ_k = k / ‖k‖₂ (no softmax, no √d), (B, H, N, d)
+        each, for x (B, N, D), mask (B, N) bool."""
         B, N, _ = x.shape
         q = self.W_q(x).view(B, N, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, N, d)
         k = self.W_k(x).view(B, N, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, N, d)
@@ -177,11 +172,7 @@ class PrimalAttention(nn.Module):
         return tuple(F.normalize(z.transpose(1, 2), p=2.0, dim=-1).transpose(1, 2) for z in (q, k))
 
     def sampled_tokens(self, x: Tensor, mask: Tensor) -> Tensor | None:
-        """f(X) split into heads by *input* channels, as the official code; None if causal.
-
-        Returns:
-            f_x                                                       (B, H, m, d) or None
-        """
+        """f(X) (B, H, m, d), heads split by *input* channels (official code); None if causal."""
         if self.causal:  # sampling tokens from the whole sequence would leak the future
             return None
         f_x = sample_real_tokens(x, mask, self.n_samples)  # (B, m, D)

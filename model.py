@@ -89,8 +89,9 @@ class SoftmaxAttention(nn.Module):
 
 
 # A plain dict, not a registry: one place to read which name builds which class.
-ATTENTION = {"softmax": SoftmaxAttention, "agf": AGFAttention, "primal": PrimalAttention,
-             "gfsa": GFSAttention}  # fmt: skip
+ATTENTION = dict(
+    softmax=SoftmaxAttention, agf=AGFAttention, primal=PrimalAttention, gfsa=GFSAttention
+)
 AUX_KINDS = ("agf", "primal")  # mechanisms with an auxiliary loss, averaged over their layers
 
 
