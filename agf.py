@@ -39,7 +39,6 @@ Depends on:  torch, polynomials.py (copy both)
 
 import math
 import time
-from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -122,9 +121,19 @@ class AGFAttention(nn.Module):
         y is in x's dtype and is 0 at padded positions.
     """
 
-    def __init__(self, d_model: int, n_heads: int, *, order: int = 5, basis: str = "jacobi",
-                 alpha: float = 2.0, beta: float = -1.0, ortho_weight: float = 0.01,
-                 fix_theta0: bool = True, variant: str = "agf"):  # fmt: skip
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        order: int = 5,
+        basis: str = "jacobi",
+        alpha: float = 2.0,
+        beta: float = -1.0,
+        ortho_weight: float = 0.01,
+        fix_theta0: bool = True,
+        variant: str = "agf",
+    ):
         super().__init__()
         if d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
@@ -144,16 +153,9 @@ class AGFAttention(nn.Module):
             PolynomialFilter(order, basis, alpha, beta, fix_theta0) if filtered else None
         )
 
-    def factors(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, ...]:
-        """Steps 1-4 of forward: U, g(Σ), V and the values, in float32 (float64 stays float64).
-
-        Args:
-            x: input tokens.                         (B, N, D)
-            mask: True = real token, or None.        (B, N)
-        Returns:
-            u, g, v, values, each                    (B, H, N, d)
-            u and v are zero at padded tokens.
-        """
+    def factors(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, ...]:
+        """Steps 1-4 of forward: U, g(Σ), V and the values, (B, H, N, d) each, in float32 (float64
+        stays float64), for x (B, N, D), mask (B, N) or None; u and v are 0 at padded tokens."""
         B, N, D = x.shape
         if mask is not None:
             # Junk at padded tokens (even NaN, as 0 · NaN = NaN) must not reach anything below.
@@ -189,7 +191,7 @@ class AGFAttention(nn.Module):
                 g = self.poly_filter(s) if self.variant == "agf" else s
         return u, g, v, logits["values"].to(work).contiguous()  # one copy, not one per matmul
 
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         _check_inputs(x, mask, self.W_u.weight)  # TypeError / ValueError naming the argument
         B, N, D = x.shape
         # 1)-4) projections, U, V, g(Σ) (see factors)
@@ -210,15 +212,10 @@ class AGFAttention(nn.Module):
         return y.to(x.dtype), aux
 
 
-def masked_token_softmax(logits: Tensor, mask: Optional[Tensor]) -> Tensor:
-    """V(X): softmax over the token axis N, with padded tokens getting exactly zero weight.
-
-    Args:
-        logits: X W_V, split into heads.            (B, H, N, d)
-        mask: True = real token, or None.           (B, N)
-    Returns:
-        V, each column a distribution over the real tokens (all zero if none). (B, H, N, d)
-    """
+def masked_token_softmax(logits: Tensor, mask: Tensor | None) -> Tensor:
+    """V(X) (B, H, N, d): softmax of the logits X W_V (B, H, N, d) over the token axis N, where
+    padded tokens (False in mask (B, N); None: no padding) get exactly zero weight. Each column is
+    a distribution over the real tokens (all zero if none)."""
     if mask is None:
         return logits.softmax(dim=-2)
     keep = mask[:, None, :, None]  # (B, 1, N, 1)
@@ -230,7 +227,7 @@ def masked_token_softmax(logits: Tensor, mask: Optional[Tensor]) -> Tensor:
     return logits.softmax(dim=-2).masked_fill(~keep, 0.0)
 
 
-def _check_inputs(x: Tensor, mask: Optional[Tensor], weight: Tensor) -> None:
+def _check_inputs(x: Tensor, mask: Tensor | None, weight: Tensor) -> None:
     """TypeError (dtype) or ValueError (shape, device) naming the argument, what it expected and
     what came (raised, not asserted: python -O drops asserts); reads no values (torch.compile)."""
     D, dtype, got = weight.shape[1], weight.dtype, f"got {x.dtype} of shape {tuple(x.shape)}"
@@ -248,8 +245,9 @@ def _check_inputs(x: Tensor, mask: Optional[Tensor], weight: Tensor) -> None:
 DENSE_MAX_BYTES = 2**32  # 4 GiB: default cap on one (B, H, N, N) matrix of a dense reference
 
 
-def agf_dense_reference(layer: AGFAttention, x: Tensor, mask: Optional[Tensor] = None, *,
-                        max_bytes: int = DENSE_MAX_BYTES) -> tuple[Tensor, Tensor]:  # fmt: skip
+def agf_dense_reference(
+    layer: AGFAttention, x: Tensor, mask: Tensor | None = None, *, max_bytes=DENSE_MAX_BYTES
+) -> tuple[Tensor, Tensor]:
     """Same output as layer(x, mask)[0], with the N x N graph filter A written out. Tests only.
 
     A_ij = Σ_c U_ic g_ic V_jc, i.e. A = U Σ Vᵀ with a token-wise diagonal Σ_i. Its rows do not sum

@@ -48,8 +48,7 @@ LAYER = dict(d_model=64, n_heads=2)  # D, H of --what layer: the LRA width
 # --what step: the LRA Text model of train_lra.py (bytes + 1 as tokens, 0 = padding; 2 classes)
 STEP_MODEL = dict(n_classes=2, vocab_size=257, style="lra", n_layers=2, d_ff=128, **LAYER)
 ROW_KEY = ("what", "kind", "N", "dtype", "mode", "B", "D", "H", "device")  # what a row measures
-COLUMNS = (*ROW_KEY, "fwd_ms", "fwdbwd_ms", "step_ms", "tokens_per_s", "mem_mib", "compile_s",
-           "note")  # fmt: skip
+COLUMNS = (*ROW_KEY, *"fwd_ms fwdbwd_ms step_ms tokens_per_s mem_mib compile_s note".split())
 MIB = 2**20
 
 

@@ -33,8 +33,7 @@ Depends on:  torch
 """
 
 import math
-import time
-from typing import Optional
+import timeit
 
 import torch
 import torch.nn as nn
@@ -42,9 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
-def filter_coefficients(
-    w0: Tensor, w1: Tensor, wK: Tensor, order: int
-) -> tuple[Tensor, Tensor, Tensor]:
+def filter_coefficients(w0: Tensor, w1: Tensor, wK: Tensor, order: int) -> tuple[Tensor, ...]:
     """Collapse the GFSA filter of Eq. 5 into a degree-2 polynomial in Ā.
 
         w0·I + w1·Ā + wK·(Ā + (K-1)(Ā² - Ā)) = a0·I + a1·Ā + a2·Ā²
@@ -61,9 +58,20 @@ def filter_coefficients(
     return a0.view(1, -1, 1, 1), a1.view(1, -1, 1, 1), a2.view(1, -1, 1, 1)
 
 
-def gfsa_apply(q: Tensor, k: Tensor, v: Tensor, w0: Tensor, w1: Tensor, wK: Tensor, order: int,
-               mask: Optional[Tensor], causal: bool, kernel: str, dropout_p: float,
-               exact: bool = False) -> Tensor:  # fmt: skip
+def gfsa_apply(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    w0: Tensor,
+    w1: Tensor,
+    wK: Tensor,
+    order: int,
+    mask: Tensor | None,
+    causal: bool,
+    kernel: str,
+    dropout_p: float,
+    exact: bool = False,
+) -> Tensor:
     """The fast path: G·V = a0·V + a1·(ĀV) + a2·Ā(ĀV), with no N×N float tensor. (Eqs. 5, 6)
 
     Both passes use the same Ā: same scale 1/√d, padding mask and causal flag. Padded rows of ĀV
@@ -93,27 +101,24 @@ def gfsa_apply(q: Tensor, k: Tensor, v: Tensor, w0: Tensor, w1: Tensor, wK: Tens
         # SDPA takes no flag together with a mask, so causal + padding passes one boolean mask.
         is_causal = causal and mask is None
         keep = None if is_causal else attention_keep_mask(mask, q.shape[-2], causal, q.device)
+        sdpa = dict(attn_mask=keep, dropout_p=dropout_p, is_causal=is_causal)
 
         def attend(values: Tensor) -> Tensor:
             """Ā·values with Ā = softmax(QKᵀ/√d), fused: O(N²d) time, O(Nd) memory."""
-            return F.scaled_dot_product_attention(
-                q, k, values, attn_mask=keep, dropout_p=dropout_p, is_causal=is_causal
-            )
+            return F.scaled_dot_product_attention(q, k, values, **sdpa)
     else:  # second read: kernel="linear"
         rho_q, rho_k = efficient_attention_features(q, k, mask)
 
         def attend(values: Tensor) -> Tensor:
             """Ā·values = ρ_q(Q)[ρ_k(K)ᵀ values], right to left: O(N d²)."""
             # Dropout on ρ_k(K) keeps E[Ā] = Ā, the analogue of attention dropout.
-            context = F.dropout(rho_k, dropout_p).transpose(-2, -1) @ values
-            # (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d), then (B,H,N,d) @ (B,H,d,d) -> (B,H,N,d)
-            return rho_q @ context
+            context = F.dropout(rho_k, dropout_p).transpose(-2, -1) @ values  # (B, H, d, d)
+            return rho_q @ context  # (B,H,N,d) @ (B,H,d,d) -> (B,H,N,d)
 
     # NOTE: differs from the official code, which forms Ā@Ā (O(N³)) and G, then G@V; the result
     #       is the same in exact arithmetic. Its dropout differs too: one mask on Ā shared by both
     #       factors (NLP) or dropout(G) (vision), because two fused passes cannot share one mask.
-    av = attend(v)  # Ā V
-    apv = av
+    av = apv = attend(v)  # Ā V, and Ā^power V so far
     for _ in range(power - 1):  # Ā² V = Ā (Ā V), ...: O(N²d) passes instead of O(N³) products
         apv = attend(apv)
     return a0 * v + a1 * av + a2 * apv  # (a0·I + a1·Ā + a2·Ā^power) V = G V   (Eq. 6)
@@ -147,34 +152,42 @@ class GFSAttention(nn.Module):
         Outputs at padded positions are zero. GFSA has no auxiliary loss: aux_loss is always 0.
     """
 
-    def __init__(self, d_model: int, n_heads: int, *, order: int = 2, w0: float = 0.0,
-                 learn_w0: bool = False, learn_w1: bool = False, dropout: float = 0.0,
-                 causal: bool = False, kernel: str = "softmax", evaluation: str = "fast",
-                 high_order: str = "taylor"):  # fmt: skip
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        order: int = 2,
+        w0: float = 0.0,
+        learn_w0: bool = False,
+        learn_w1: bool = False,
+        dropout: float = 0.0,
+        causal: bool = False,
+        kernel: str = "softmax",
+        evaluation: str = "fast",
+        high_order: str = "taylor",
+    ):
         super().__init__()
         if d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         if order < 2:
             raise ValueError(f"order K={order}: the high-order term needs K >= 2")
-        for name, value, choices in (("kernel", kernel, ("softmax", "linear")),
-                                     ("evaluation", evaluation, ("fast", "official")),
-                                     ("high_order", high_order, ("taylor", "exact"))):  # fmt: skip
+        for name, value, choices in (
+            ("kernel", kernel, ("softmax", "linear")),
+            ("evaluation", evaluation, ("fast", "official")),
+            ("high_order", high_order, ("taylor", "exact")),
+        ):
             if value not in choices:
                 raise ValueError(f"{name}={value!r}: expected one of {choices}")
-        if causal and kernel == "linear":
-            # ρ_k(K) normalises each key feature over the whole sequence, future tokens included.
-            raise ValueError(
-                "causal=True needs kernel='softmax': Efficient Attention's key "
-                "softmax runs over all N tokens, so it has no causal form"
-            )
+        if causal and kernel == "linear":  # ρ_k(K) normalises each key feature over all N tokens
+            why = "Efficient Attention's key softmax runs over all N tokens: it has no causal form"
+            raise ValueError(f"causal=True needs kernel='softmax': {why}")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
-        self.order = order
-        self.dropout, self.causal = dropout, causal
+        self.order, self.dropout, self.causal = order, dropout, causal
         self.kernel, self.evaluation, self.high_order = kernel, evaluation, high_order
         self.W_qkv = nn.Linear(d_model, 3 * d_model)  # W_Q, W_K, W_val of all heads, fused
         self.W_o = nn.Linear(d_model, d_model)  # output projection
-        # wK: one learnable scalar per head, init 0, as in the official code; at init (w0 = 0)
-        # the layer is exactly softmax attention. w0 and w1 are fixed unless asked for.
+        # wK per head, learned from 0 (official code): at init (w0 = 0) exactly softmax attention
         # NOTE: differs from GFSA Eq. 5, where w0 and w1 may be learned: fixed by default, because
         #       the official code fixes them; learn_w0 / learn_w1 give the paper's form.
         self.wK = nn.Parameter(torch.zeros(n_heads))
@@ -185,8 +198,7 @@ class GFSAttention(nn.Module):
             else:  # a constant, not state: kept out of the state_dict
                 self.register_buffer(name, value, persistent=False)
 
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
-        """Args: x (B, N, D); mask (B, N) bool, True = real token. Returns: y (B, N, D), aux ()."""
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         _check_inputs(x, mask, self.W_qkv.weight)  # TypeError / ValueError naming the argument
         B, N, D = x.shape
         if mask is not None:  # padded tokens are replaced, not multiplied by 0 (0 · NaN = NaN)
@@ -218,15 +230,14 @@ def _real_keys(mask: Tensor) -> Tensor:
 
 
 def attention_keep_mask(
-    mask: Optional[Tensor], n: int, causal: bool, device: torch.device
-) -> Optional[Tensor]:
+    mask: Tensor | None, n: int, causal: bool, device: torch.device
+) -> Tensor | None:
     """Which keys each query may attend to, True = allowed, broadcastable to (B, H, N, N).
 
     Args:
         mask: (B, N) bool, True = real token, or None (all tokens real).
-        n: N, number of tokens.
+        n, device: N, the number of tokens, and where to build the mask.
         causal: query t may only see keys <= t.
-        device: where to build the mask.
     Returns:
         None (no restriction), (B, 1, 1, N) key padding, (N, N) causal, or (B, 1, N, N) both.
     """
@@ -246,9 +257,7 @@ def attention_keep_mask(
 # and the dense N×N forms that the tests and `python gfsa.py` compare the fast path with.
 
 
-def efficient_attention_features(
-    q: Tensor, k: Tensor, mask: Optional[Tensor]
-) -> tuple[Tensor, Tensor]:
+def efficient_attention_features(q: Tensor, k: Tensor, mask: Tensor | None) -> tuple[Tensor, ...]:
     """Feature maps of "Efficient Attention" (Shen et al., WACV 2021, arXiv:1812.01243).
 
         ρ_q(Q) = softmax over d  (each query's d features sum to 1)
@@ -277,8 +286,15 @@ def efficient_attention_features(
 DENSE_MAX_BYTES = 2**32  # 4 GiB: default cap on one (B, H, N, N) matrix of the dense paths
 
 
-def attention_matrix(q: Tensor, k: Tensor, mask: Optional[Tensor], causal: bool, kernel: str,
-                     *, max_bytes: int = DENSE_MAX_BYTES) -> Tensor:  # fmt: skip
+def attention_matrix(
+    q: Tensor,
+    k: Tensor,
+    mask: Tensor | None,
+    causal: bool,
+    kernel: str,
+    *,
+    max_bytes=DENSE_MAX_BYTES,
+) -> Tensor:
     """Ā written out as an N×N matrix, with the same conventions as `gfsa_apply`. Dense paths only.
 
     Args:
@@ -305,9 +321,17 @@ def attention_matrix(q: Tensor, k: Tensor, mask: Optional[Tensor], causal: bool,
     return scores.softmax(dim=-1)
 
 
-def gfsa_dense_reference(attn: Tensor, v: Tensor, w0: Tensor, w1: Tensor, wK: Tensor, order: int,
-                         exact: bool = False, *,
-                         max_bytes: int = DENSE_MAX_BYTES) -> tuple[Tensor, Tensor]:  # fmt: skip
+def gfsa_dense_reference(
+    attn: Tensor,
+    v: Tensor,
+    w0: Tensor,
+    w1: Tensor,
+    wK: Tensor,
+    order: int,
+    exact: bool = False,
+    *,
+    max_bytes=DENSE_MAX_BYTES,
+) -> tuple[Tensor, Tensor]:
     """The slow reference, in the official code's order: Ā², the filter G, then G·V.
 
     Written literally from Eq. 5 (not from `filter_coefficients`), so comparing it with
@@ -319,8 +343,7 @@ def gfsa_dense_reference(attn: Tensor, v: Tensor, w0: Tensor, w1: Tensor, wK: Te
         w0, w1, wK: filter coefficients, one per head.            (H,)
         order: K >= 2.
         exact: the real Ā^K (matrix_power, O(N³ log K)) instead of the estimate of Eq. 4.
-        max_bytes: MemoryError, before allocating, if each of Ā², G would take more bytes
-            (default 4 GiB); `attention_matrix` checks the same cap before it forms Ā.
+        max_bytes: MemoryError, before allocating, if Ā² or G would take more (default 4 GiB).
     Returns:
         G·V                                                       (B, H, N, d)
         graph_filter, the filter G                                (B, H, N, N)
@@ -357,7 +380,7 @@ def taylor_error(attn: Tensor, order: int) -> tuple[Tensor, int, int]:
     return error, 2 * order, 2 * (order - 1)
 
 
-def _check_inputs(x: Tensor, mask: Optional[Tensor], weight: Tensor) -> None:
+def _check_inputs(x: Tensor, mask: Tensor | None, weight: Tensor) -> None:
     """TypeError (dtype) or ValueError (shape, device) naming the argument, what it expected and
     what came (raised, not asserted: python -O drops asserts); reads no values (torch.compile)."""
     D, dtype, got = weight.shape[1], weight.dtype, f"got {x.dtype} of shape {tuple(x.shape)}"
@@ -411,12 +434,8 @@ if __name__ == "__main__":
     print("    N" + "".join(f"{name:>12s}" for name in kinds))
 
     def best_of_3_ms(module: nn.Module, xn: Tensor) -> float:
-        times = []
-        for _ in range(3):  # best of 3: the first call pays one-off allocation costs
-            t0 = time.perf_counter()
-            module(xn)
-            times.append((time.perf_counter() - t0) * 1e3)
-        return min(times)
+        # best of 3: the first call pays one-off allocation costs
+        return min(timeit.repeat(lambda: module(xn), number=1, repeat=3)) * 1e3
 
     with torch.no_grad():
         for n in (256, 512, 1024):

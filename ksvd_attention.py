@@ -38,7 +38,6 @@ Depends on:  torch
 
 import math
 import time
-from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -47,7 +46,7 @@ from torch import Tensor
 
 
 def primal_scores(
-    phi_q: Tensor, phi_k: Tensor, f_x: Optional[Tensor], We: Tensor, Wr: Tensor
+    phi_q: Tensor, phi_k: Tensor, f_x: Tensor | None, We: Tensor, Wr: Tensor
 ) -> tuple[Tensor, Tensor]:
     """Primal projection scores e = Φq W_{e|X}, r = Φk W_{r|X}, in O(N d s H).  (Remark 3.3)
 
@@ -128,9 +127,18 @@ class PrimalAttention(nn.Module):
         y is 0 at padded positions; aux_loss = η·J² (already weighted).
     """
 
-    def __init__(self, d_model: int, n_heads: int, *, rank: int = 20, rank_multi: int = 10,
-                 max_len: int = 1024, ksvd_weight: float = 0.1, causal: bool = False,
-                 ksvd_reduction: str = "batch"):  # fmt: skip
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        rank: int = 20,
+        rank_multi: int = 10,
+        max_len: int = 1024,
+        ksvd_weight: float = 0.1,
+        causal: bool = False,
+        ksvd_reduction: str = "batch",
+    ):
         super().__init__()
         if d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
@@ -153,13 +161,8 @@ class PrimalAttention(nn.Module):
         self.W_o = nn.Linear(d_model, d_model)  # output projection
 
     def feature_maps(self, x: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-        """Cosine feature maps φ_q = q / ‖q‖₂, φ_k = k / ‖k‖₂ (no softmax, no √d).
-
-        Args:
-            x: layer input (B, N, D); mask (B, N) bool.
-        Returns:
-            phi_q, phi_k                                              (B, H, N, d) each
-        """
+        """Cosine feature maps φ_q = q / ‖q‖₂, φ_k = k / ‖k‖₂ (no softmax, no √d), (B, H, N, d)
+        each, for x (B, N, D), mask (B, N) bool."""
         B, N, _ = x.shape
         q = self.W_q(x).view(B, N, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, N, d)
         k = self.W_k(x).view(B, N, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, N, d)
@@ -168,12 +171,8 @@ class PrimalAttention(nn.Module):
         # normalize's eps (1e-12) maps a zero vector to 0, not NaN; on W_q's layout (faster)
         return tuple(F.normalize(z.transpose(1, 2), p=2.0, dim=-1).transpose(1, 2) for z in (q, k))
 
-    def sampled_tokens(self, x: Tensor, mask: Tensor) -> Optional[Tensor]:
-        """f(X) split into heads by *input* channels, as the official code; None if causal.
-
-        Returns:
-            f_x                                                       (B, H, m, d) or None
-        """
+    def sampled_tokens(self, x: Tensor, mask: Tensor) -> Tensor | None:
+        """f(X) (B, H, m, d), heads split by *input* channels (official code); None if causal."""
         if self.causal:  # sampling tokens from the whole sequence would leak the future
             return None
         f_x = sample_real_tokens(x, mask, self.n_samples)  # (B, m, D)
@@ -187,7 +186,7 @@ class PrimalAttention(nn.Module):
         phi_q, phi_k = self.feature_maps(x, mask)  # (B, H, N, d) each
         return primal_scores(phi_q, phi_k, self.sampled_tokens(x, mask), self.We, self.Wr)
 
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Args: x (B, N, D); mask (B, N) bool, True = real token, None = all real.
         Returns: y (B, N, D), 0 at padded rows; aux_loss () = η·J² per `ksvd_reduction`."""
         _check_inputs(x, mask, self.W_q.weight)  # TypeError / ValueError naming the argument
@@ -264,8 +263,9 @@ def causal_running_mean(z: Tensor, mask: Tensor) -> Tensor:
 DENSE_MAX_BYTES = 2**32  # 4 GiB: default cap on one (B, H, N, N) matrix of the dense dual form
 
 
-def ksvd_kernel(phi_q: Tensor, phi_k: Tensor, f_x: Optional[Tensor], mask: Tensor, *,
-                max_bytes: int = DENSE_MAX_BYTES) -> Tensor:  # fmt: skip
+def ksvd_kernel(
+    phi_q: Tensor, phi_k: Tensor, f_x: Tensor | None, mask: Tensor, *, max_bytes=DENSE_MAX_BYTES
+) -> Tensor:
     """The N x N asymmetric kernel the primal form never builds. Tests and teaching only.
 
         κ(x_i, x_j) = φ_q(x_i)ᵀ f(X)ᵀ f(X) φ_k(x_j),   K_X = Φq Fᵀ F Φkᵀ
@@ -289,7 +289,7 @@ def ksvd_kernel(phi_q: Tensor, phi_k: Tensor, f_x: Optional[Tensor], mask: Tenso
 
 
 def kkt_base_weights(
-    phi_q: Tensor, phi_k: Tensor, f_x: Optional[Tensor], h_e: Tensor, h_r: Tensor, mask: Tensor
+    phi_q: Tensor, phi_k: Tensor, f_x: Tensor | None, h_e: Tensor, h_r: Tensor, mask: Tensor
 ) -> tuple[Tensor, Tensor]:
     """Base weights given by dual variables through the KKT conditions of the primal problem.
 
@@ -310,9 +310,16 @@ def kkt_base_weights(
     return f_x @ W_e, f_x @ W_r  # (B,H,m,d) @ (B,H,d,s) -> (B,H,m,s)
 
 
-def ksvd_dual_reference(phi_q: Tensor, phi_k: Tensor, f_x: Optional[Tensor], h_e: Tensor,
-                        h_r: Tensor, mask: Tensor, *,
-                        max_bytes: int = DENSE_MAX_BYTES) -> tuple[Tensor, Tensor]:  # fmt: skip
+def ksvd_dual_reference(
+    phi_q: Tensor,
+    phi_k: Tensor,
+    f_x: Tensor | None,
+    h_e: Tensor,
+    h_r: Tensor,
+    mask: Tensor,
+    *,
+    max_bytes=DENSE_MAX_BYTES,
+) -> tuple[Tensor, Tensor]:
     """Dual form of the scores with the N x N kernel written out. Tests and teaching only.
 
         e(x_i) = Σ_j h_{r_j} κ(x_i, x_j)   ->  E = K_X H_r                        (Remark 3.3)
@@ -327,7 +334,7 @@ def ksvd_dual_reference(phi_q: Tensor, phi_k: Tensor, f_x: Optional[Tensor], h_e
     return kernel @ h_r, kernel.transpose(-2, -1) @ h_e  # (B,H,N,N) @ (B,H,N,s) -> (B,H,N,s)
 
 
-def _check_inputs(x: Tensor, mask: Optional[Tensor], weight: Tensor) -> None:
+def _check_inputs(x: Tensor, mask: Tensor | None, weight: Tensor) -> None:
     """TypeError (dtype) or ValueError (shape, device) naming the argument, what it expected and
     what came (raised, not asserted: python -O drops asserts); reads no values (torch.compile)."""
     D, dtype, got = weight.shape[1], weight.dtype, f"got {x.dtype} of shape {tuple(x.shape)}"

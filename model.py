@@ -23,7 +23,6 @@ Depends on: torch, agf.py (+ polynomials.py), ksvd_attention.py, gfsa.py
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional, Union
 
 import torch
 import torch.nn as nn
@@ -57,7 +56,7 @@ class SoftmaxAttention(nn.Module):
         self.W_qkv = nn.Linear(d_model, 3 * d_model)  # W_Q, W_K, W_V of all heads, fused
         self.W_o = nn.Linear(d_model, d_model)  # output projection
 
-    def forward(self, x: Tensor, mask: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         # a float 0/1 mask would act in SDPA as an additive bias: the check refuses it
         _check_inputs(x, mask, self.d_model, self.W_qkv.weight.dtype)
         B, N, D = x.shape
@@ -90,12 +89,13 @@ class SoftmaxAttention(nn.Module):
 
 
 # A plain dict, not a registry: one place to read which name builds which class.
-ATTENTION = {"softmax": SoftmaxAttention, "agf": AGFAttention, "primal": PrimalAttention,
-             "gfsa": GFSAttention}  # fmt: skip
+ATTENTION = dict(
+    softmax=SoftmaxAttention, agf=AGFAttention, primal=PrimalAttention, gfsa=GFSAttention
+)
 AUX_KINDS = ("agf", "primal")  # mechanisms with an auxiliary loss, averaged over their layers
 
 
-def layer_kinds(attention: Union[str, list], n_layers: int) -> list:
+def layer_kinds(attention: str | list, n_layers: int) -> list:
     """One kind per layer: "agf" -> ["agf"] * n_layers; a list is taken as it is; "primal+trans"
     -> ["softmax"] * (n_layers - 1) + ["primal"] (the papers' Primal.+Trans.: Primal last)."""
     kinds = [attention] * n_layers if isinstance(attention, str) else list(attention)
@@ -129,7 +129,7 @@ class ModelConfig:
     d_ff: int = 128  # hidden width of the feed-forward block
     dropout: float = 0.1
     attn_dropout: float = 0.1  # on the softmax baseline's attention weights
-    attention: Union[str, list] = "softmax"  # a kind, "primal+trans", or one kind per layer
+    attention: str | list = "softmax"  # a kind, "primal+trans", or one kind per layer
     attention_kwargs: dict = field(default_factory=dict)  # per kind, e.g. {"agf": {"order": 5}}
     two_tower: bool = False  # LRA Retrieval: shared encoder, head on [a, b, a*b, a-b]
     # False = the official UEA code: no mask reaches the attention, so padded steps (read as 0)
@@ -152,7 +152,7 @@ class Block(nn.Module):
             nn.Linear(D, cfg.d_ff), nn.GELU(), nn.Dropout(p), nn.Linear(cfg.d_ff, D), nn.Dropout(p)
         )
 
-    def forward(self, x: Tensor, mask: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, mask: Tensor | None) -> tuple[Tensor, Tensor]:
         if self.pre_ln:  # LRA:  x + Drop(Attn(LN(x))),  then  x + MLP(LN(x))
             y, aux = self.attn(self.norm1(x), mask)
             x = x + self.drop(y)
@@ -199,7 +199,7 @@ class Classifier(nn.Module):
         kwargs = {**defaults.get(kind, {}), **cfg.attention_kwargs.get(kind, {})}
         return build_attention(kind, cfg.d_model, cfg.n_heads, **kwargs)
 
-    def _check(self, x: Tensor, mask: Optional[Tensor], names: tuple) -> Tensor:
+    def _check(self, x: Tensor, mask: Tensor | None, names: tuple) -> Tensor:
         """`_check_inputs`, N <= max_len and the values; returns the mask (all True for None)."""
         cfg, (x_name, mask_name), V = self.cfg, names, self.cfg.vocab_size
         _check_inputs(x, mask, cfg.n_features, None if V else self.embed.weight.dtype, names)
@@ -264,7 +264,7 @@ class Classifier(nn.Module):
         return (logits, aux, hidden) if return_hidden else (logits, aux)
 
 
-def layerwise_cosine_similarity(hidden_states: list, mask: Optional[Tensor] = None) -> Tensor:
+def layerwise_cosine_similarity(hidden_states: list, mask: Tensor | None = None) -> Tensor:
     """Mean pairwise cosine similarity of the real tokens, per layer: the over-smoothing measure.
 
     For unit vectors x̂_i, Σ_{i≠j} x̂_i·x̂_j = ‖Σ_i x̂_i‖² − n, so the mean over the n(n−1) ordered
@@ -291,7 +291,7 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
-def _check_inputs(x: Tensor, mask: Optional[Tensor], width: int, dtype, names=("x", "mask")):
+def _check_inputs(x: Tensor, mask: Tensor | None, width: int, dtype, names=("x", "mask")):
     """TypeError (dtype) or ValueError (shape, device) naming the argument, what it expected and
     what came, as in the mechanism files; dtype None: x holds token ids. Reads no values."""
     (x_name, mask_name), ids = names, dtype is None

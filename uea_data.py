@@ -22,8 +22,8 @@ import download
 
 ARCHIVE_PAGE = "https://www.timeseriesclassification.com/dataset.php"
 ARCHIVE_ZIPS = "https://timeseriesclassification.com/aeon-toolkit"  # <Name>.zip, as aeon uses
-HEADER_TAGS = ("problemname", "timestamps", "missing", "univariate", "dimensions", "equallength",
-               "serieslength", "classlabel", "targetlabel", "data")  # fmt: skip
+HEADER_TAGS = ("problemname", "timestamps", "missing", "univariate", "dimensions")
+HEADER_TAGS += ("equallength", "serieslength", "classlabel", "targetlabel", "data")
 NUMBER = r"[-+.\deE?]+"  # a value or '?', as it may stand in the label's place
 
 
