@@ -158,16 +158,20 @@ def floor(layer, row: dict, dtype, bandwidth, show: bool = False) -> None:
         row["floor_ms"] = nbytes / (bandwidth * 1e9) * 1e3
     if not show:
         return
-    print(f"{row['kind']} {row['dtype']}, B={row['B']} N={row['N']} D={row['D']}: saved for "
-          "backward (written in forward, read in backward):")  # fmt: skip
+    print(
+        f"{row['kind']} {row['dtype']}, B={row['B']} N={row['N']} D={row['D']}: saved for "
+        "backward (written in forward, read in backward):"
+    )
     small = [s for s in saved if s[2] < nbytes / 200]  # each under 0.5 % of the total
     for shape, t, n, _ in sorted((s for s in saved if s not in small), key=lambda s: -s[2]):
         print(f"    {str(shape):22s} {str(t).removeprefix('torch.'):9s} {n / MIB:9.2f} MiB")
     if small:
         print(f"    {len(small)} smaller tensors: {sum(s[2] for s in small) / MIB:.2f} MiB")
     x_mib = x.numel() * x.element_size() / MIB
-    print(f"  + x, y, dy, dx: 4 x {x_mib:.2f} MiB;  total {row['floor_mib']:.1f} MiB"
-          + (f" = {row['floor_ms']:.4f} ms at {bandwidth} GB/s" if bandwidth else ""))  # fmt: skip
+    print(
+        f"  + x, y, dy, dx: 4 x {x_mib:.2f} MiB;  total {row['floor_mib']:.1f} MiB"
+        + (f" = {row['floor_ms']:.4f} ms at {bandwidth} GB/s" if bandwidth else "")
+    )
 
 
 def compile_for(fn, mode: str):
@@ -230,8 +234,17 @@ def floors(args, rows: bench.Rows) -> None:
         mechanism, kwargs = bench.KINDS[kind]
         layer = bench.build_attention(mechanism, **bench.LAYER, **kwargs).to(args.device)
         D, H = bench.LAYER["d_model"], bench.LAYER["n_heads"]
-        row = dict(what="floor", kind=kind, N=N, dtype=dtype, mode="eager", B=args.batch, D=D,
-                   H=H, device=args.device)  # fmt: skip
+        row = dict(
+            what="floor",
+            kind=kind,
+            N=N,
+            dtype=dtype,
+            mode="eager",
+            B=args.batch,
+            D=D,
+            H=H,
+            device=args.device,
+        )
         floor(layer, row, getattr(torch, dtype), args.bandwidth_gbs, show=True)
         rows.add(row)
 
@@ -282,8 +295,11 @@ def against_softmax(rows: list) -> list:
                 if base is None or best is None:
                     continue
                 same = (kind, N, best["dtype"])  # the floor: from the eager row of that dtype
-                floor_ms = [r["floor_ms"] for r in mine if (r["kind"], r["N"], r["dtype"]) == same
-                            and "floor_ms" in r]  # fmt: skip
+                floor_ms = [
+                    r["floor_ms"]
+                    for r in mine
+                    if (r["kind"], r["N"], r["dtype"]) == same and "floor_ms" in r
+                ]
                 floor = f", {best[col] / floor_ms[0]:.0f}x its floor" if floor_ms else ""
                 parts.append(
                     f"{kind} {base[col] / best[col]:.2f}x ({best['mode']} {best['dtype']}{floor})"
@@ -307,19 +323,32 @@ def forms_verdict(rows: list) -> list:
             if new is None or old is None:
                 continue
             ratios.append(old[col] / new[col])
-            floors = {r["kind"]: r["floor_ms"] for r in rows if "floor_ms" in r and r["N"] == N
-                      and r["what"] == what and r["dtype"] == new["dtype"]}  # fmt: skip
-            over = "".join(f", {k} {t[col] / floors[k]:.0f}x its floor" for k, t in
-                           ((form, new), (kind, old)) if k in floors)  # fmt: skip
-            lines.append(f"  {what:5s} N={N:6d} {form} {new[col]:.3f} ms ({new['mode']} "
-                         f"{new['dtype']}) against {kind} {old[col]:.3f} ms ({old['mode']} "
-                         f"{old['dtype']}): {ratios[-1]:.2f}x{over}")  # fmt: skip
+            floors = {
+                r["kind"]: r["floor_ms"]
+                for r in rows
+                if "floor_ms" in r
+                and r["N"] == N
+                and r["what"] == what
+                and r["dtype"] == new["dtype"]
+            }
+            over = "".join(
+                f", {k} {t[col] / floors[k]:.0f}x its floor"
+                for k, t in ((form, new), (kind, old))
+                if k in floors
+            )
+            lines.append(
+                f"  {what:5s} N={N:6d} {form} {new[col]:.3f} ms ({new['mode']} "
+                f"{new['dtype']}) against {kind} {old[col]:.3f} ms ({old['mode']} "
+                f"{old['dtype']}): {ratios[-1]:.2f}x{over}"
+            )
         if ratios:
             won = min(ratios) >= WIN
             wins[form] = min(ratios) if won else None
-            lines.append(f"  {form}: {min(ratios):.2f}x to {max(ratios):.2f}x {kind} over "
-                         f"{len(ratios)} points: " + ("WINS by >= 20 % at every point" if won else
-                         "does not win by 20 % everywhere"))  # fmt: skip
+            lines.append(
+                f"  {form}: {min(ratios):.2f}x to {max(ratios):.2f}x {kind} over "
+                f"{len(ratios)} points: "
+                + ("WINS by >= 20 % at every point" if won else "does not win by 20 % everywhere")
+            )
     for kind in dict.fromkeys(k for k, _, _ in FORMS.values()):
         best = max((f for f in wins if FORMS[f][0] == kind and wins[f]), key=wins.get, default=None)
         if any(FORMS[f][0] == kind for f in wins):
@@ -333,16 +362,38 @@ def parse_args(argv=None) -> argparse.Namespace:
     --chunk and --modes."""
     p = bench.build_parser(whats=("layer", "step", "floor"))
     p.description = __doc__
-    p.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=None,
-                   help="also measure mode graphs (default: on CUDA with --compile)")  # fmt: skip
-    p.add_argument("--bandwidth-gbs", type=float, default=None,
-                   help="memory bandwidth for floor_ms (default: from the GPU's name)")  # fmt: skip
-    p.add_argument("--forms", nargs="+", default=[], choices=list(FORMS),
-                   help="candidate forms, measured beside their default kinds")  # fmt: skip
-    p.add_argument("--chunk", type=bench.at_least(1), default=agf.CHUNK,
-                   help=f"agf-split: tokens per chunk (default {agf.CHUNK})")  # fmt: skip
-    p.add_argument("--modes", nargs="+", dest="only_modes", choices=["eager", "compiled", "graphs"],
-                   help="default: from --compile and --cuda-graphs")  # fmt: skip
+    p.add_argument(
+        "--cuda-graphs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="also measure mode graphs (default: on CUDA with --compile)",
+    )
+    p.add_argument(
+        "--bandwidth-gbs",
+        type=float,
+        default=None,
+        help="memory bandwidth for floor_ms (default: from the GPU's name)",
+    )
+    p.add_argument(
+        "--forms",
+        nargs="+",
+        default=[],
+        choices=list(FORMS),
+        help="candidate forms, measured beside their default kinds",
+    )
+    p.add_argument(
+        "--chunk",
+        type=bench.at_least(1),
+        default=agf.CHUNK,
+        help=f"agf-split: tokens per chunk (default {agf.CHUNK})",
+    )
+    p.add_argument(
+        "--modes",
+        nargs="+",
+        dest="only_modes",
+        choices=["eager", "compiled", "graphs"],
+        help="default: from --compile and --cuda-graphs",
+    )
     args = bench.parse_args(argv, p)
     if args.bandwidth_gbs is not None and not (0 < args.bandwidth_gbs < math.inf):
         p.error(f"--bandwidth-gbs must be a finite number above 0, got {args.bandwidth_gbs}")

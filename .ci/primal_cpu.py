@@ -64,8 +64,9 @@ def same_outputs() -> None:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--ns", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     p.add_argument("--repeats", type=int, default=30, help="interleaved rounds per N")
     p.add_argument("--threads", type=int, default=2)
