@@ -219,7 +219,7 @@ def run(args, rows: Rows, measure_row=measure_row) -> None:
             except torch.cuda.OutOfMemoryError:  # N < stop_at here: this N is the new limit
                 row["note"], stop_at[key] = "out of memory: larger N skipped", N
                 torch.cuda.empty_cache()
-            except Exception as e:  # noqa: BLE001 (torch.compile's errors have many types)
+            except Exception as e:  # torch.compile's errors have many types
                 if mode == "eager":
                     raise
                 reason = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), repr(e))

@@ -1094,7 +1094,7 @@ def _inductor_missing() -> str:
         from torch._inductor import cpp_builder
 
         cpp_builder.get_cpp_compiler()
-    except Exception as error:  # noqa: BLE001 (any failure means: no usable compiler)
+    except Exception as error:  # any failure means: no usable compiler
         return f"torch.compile (inductor) needs a C++ compiler on the CPU: {error}"
     return ""
 
@@ -4044,7 +4044,7 @@ def test_readme_python_blocks_run():
     blocks = [b.split("```", 1)[0] for b in text.split("```python\n")[1:]]
     assert blocks, "the README has no python block"
     for block in blocks:
-        exec(compile(block, "README.md", "exec"), {})  # noqa: S102 (our own README)
+        exec(compile(block, "README.md", "exec"), {})  # our own README
 
 
 def test_readme_picture_is_drawn_beside_its_script_or_needs_matplotlib(tmp_path, monkeypatch):

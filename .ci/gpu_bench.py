@@ -48,10 +48,10 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-import agf  # noqa: E402
-import bench  # noqa: E402
-import model  # noqa: E402
-from ksvd_attention import PrimalAttention, ksvd_objective  # noqa: E402
+import agf
+import bench
+import model
+from ksvd_attention import PrimalAttention, ksvd_objective
 
 COLUMNS = (*bench.COLUMNS[:-2], "ops", "floor_mib", "floor_ms", *bench.COLUMNS[-2:])
 BANDWIDTH_GBS = {"H100": 3350, "H200": 4800}  # HBM bandwidth of the SXM parts, GB/s

@@ -28,8 +28,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
-import bench  # noqa: E402
-from ksvd_attention import PrimalAttention  # noqa: E402
+import bench
+from ksvd_attention import PrimalAttention
 
 
 def official(layer: PrimalAttention, x: torch.Tensor, mask: torch.Tensor):
