@@ -246,7 +246,7 @@ DENSE_MAX_BYTES = 2**32  # 4 GiB: default cap on one (B, H, N, N) matrix of a de
 
 
 def agf_dense_reference(
-    layer: AGFAttention, x: Tensor, mask: Tensor | None = None, *, max_bytes=DENSE_MAX_BYTES
+    layer: AGFAttention, x: Tensor, mask: Tensor | None = None, *, max_bytes: int = DENSE_MAX_BYTES
 ) -> tuple[Tensor, Tensor]:
     """Same output as layer(x, mask)[0], with the N x N graph filter A written out. Tests only.
 

@@ -293,7 +293,7 @@ def attention_matrix(
     causal: bool,
     kernel: str,
     *,
-    max_bytes=DENSE_MAX_BYTES,
+    max_bytes: int = DENSE_MAX_BYTES,
 ) -> Tensor:
     """Ā written out as an N×N matrix, with the same conventions as `gfsa_apply`. Dense paths only.
 
@@ -330,7 +330,7 @@ def gfsa_dense_reference(
     order: int,
     exact: bool = False,
     *,
-    max_bytes=DENSE_MAX_BYTES,
+    max_bytes: int = DENSE_MAX_BYTES,
 ) -> tuple[Tensor, Tensor]:
     """The slow reference, in the official code's order: Ā², the filter G, then G·V.
 

@@ -318,7 +318,7 @@ def ksvd_dual_reference(
     h_r: Tensor,
     mask: Tensor,
     *,
-    max_bytes=DENSE_MAX_BYTES,
+    max_bytes: int = DENSE_MAX_BYTES,
 ) -> tuple[Tensor, Tensor]:
     """Dual form of the scores with the N x N kernel written out. Tests and teaching only.
 
