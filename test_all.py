@@ -154,14 +154,23 @@ def _inputs(cfg: ModelConfig, B: int = 3, N: int = 20, dtype=torch.float64):
     return x, mask
 
 
-def _largest_saved(forward, x: torch.Tensor) -> int:
-    """Elements of the largest tensor autograd keeps for backward in forward(x) -> (y, aux)."""
+def _saved_sizes(fn) -> list:
+    """Elements of each tensor autograd keeps for backward while fn() runs."""
     sizes = []
     pack = lambda t: sizes.append(t.numel()) or t  # noqa: E731
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sizes
+
+
+def _largest_saved(forward, x: torch.Tensor) -> int:
+    """Elements of the largest tensor autograd keeps for backward in forward(x) -> (y, aux)."""
+
+    def step():
         y, aux = forward(x)
         (y.sum() + aux).backward()
-    return max(sizes)
+
+    return max(_saved_sizes(step))
 
 
 @contextlib.contextmanager
@@ -281,10 +290,8 @@ def test_polynomials_filter_sum_equals_its_plain_reference(basis):
     grads = [torch.autograd.grad((y * weight).sum(), [s, theta]) for y in (fast, plain)]
     for a, b in zip(*grads, strict=True):
         assert torch.allclose(a, b, atol=1e-10)
-    sizes, s = [], torch.rand(1000, dtype=F64, requires_grad=True)
-    pack = lambda t: sizes.append(t.numel()) or t  # noqa: E731
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        FilterSum.apply(s, theta, coefs)
+    s = torch.rand(1000, dtype=F64, requires_grad=True)
+    sizes = _saved_sizes(lambda: FilterSum.apply(s, theta, coefs))
     assert sorted(n for n in sizes if n >= 1000) == [1000, 1000]  # s and g'(s): no P_k is kept
 
 
