@@ -40,8 +40,8 @@ class SoftmaxAttention(nn.Module):
     default, gives the same result in one call of `F.scaled_dot_product_attention` (SDPA), as
     nanoGPT keeps both; tested equal.
     Kept for backward on the CPU: written out, Ā (B, H, N, N); SDPA, nothing N x N at dropout 0
-    without causal, an N x N float mask with causal; at dropout > 0, N x N tensors (Ā, its dropout
-    mask), as the CPU's fused kernel takes no dropout.
+    without causal, an N x N float mask with causal; at dropout > 0, as the CPU's fused kernels
+    take no dropout, Ā, its dropout mask and the dropped Ā (RESULTS.md).
 
     Args:
         d_model: D, token width.
