@@ -14,9 +14,9 @@ Idea:   The softmax attention matrix Ā is row-stochastic: the adjacency matrix 
         the same mask; Ā² (the official code's dense O(N³) product) is never formed.
 Cost:   O(N²·d) per head, about twice one attention pass; kernel="linear" (GFSA on "Efficient
         Attention", Shen et al. 2021): O(N·d²) per head. evaluation="official": O(N³) per head.
-        Kept for backward on the CPU: nothing N×N at attention dropout 0, unless causal meets
-        padding (an N×N float mask); at dropout > 0, as the CPU's fused kernels take no dropout,
-        Ā, its dropout mask and the dropped Ā, per pass (RESULTS.md).
+        The default path keeps for backward, on the CPU: nothing N×N at attention dropout 0,
+        unless causal meets padding (an N×N float mask); at dropout > 0, as the CPU's fused
+        kernels take no dropout, Ā, its dropout mask and the dropped Ā, per pass (RESULTS.md).
 
 Symbols (paper -> code -> shape):
     X           x             (B, N, D)     input tokens

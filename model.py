@@ -91,7 +91,7 @@ class SoftmaxAttention(nn.Module):
                 scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
             attn = F.dropout(scores.softmax(dim=-1), dropout_p)  # Ā, rows sum to 1: (B,H,N,N)
             y = attn @ v  # Ā V: (B,H,N,N) @ (B,H,N,d) -> (B,H,N,d)
-        else:  # 3) the same result, fused: one call, Ā not written out (memory: docstring)
+        else:  # 3) the same result, fused: one SDPA call (what it keeps: docstring)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
         # 4) merge heads, project; padded query rows are set to zero (they are never read)
         y = self.W_o(y.transpose(1, 2).reshape(B, N, D))
