@@ -159,7 +159,7 @@ def gfsa_apply(
 
     Both passes use the same Ā: same scale 1/√d, padding mask and causal flag. Padded rows of ĀV
     are harmless, because the second pass gives padded keys zero weight.
-    Dropout: each pass draws its own dropout mask (two fused calls cannot share one), so each
+    Dropout: each pass draws its own dropout mask (two SDPA calls cannot share one), so each
     factor of Ā(ĀV) is an unbiased dropped Ā. With dropout_p = 0 (eval mode) the result is exact.
 
     Args:
@@ -179,7 +179,7 @@ def gfsa_apply(
     # is formed; the gain measured against the paper's form: RESULTS.md, "GFSA: two passes".
     # NOTE: differs from the official code, which forms Ā@Ā and G, then G@V; the result is the
     #       same in exact arithmetic. Its dropout differs too: one mask on Ā shared by both
-    #       factors (NLP) or dropout(G) (vision), because two fused passes cannot share one mask.
+    #       factors (NLP) or dropout(G) (vision), because two SDPA calls cannot share one mask.
     av = attend(v)  # Ā V                                                       (B, H, N, d)
     return a0 * v + a1 * av + a2 * attend(av)  # (a0·I + a1·Ā + a2·Ā²) V = G V   (Eq. 6)
 
