@@ -9,12 +9,14 @@ Idea:   The softmax attention matrix Ā is row-stochastic: the adjacency matrix 
         polynomial filter G (the paper's H; here H counts the heads)
             G = w0·I + w1·Ā + wK·Ā^K,  with  Ā^K ≈ Ā + (K-1)·(Ā² - Ā)         (Eqs. 4, 5)
             GFSA(X) = G · X W_val                                              (Eq. 6)
-        Collapsed, G = a0·I + a1·Ā + a2·Ā², so G·V = a0·V + a1·(ĀV) + a2·Ā(ĀV): two ordinary
-        attention passes with the same mask. Ā² (a dense O(N³) product in the official code) is
-        never formed, and the fused scaled_dot_product_attention keeps no N×N float matrix at
-        all (causal + padding passes one boolean N×N mask).
+        Written out first below: Ā, Ā², G, G·V. Then the default path: collapsed, G = a0·I +
+        a1·Ā + a2·Ā², so G·V = a0·V + a1·(ĀV) + a2·Ā(ĀV), two ordinary attention passes with
+        the same mask; Ā² (the official code's dense O(N³) product) is never formed.
 Cost:   O(N²·d) per head, about twice one attention pass; kernel="linear" (GFSA on "Efficient
         Attention", Shen et al. 2021): O(N·d²) per head. evaluation="official": O(N³) per head.
+        The default path keeps for backward, on the CPU: nothing N×N at attention dropout 0,
+        unless causal meets padding (an N×N float mask); at dropout > 0, as the CPU's fused
+        kernels take no dropout, Ā, its dropout mask and the dropped Ā, per pass (RESULTS.md).
 
 Symbols (paper -> code -> shape):
     X           x             (B, N, D)     input tokens
@@ -34,11 +36,93 @@ Depends on:  torch
 
 import math
 import timeit
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
+
+DENSE_MAX_BYTES = 2**32  # 4 GiB: default cap on one (B, H, N, N) matrix of the dense paths
+
+
+# The paper's form, as written (Eqs. 4-6): Ā, then Ā², the filter G, then G·V. O(N³) per head;
+# the official code's order, and what the tests and `python gfsa.py` check the fast path with.
+
+
+def attention_matrix(
+    q: Tensor,
+    k: Tensor,
+    mask: Tensor | None,
+    causal: bool,
+    kernel: str,
+    *,
+    max_bytes: int = DENSE_MAX_BYTES,
+) -> Tensor:
+    """Ā = softmax(QKᵀ/√d) written out as an N×N matrix, masked as the fast path masks it.
+
+    Args:
+        q, k: queries and keys.                                   (B, H, N, d)
+        mask: (B, N) bool, True = real token, or None.
+        causal: query t sees keys <= t only (kernel="softmax" only).
+        kernel: "softmax", or "linear" (Ā = ρ_q(Q) ρ_k(K)ᵀ, see `efficient_attention_features`).
+        max_bytes: MemoryError, before allocating, if Ā would take more bytes (default 4 GiB).
+    Returns:
+        Ā, rows sum to 1                                          (B, H, N, N)
+    """
+    B, H, N, _ = q.shape
+    _refuse_dense(f"q: dense Ā {(B, H, N, N)} {q.dtype}", (B, H, N, N), q.dtype, max_bytes)
+    if kernel == "softmax":
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B,H,N,d) @ (B,H,d,N)
+        keep = attention_keep_mask(mask, N, causal, q.device)  # -> (B,H,N,N) above
+        if keep is not None:
+            # finfo.min, not -1e9: fp16-safe, and exp underflows to exactly 0 as with SDPA's mask
+            scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
+        return scores.softmax(dim=-1)
+    rho_q, rho_k = efficient_attention_features(q, k, mask)  # second read: kernel="linear"
+    return rho_q @ rho_k.transpose(-2, -1)  # (B,H,N,d) @ (B,H,d,N) -> (B,H,N,N)
+
+
+def gfsa_dense_reference(
+    attn: Tensor,
+    v: Tensor,
+    w0: Tensor,
+    w1: Tensor,
+    wK: Tensor,
+    order: int,
+    exact: bool = False,
+    *,
+    max_bytes: int = DENSE_MAX_BYTES,
+) -> tuple[Tensor, Tensor]:
+    """G·V as the paper writes it and the official code computes it: Ā², the filter G, then G·V.
+
+    Written literally from Eq. 5 (not from `filter_coefficients`), so comparing it with
+    `gfsa_apply` also checks the collapse to a0·I + a1·Ā + a2·Ā². Cost O(N³) per head.
+
+    Args:
+        attn: Ā, rows sum to 1.                                   (B, H, N, N)
+        v: values.                                                (B, H, N, d)
+        w0, w1, wK: filter coefficients, one per head.            (H,)
+        order: K >= 2.
+        exact: the real Ā^K (matrix_power, O(N³ log K)) instead of the estimate of Eq. 4.
+        max_bytes: MemoryError, before allocating, if Ā² or G would take more (default 4 GiB).
+    Returns:
+        G·V                                                       (B, H, N, d)
+        graph_filter, the filter G                                (B, H, N, N)
+    """
+    _refuse_dense(f"attn: dense Ā², G {tuple(attn.shape)}, each", attn.shape, attn.dtype, max_bytes)
+    w0, w1, wK = w0.view(1, -1, 1, 1), w1.view(1, -1, 1, 1), wK.view(1, -1, 1, 1)
+    eye = torch.eye(attn.shape[-1], dtype=attn.dtype, device=attn.device)
+    if exact:  # second read: the real Ā^K
+        attn_pow_k = torch.linalg.matrix_power(attn, order)
+    else:
+        attn_sq = attn @ attn  # (B,H,N,N) @ (B,H,N,N) -> (B,H,N,N): the O(N³) product
+        attn_pow_k = attn + (order - 1) * (attn_sq - attn)  # Ā^K ≈ Ā + (K-1)(Ā² - Ā)  (Eq. 4)
+    graph_filter = w0 * eye + w1 * attn + wK * attn_pow_k  # G                     (Eq. 5)
+    return graph_filter @ v, graph_filter  # (B,H,N,N) @ (B,H,N,d) -> (B,H,N,d)   (Eq. 6)
+
+
+# The same G·V, fast (the default path): collapse G to degree 2 in Ā, then two attention passes.
 
 
 def filter_coefficients(w0: Tensor, w1: Tensor, wK: Tensor, order: int) -> tuple[Tensor, ...]:
@@ -70,13 +154,12 @@ def gfsa_apply(
     causal: bool,
     kernel: str,
     dropout_p: float,
-    exact: bool = False,
 ) -> Tensor:
-    """The fast path: G·V = a0·V + a1·(ĀV) + a2·Ā(ĀV), with no N×N float tensor. (Eqs. 5, 6)
+    """G·V = a0·V + a1·(ĀV) + a2·Ā(ĀV): two attention passes, no Ā² nor G.  (Eqs. 5, 6)
 
     Both passes use the same Ā: same scale 1/√d, padding mask and causal flag. Padded rows of ĀV
     are harmless, because the second pass gives padded keys zero weight.
-    Dropout: each pass draws its own dropout mask (two fused calls cannot share one), so each
+    Dropout: each pass draws its own dropout mask (two SDPA calls cannot share one), so each
     factor of Ā(ĀV) is an unbiased dropped Ā. With dropout_p = 0 (eval mode) the result is exact.
 
     Args:
@@ -87,41 +170,39 @@ def gfsa_apply(
         causal: query t sees keys <= t only (kernel="softmax" only).
         kernel: "softmax" (Ā = softmax(QKᵀ/√d)) or "linear" (Ā = ρ_q(Q) ρ_k(K)ᵀ).
         dropout_p: dropout on the attention weights, per pass.
-        exact: the real Ā^K instead of Eq. 4's estimate: w0·V + w1·ĀV + wK·Ā^K V by K successive
-            attention passes, O(K N² d), Ā^K never formed.
     Returns:
         G·V                                                       (B, H, N, d)
     """
-    # G = a0·I + a1·Ā + a2·Ā^power: Eq. 4's estimate, collapsed to power 2 (1, H, 1, 1) each
-    (a0, a1, a2), power = filter_coefficients(w0, w1, wK, order), 2
-    if exact:  # the real Ā^K: G = w0·I + w1·Ā + wK·Ā^K
-        (a0, a1, a2), power = (w.view(1, -1, 1, 1) for w in (w0, w1, wK)), order
-    if kernel == "softmax":
-        # Pure causal gets the is_causal flag, which lets fused kernels skip the upper triangle;
-        # SDPA takes no flag together with a mask, so causal + padding passes one boolean mask.
-        is_causal = causal and mask is None
-        keep = None if is_causal else attention_keep_mask(mask, q.shape[-2], causal, q.device)
-        sdpa = dict(attn_mask=keep, dropout_p=dropout_p, is_causal=is_causal)
+    a0, a1, a2 = filter_coefficients(w0, w1, wK, order)  # G = a0·I + a1·Ā + a2·Ā²  (1, H, 1, 1)
+    attend = attention_pass(q, k, mask, causal, kernel, dropout_p)  # values -> Ā·values
+    # Why two passes: Ā(ĀV) costs O(N²d) per head where Ā@Ā costs O(N³), and neither Ā² nor G
+    # is formed; the gain measured against the paper's form: RESULTS.md, "GFSA: two passes".
+    # NOTE: differs from the official code, which forms Ā@Ā and G, then G@V; the result is the
+    #       same in exact arithmetic. Its dropout differs too: one mask on Ā shared by both
+    #       factors (NLP) or dropout(G) (vision), because two SDPA calls cannot share one mask.
+    av = attend(v)  # Ā V                                                       (B, H, N, d)
+    return a0 * v + a1 * av + a2 * attend(av)  # (a0·I + a1·Ā + a2·Ā²) V = G V   (Eq. 6)
 
-        def attend(values: Tensor) -> Tensor:
-            """Ā·values with Ā = softmax(QKᵀ/√d), fused: O(N²d) time, O(Nd) memory."""
-            return F.scaled_dot_product_attention(q, k, values, **sdpa)
-    else:  # second read: kernel="linear"
-        rho_q, rho_k = efficient_attention_features(q, k, mask)
 
-        def attend(values: Tensor) -> Tensor:
-            """Ā·values = ρ_q(Q)[ρ_k(K)ᵀ values], right to left: O(N d²)."""
-            # Dropout on ρ_k(K) keeps E[Ā] = Ā, the analogue of attention dropout.
-            context = F.dropout(rho_k, dropout_p).transpose(-2, -1) @ values  # (B, H, d, d)
-            return rho_q @ context  # (B,H,N,d) @ (B,H,d,d) -> (B,H,N,d)
+def attention_pass(
+    q: Tensor, k: Tensor, mask: Tensor | None, causal: bool, kernel: str, dropout_p: float
+) -> Callable[[Tensor], Tensor]:
+    """values (B, H, N, d) -> Ā·values (B, H, N, d), Ā as `attention_matrix` builds it but not
+    written out: kernel="softmax", one `F.scaled_dot_product_attention` call (memory: header)."""
+    if kernel == "linear":  # second read
+        return linear_attention_pass(q, k, mask, dropout_p)
+    # Pure causal gets the is_causal flag, which lets fused kernels skip the upper triangle;
+    # SDPA takes no flag together with a mask, so causal + padding passes a (B, 1, N, N) mask
+    # (on the CPU turned into floats and kept for backward: N×N memory).
+    is_causal = causal and mask is None
+    keep = None if is_causal else attention_keep_mask(mask, q.shape[-2], causal, q.device)
 
-    # NOTE: differs from the official code, which forms Ā@Ā (O(N³)) and G, then G@V; the result
-    #       is the same in exact arithmetic. Its dropout differs too: one mask on Ā shared by both
-    #       factors (NLP) or dropout(G) (vision), because two fused passes cannot share one mask.
-    av = apv = attend(v)  # Ā V, and Ā^power V so far
-    for _ in range(power - 1):  # Ā² V = Ā (Ā V), ...: O(N²d) passes instead of O(N³) products
-        apv = attend(apv)
-    return a0 * v + a1 * av + a2 * apv  # (a0·I + a1·Ā + a2·Ā^power) V = G V   (Eq. 6)
+    def attend(values: Tensor) -> Tensor:
+        return F.scaled_dot_product_attention(
+            q, k, values, attn_mask=keep, dropout_p=dropout_p, is_causal=is_causal
+        )
+
+    return attend
 
 
 class GFSAttention(nn.Module):
@@ -138,12 +219,13 @@ class GFSAttention(nn.Module):
             fixed scalar in NLP).
         dropout: attention dropout; fast path: an independent mask per pass (see `gfsa_apply`);
             evaluation="official": one mask on Ā before filtering (official NLP convention).
+            On the CPU, dropout > 0 in training keeps N×N tensors for backward (header).
         causal: query t sees tokens <= t only (kernel="softmax" only).
       Second read, the other modes:
         learn_w0: learn w0 per head (init w0), as Eq. 5 allows; the official code does not.
         learn_w1: learn w1 per head (init 1), as Eq. 5 allows; the official code fixes w1 = 1.
         kernel: "softmax" (the paper) or "linear" (GFSA on Efficient Attention, O(N d²)).
-        evaluation: "fast" (two attention passes) or "official" (the slow reference in the
+        evaluation: "fast" (two attention passes) or "official" (the paper's form in the
             official order: dense Ā, Ā², G, G·V; for benchmarks and tests).
         high_order: "taylor" (Eq. 4's estimate of Ā^K, the paper's) or "exact" (the real Ā^K,
             as K attention passes on the fast path: K/2 times the cost, for comparison).
@@ -206,13 +288,16 @@ class GFSAttention(nn.Module):
         # 1) project, then split heads: (B, N, 3D) -> 3 x (B, H, N, d)
         q, k, v = self.W_qkv(x).view(B, N, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
         dropout_p = self.dropout if self.training else 0.0  # eval mode is exact
-        # 2) G·V = a0·V + a1·ĀV + a2·Ā(ĀV), the graph filter applied to the values  (Eqs. 5, 6)
+        # 2) G·V, the graph filter applied to the values                          (Eqs. 5, 6)
         w, K, exact = (self.w0, self.w1, self.wK), self.order, self.high_order == "exact"
-        if self.evaluation == "fast":  # two attention passes (K with exact), no N×N tensor
-            y = gfsa_apply(q, k, v, *w, K, mask, self.causal, self.kernel, dropout_p, exact)
-        else:  # second read: the official order, Ā (one dropout mask, NLP convention), Ā², G, G·V
+        if self.evaluation == "official":  # the paper's form: Ā (one dropout mask), Ā², G, G·V
             attn = F.dropout(attention_matrix(q, k, mask, self.causal, self.kernel), dropout_p)
             y, _ = gfsa_dense_reference(attn, v, *w, K, exact)
+        elif not exact:  # the default: a0·V + a1·ĀV + a2·Ā(ĀV), two attention passes
+            y = gfsa_apply(q, k, v, *w, K, mask, self.causal, self.kernel, dropout_p)
+        else:  # second read: w0·V + w1·ĀV + wK·Ā^K V, K attention passes
+            attend = attention_pass(q, k, mask, self.causal, self.kernel, dropout_p)
+            y = gfsa_exact_apply(attend, v, *w, K)
         # 3) merge heads and project: (B, H, N, d) -> (B, N, D)
         y = self.W_o(y.transpose(1, 2).reshape(B, N, D))
         # 4) zero the padded rows, so the model sees exact zeros there (W_o's bias would not be)
@@ -220,6 +305,9 @@ class GFSAttention(nn.Module):
         if mask is not None:
             y = y.masked_fill(~mask[..., None], 0.0)
         return y, x.new_zeros(())  # GFSA has no auxiliary loss
+
+
+# Second read: the masks, the other modes (kernel="linear", high_order="exact"), Theorem 3.1.
 
 
 def _real_keys(mask: Tensor) -> Tensor:
@@ -253,8 +341,18 @@ def attention_keep_mask(
     return keep
 
 
-# Second read: the other modes (kernel="linear", evaluation="official", high_order="exact")
-# and the dense N×N forms that the tests and `python gfsa.py` compare the fast path with.
+def linear_attention_pass(
+    q: Tensor, k: Tensor, mask: Tensor | None, dropout_p: float
+) -> Callable[[Tensor], Tensor]:
+    """values (B, H, N, d) -> Ā·values (B, H, N, d), Ā = ρ_q(Q) ρ_k(K)ᵀ, right to left: O(N d²)."""
+    rho_q, rho_k = efficient_attention_features(q, k, mask)
+
+    def attend(values: Tensor) -> Tensor:
+        # Dropout on ρ_k(K) keeps E[Ā] = Ā, the analogue of attention dropout.
+        context = F.dropout(rho_k, dropout_p).transpose(-2, -1) @ values  # (B, H, d, d)
+        return rho_q @ context  # (B,H,N,d) @ (B,H,d,d) -> (B,H,N,d)
+
+    return attend
 
 
 def efficient_attention_features(q: Tensor, k: Tensor, mask: Tensor | None) -> tuple[Tensor, ...]:
@@ -283,82 +381,18 @@ def efficient_attention_features(q: Tensor, k: Tensor, mask: Tensor | None) -> t
     return rho_q, k.softmax(dim=-2)
 
 
-DENSE_MAX_BYTES = 2**32  # 4 GiB: default cap on one (B, H, N, N) matrix of the dense paths
-
-
-def attention_matrix(
-    q: Tensor,
-    k: Tensor,
-    mask: Tensor | None,
-    causal: bool,
-    kernel: str,
-    *,
-    max_bytes: int = DENSE_MAX_BYTES,
+def gfsa_exact_apply(
+    attend: Callable[[Tensor], Tensor], v: Tensor, w0: Tensor, w1: Tensor, wK: Tensor, order: int
 ) -> Tensor:
-    """Ā written out as an N×N matrix, with the same conventions as `gfsa_apply`. Dense paths only.
-
-    Args:
-        q, k: queries and keys.                                   (B, H, N, d)
-        mask: (B, N) bool, True = real token, or None.
-        causal: query t sees keys <= t only (kernel="softmax" only).
-        kernel: "softmax" or "linear".
-        max_bytes: MemoryError, before allocating, if Ā would take more bytes (default 4 GiB).
-    Returns:
-        Ā, rows sum to 1                                          (B, H, N, N)
-    """
-    B, H, N, _ = q.shape
-    shape, gib = (B, H, N, N), 2**30  # refuse Ā before torch tries it (and swaps)
-    if (size := math.prod(shape) * q.dtype.itemsize) > max_bytes:
-        raise MemoryError(f"q: dense Ā {shape} {q.dtype}: {size / gib:.1f} GiB > {max_bytes=}")
-    if kernel == "linear":
-        rho_q, rho_k = efficient_attention_features(q, k, mask)
-        return rho_q @ rho_k.transpose(-2, -1)  # (B,H,N,d) @ (B,H,d,N) -> (B,H,N,N)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B,H,N,d) @ (B,H,d,N) -> (B,H,N,N)
-    keep = attention_keep_mask(mask, q.shape[-2], causal, q.device)
-    if keep is not None:
-        # finfo.min, not -1e9: fp16-safe, and exp underflows to exactly 0 as with SDPA's mask
-        scores = scores.masked_fill(~keep, torch.finfo(scores.dtype).min)
-    return scores.softmax(dim=-1)
-
-
-def gfsa_dense_reference(
-    attn: Tensor,
-    v: Tensor,
-    w0: Tensor,
-    w1: Tensor,
-    wK: Tensor,
-    order: int,
-    exact: bool = False,
-    *,
-    max_bytes: int = DENSE_MAX_BYTES,
-) -> tuple[Tensor, Tensor]:
-    """The slow reference, in the official code's order: Ā², the filter G, then G·V.
-
-    Written literally from Eq. 5 (not from `filter_coefficients`), so comparing it with
-    `gfsa_apply` also checks the collapse to a0·I + a1·Ā + a2·Ā². Cost O(N³) per head.
-
-    Args:
-        attn: Ā, rows sum to 1.                                   (B, H, N, N)
-        v: values.                                                (B, H, N, d)
-        w0, w1, wK: filter coefficients, one per head.            (H,)
-        order: K >= 2.
-        exact: the real Ā^K (matrix_power, O(N³ log K)) instead of the estimate of Eq. 4.
-        max_bytes: MemoryError, before allocating, if Ā² or G would take more (default 4 GiB).
-    Returns:
-        G·V                                                       (B, H, N, d)
-        graph_filter, the filter G                                (B, H, N, N)
-    """
-    shape, gib = tuple(attn.shape), 2**30  # refuse Ā² and G before torch tries them
-    if (size := math.prod(shape) * attn.dtype.itemsize) > max_bytes:
-        raise MemoryError(f"attn: dense Ā², G {shape}: {size / gib:.1f} GiB each > {max_bytes=}")
+    """high_order="exact": the real Ā^K instead of Eq. 4's estimate, G = w0·I + w1·Ā + wK·Ā^K,
+    by K successive passes of attend (values -> Ā·values, from `attention_pass`; a dropout mask
+    per pass), O(K N² d); Ā^K is never formed. v (B, H, N, d), w (H,) -> G·V (B, H, N, d)."""
     w0, w1, wK = w0.view(1, -1, 1, 1), w1.view(1, -1, 1, 1), wK.view(1, -1, 1, 1)
-    eye = torch.eye(attn.shape[-1], dtype=attn.dtype, device=attn.device)
-    attn_sq = attn @ attn  # (B,H,N,N) @ (B,H,N,N) -> (B,H,N,N): the O(N³) product
-    attn_pow_k = attn + (order - 1) * (attn_sq - attn)  # Ā^K ≈ Ā + (K-1)(Ā² - Ā)   (Eq. 4)
-    if exact:
-        attn_pow_k = torch.linalg.matrix_power(attn, order)  # the real Ā^K
-    graph_filter = w0 * eye + w1 * attn + wK * attn_pow_k  # G                     (Eq. 5)
-    return graph_filter @ v, graph_filter  # (B,H,N,N) @ (B,H,N,d) -> (B,H,N,d)   (Eq. 6)
+    av = attend(v)  # Ā V                                                       (B, H, N, d)
+    apv = av  # Ā^power V, power = 1
+    for _ in range(order - 1):  # Ā^(power+1) V = Ā (Ā^power V): one O(N²d) pass each
+        apv = attend(apv)
+    return w0 * v + w1 * av + wK * apv  # (w0·I + w1·Ā + wK·Ā^K) V
 
 
 def taylor_error(attn: Tensor, order: int) -> tuple[Tensor, int, int]:
@@ -393,6 +427,14 @@ def _check_inputs(x: Tensor, mask: Tensor | None, weight: Tensor) -> None:
     error = ValueError if mask.dtype == torch.bool else TypeError
     got = f"got {mask.dtype} of shape {tuple(mask.shape)} on {mask.device}"
     raise error(f"mask: expected bool of shape {tuple(x.shape[:2])} on {x.device}, {got}")
+
+
+def _refuse_dense(what: str, shape: tuple, dtype: torch.dtype, max_bytes: int) -> None:
+    """MemoryError naming `what` if one tensor of `shape` would take more than max_bytes, raised
+    before torch tries to allocate it (and the machine swaps)."""
+    size = math.prod(shape) * dtype.itemsize
+    if size > max_bytes:
+        raise MemoryError(f"{what}: {size / 2**30:.1f} GiB > {max_bytes=}")
 
 
 if __name__ == "__main__":

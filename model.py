@@ -17,7 +17,7 @@ interface and input checks; padding is never read, NaN included; a batch of 0 ha
 layers whose mechanism has an auxiliary loss (AGF, Primal), as in the official code.
 
 Dims:  B batch, N tokens, D model width, H heads, d = D / H, C classes, F input channels (UEA)
-Run:   python model.py   -> aux loss, parameters, padding unread per kind; SDPA == Ā V written out
+Run:   python model.py   -> aux loss, parameters, padding unread per kind; Ā V written out == SDPA
 Depends on: torch, agf.py (+ polynomials.py), ksvd_attention.py, gfsa.py
 """
 
@@ -35,24 +35,36 @@ from ksvd_attention import PrimalAttention
 
 
 class SoftmaxAttention(nn.Module):
-    """Multi-head softmax attention, the baseline:  Y = Ā V,  Ā = softmax(QKᵀ/√d).  By default
-    `F.scaled_dot_product_attention` (a fused kernel where one exists, keeping no N x N matrix for
-    backward); `fused = False` writes Ā out, to step through (nanoGPT's two branches; tested equal).
+    """Multi-head softmax attention, the baseline:  Y = Ā V,  Ā = softmax(QKᵀ/√d).  In forward,
+    the first branch writes Ā out, to read and step through (fused=False); the second, the
+    default, gives the same result in one call of `F.scaled_dot_product_attention` (SDPA), as
+    nanoGPT keeps both; tested equal.
+    Kept for backward on the CPU: written out, Ā (B, H, N, N); SDPA, nothing N x N at dropout 0
+    without causal, an N x N float mask with causal; at dropout > 0, as the CPU's fused kernels
+    take no dropout, Ā, its dropout mask and the dropped Ā (RESULTS.md).
 
     Args:
         d_model: D, token width.
         n_heads: H; each head has width d = D / H.
         dropout: dropout on the attention weights (LRA code: 0.1), active in training only.
         causal:  if True, token t attends to tokens <= t only.
+        fused:   True: SDPA (a fused kernel where one exists); False: Ā written out (N x N memory).
     """
 
-    def __init__(self, d_model: int, n_heads: int, *, dropout: float = 0.0, causal: bool = False):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        dropout: float = 0.0,
+        causal: bool = False,
+        fused: bool = True,
+    ):
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
-        self.dropout, self.causal = dropout, causal
-        self.fused = True  # False: the written-out Ā below (same output, N x N memory)
+        self.dropout, self.causal, self.fused = dropout, causal, fused
         self.W_qkv = nn.Linear(d_model, 3 * d_model)  # W_Q, W_K, W_V of all heads, fused
         self.W_o = nn.Linear(d_model, d_model)  # output projection
 
@@ -73,14 +85,14 @@ class SoftmaxAttention(nn.Module):
             itself = torch.eye(N, dtype=torch.bool, device=x.device)  # (N, N): j = i
             allowed = past if mask is None else (allowed | itself) & past  # (B, 1, N, N)
         dropout_p = self.dropout if self.training else 0.0
-        if self.fused:  # 3) Y = softmax(QKᵀ/√d) V in one fused kernel: (B, H, N, d)
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
-        else:  # 3) the same, written out: (B,H,N,d) @ (B,H,d,N) -> (B,H,N,N), then @ V
-            scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)
+        if not self.fused:  # 3) Ā = softmax(QKᵀ/√d), then Ā V, written out
+            scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # (B,H,N,d) @ (B,H,d,N)
             if allowed is not None:  # finfo.min, not -inf: exp underflows to exactly 0
                 scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-            attn = F.dropout(scores.softmax(dim=-1), dropout_p)  # Ā, rows sum to 1
+            attn = F.dropout(scores.softmax(dim=-1), dropout_p)  # Ā, rows sum to 1: (B,H,N,N)
             y = attn @ v  # Ā V: (B,H,N,N) @ (B,H,N,d) -> (B,H,N,d)
+        else:  # 3) the same result, fused: one SDPA call (what it keeps: docstring)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
         # 4) merge heads, project; padded query rows are set to zero (they are never read)
         y = self.W_o(y.transpose(1, 2).reshape(B, N, D))
         if mask is not None:
@@ -332,6 +344,9 @@ if __name__ == "__main__":
                 (logits, aux), (logits2, _) = model(x, mask), model(junk, mask)
             same, n = torch.allclose(logits, logits2, atol=1e-5), count_parameters(model)
             print(f"{kind:12s} {style}  aux {aux.item():.4f}  params {n:,}  padding unread: {same}")
-    layer, x = SoftmaxAttention(64, 2, causal=True).double(), torch.randn(2, 64, 64).double()
-    y, layer.fused = layer(x, mask)[0], False  # the fused kernel, then Ā written out
-    print("SoftmaxAttention: SDPA == Ā V written out:", torch.allclose(y, layer(x, mask)[0]))
+    written = SoftmaxAttention(64, 2, causal=True, fused=False).double()
+    fused = SoftmaxAttention(64, 2, causal=True).double()
+    fused.load_state_dict(written.state_dict())
+    x = torch.randn(2, 64, 64).double()
+    same = torch.allclose(written(x, mask)[0], fused(x, mask)[0])
+    print("SoftmaxAttention: Ā V written out == SDPA:", same)

@@ -717,6 +717,28 @@ def test_model_attentions_save_no_n_by_n_tensor_for_backward(name):
         assert dense >= N * N
 
 
+@pytest.mark.parametrize("kind", ["softmax", "gfsa"])
+def test_model_sdpa_saves_n_by_n_for_backward_only_with_dropout_or_a_causal_mask(kind):
+    """As model.py and gfsa.py say, on the CPU in training: at attention dropout 0 nothing of N·N
+    elements is kept for backward (padding, and GFSA's pure causal: SDPA's is_causal flag); at
+    dropout 0.1, N·N per (B, H); causal + padding: the (B, 1, N, N) mask, as floats; softmax
+    written out (fused=False): Ā, N·N per (B, H)."""
+    B, H, N = 2, 2, 64
+    x, mask = torch.randn(B, N, 16, requires_grad=True), torch.ones(B, N, dtype=torch.bool)
+    mask[1, 40:] = False
+
+    def largest(mask: torch.Tensor | None, **kwargs) -> int:
+        layer = build_attention(kind, 16, H, **kwargs).train()
+        return _largest_saved(lambda x: layer(x, mask), x)
+
+    assert largest(mask, dropout=0.0) < N * N
+    assert largest(mask, dropout=0.1) >= B * H * N * N
+    assert N * N < largest(mask, dropout=0.0, causal=True) < B * H * N * N
+    assert (largest(None, causal=True) < N * N) == (kind == "gfsa")  # softmax: an (N, N) mask
+    if kind == "softmax":
+        assert largest(mask, fused=False) >= B * H * N * N
+
+
 def test_model_dense_references_refuse_an_n_by_n_matrix_too_large():
     """At N = 65536 a (1, 2, N, N) float32 matrix takes 32 GiB: every dense reference refuses at
     once, saying how large, before allocating; the cap is max_bytes (exactly at it passes)."""
@@ -855,9 +877,10 @@ def test_model_state_dict_holds_what_the_table_says(kind):
 # a path: another way to the same numbers.
 _OTHER = dict(basis="legendre", variant="svd", ksvd_reduction="sample", kernel="linear")
 _OTHER |= dict(evaluation="official", high_order="exact", max_len=7)
-_BASES, _PATHS = {"gfsa": [{"order": 3}, {"order": 3, "evaluation": "official"}]}, ("evaluation",)
+_BASES = {"gfsa": [{"order": 3}, {"order": 3, "evaluation": "official"}]}
+_PATHS = ("evaluation", "fused")
 _DEFAULTS = {  # each docstring's: the official code's or, said there, our choice
-    "softmax": "dropout=0.0 causal=False",
+    "softmax": "dropout=0.0 causal=False fused=True",
     "agf": "order=5 basis='jacobi' alpha=2.0 beta=-1.0 ortho_weight=0.01 fix_theta0=True "
     "variant='agf'",
     "primal": "rank=20 rank_multi=10 max_len=1024 ksvd_weight=0.1 causal=False "
