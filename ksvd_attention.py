@@ -14,8 +14,9 @@ Idea:   Softmax attention o_i = Σ_j v(x_j) κ(x_i, x_j) is the *dual* form of a
             J = ½ Σ_i e_iᵀ Λ e_i + ½ Σ_j r_jᵀ Λ r_j − Tr(W_eᵀ W_r)          (poster, primal problem)
         is 0 at every stationary point (KKT), so η·J² joins the training loss and pushes each
         layer towards a KSVD solution without ever computing an SVD.
-Cost:   per head, O((N + m)·d·s) time for W_{e|X}, W_{r|X} and the scores e, r, and O(N·(d + s))
-        memory; no N x N tensor (the dual form needs O(N²)). W_q, W_k, W_o add O(N·D²).
+Cost:   per head, O((N + m)·d·s) time for W_{e|X}, W_{r|X} and the scores e, r, and
+        O((N + m)·(d + s)) memory; no N x N tensor (the dual form needs O(N²)). W_q, W_k, W_o
+        add O(N·D²) time, W_er O(N·D·s).
 
 Symbols (paper -> code -> shape):
     X                 x             (B, N, D)     layer input
@@ -51,8 +52,8 @@ def primal_scores(
 ) -> tuple[Tensor, Tensor]:
     """Primal projection scores e = Φq W_{e|X}, r = Φk W_{r|X} of each head.     (Remark 3.3)
 
-    Cost per sequence and head: m·d·s multiply-adds for each of W_{e|X}, W_{r|X} and N·d·s for
-    each of e, r: O((N + m) d s), linear in N and in H.
+    Cost per sequence and head: m·d·s multiply-adds for each of W_{e|X}, W_{r|X} (none when
+    causal) and N·d·s for each of e, r: O((N + m) d s), linear in N and in H.
 
     Args:
         phi_q, phi_k: feature maps φ_q(x_i), φ_k(x_j).              (B, H, N, d)
