@@ -14,7 +14,9 @@ Idea:   Softmax attention o_i = Σ_j v(x_j) κ(x_i, x_j) is the *dual* form of a
             J = ½ Σ_i e_iᵀ Λ e_i + ½ Σ_j r_jᵀ Λ r_j − Tr(W_eᵀ W_r)          (poster, primal problem)
         is 0 at every stationary point (KKT), so η·J² joins the training loss and pushes each
         layer towards a KSVD solution without ever computing an SVD.
-Cost:   O(N·d·s) time and memory per head; no N x N tensor (the dual form needs O(N²)).
+Cost:   per head, O((N + m)·d·s) time for W_{e|X}, W_{r|X} and the scores e, r, and
+        O((N + m)·(d + s)) memory; no N x N tensor (the dual form needs O(N²)). W_q, W_k, W_o
+        add O(N·D²) time, W_er O(N·D·s).
 
 Symbols (paper -> code -> shape):
     X                 x             (B, N, D)     layer input
@@ -48,7 +50,10 @@ from torch import Tensor
 def primal_scores(
     phi_q: Tensor, phi_k: Tensor, f_x: Tensor | None, We: Tensor, Wr: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """Primal projection scores e = Φq W_{e|X}, r = Φk W_{r|X}, in O(N d s H).  (Remark 3.3)
+    """Primal projection scores e = Φq W_{e|X}, r = Φk W_{r|X} of each head.     (Remark 3.3)
+
+    Cost per sequence and head: m·d·s multiply-adds for each of W_{e|X}, W_{r|X} (none when
+    causal) and N·d·s for each of e, r: O((N + m) d s), linear in N and in H.
 
     Args:
         phi_q, phi_k: feature maps φ_q(x_i), φ_k(x_j).              (B, H, N, d)
@@ -57,18 +62,15 @@ def primal_scores(
         We, Wr: base weights, shared over the batch or one per      (H, m, s) or (B, H, m, s)
                 sequence ((H, d, s) when f_x is None).
     Returns:
-        e, r, views of (B, N, H, s) tensors                         (B, H, N, s) each
+        e, r                                                        (B, H, N, s) each
     """
     W_eX, W_rX = We, Wr  # the causal variant (f_x None): the base weights themselves
     if f_x is not None:  # W_{e|X} = f(X)ᵀ W_e first: O(m d s), no (N, m)-sized Φq f(X)ᵀ formed
         W_eX = f_x.transpose(-2, -1) @ We  # (B,H,d,m) @ (H,m,s) -> (B,H,d,s)
         W_rX = f_x.transpose(-2, -1) @ Wr  # (B,H,d,m) @ (H,m,s) -> (B,H,d,s)
-    H = phi_q.shape[1]
-    eye = torch.eye(H, dtype=We.dtype, device=We.device)[:, None, :, None]  # (H, 1, H, 1)
-    # all heads at once: Φ (B, N, H·d) in W_q's layout (no copy) @ the W_{e|X} on a block diagonal
-    blocks = [(W.unsqueeze(-2) * eye).flatten(-4, -3).flatten(-2) for W in (W_eX, W_rX)]  # H·d, H·s
-    e, r = (p.transpose(1, 2).flatten(2) @ W for p, W in zip((phi_q, phi_k), blocks, strict=True))
-    return e.unflatten(-1, (H, -1)).transpose(1, 2), r.unflatten(-1, (H, -1)).transpose(1, 2)
+    e = phi_q @ W_eX  # e_i = W_{e|X}ᵀ φ_q(x_i) for every i: (B,H,N,d) @ (B,H,d,s) -> (B,H,N,s)
+    r = phi_k @ W_rX  # r_j = W_{r|X}ᵀ φ_k(x_j) for every j: (B,H,N,d) @ (B,H,d,s) -> (B,H,N,s)
+    return e, r
 
 
 def ksvd_objective(
@@ -168,7 +170,8 @@ class PrimalAttention(nn.Module):
         k = self.W_k(x).view(B, N, self.n_heads, self.d_head).transpose(1, 2)  # (B, H, N, d)
         if self.causal:  # mean over the past *before* the feature map, as the official code
             q, k = causal_running_mean(q, mask), causal_running_mean(k, mask)
-        # normalize's eps (1e-12) maps a zero vector to 0, not NaN; on W_q's layout (faster)
+        # normalize's eps (1e-12) maps a zero vector to 0, not NaN; on W_q's layout (its rows are
+        # contiguous: faster than on the head view)
         return tuple(F.normalize(z.transpose(1, 2), p=2.0, dim=-1).transpose(1, 2) for z in (q, k))
 
     def sampled_tokens(self, x: Tensor, mask: Tensor) -> Tensor | None:
@@ -197,7 +200,7 @@ class PrimalAttention(nn.Module):
         # squared scores in J and long running sums lose too much in fp16 / bf16.
         with torch.autocast(device_type=x.device.type, enabled=False):
             # 1-3) φ_q, φ_k; W_{e|X} = f(X)ᵀ W_e, W_{r|X}; e = Φq W_{e|X}, r = Φk W_{r|X}
-            e, r = self.scores(x, mask)  # (B, H, N, s) each, (B, N, H, s) in memory (Remark 3.3)
+            e, r = self.scores(x, mask)  # (B, H, N, s) each                        (Remark 3.3)
             # 4) o_i = W_er [e_i ; r_i], 2s -> d, the same map for every head       (poster)
             o = self.W_er(torch.cat([e.transpose(1, 2), r.transpose(1, 2)], dim=-1))  # (B,N,H,d)
             # 5) merge heads, project, zero padded rows
@@ -266,7 +269,7 @@ DENSE_MAX_BYTES = 2**32  # 4 GiB: default cap on one (B, H, N, N) matrix of the 
 def ksvd_kernel(
     phi_q: Tensor, phi_k: Tensor, f_x: Tensor | None, mask: Tensor, *, max_bytes=DENSE_MAX_BYTES
 ) -> Tensor:
-    """The N x N asymmetric kernel the primal form never builds. Tests and teaching only.
+    """The N x N asymmetric kernel the primal form never builds: tests, teaching, diagnose.py.
 
         κ(x_i, x_j) = φ_q(x_i)ᵀ f(X)ᵀ f(X) φ_k(x_j),   K_X = Φq Fᵀ F Φkᵀ
     With f_x None (causal variant: W_{e|X} is the free variable) F = I and K = Φq Φkᵀ.

@@ -54,6 +54,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -477,6 +478,31 @@ def test_primal_scores_equal_dual_reference(causal):
     assert e_dual.abs().max() > 0.1 and r_dual.abs().max() > 0.1
     assert torch.allclose(e.masked_fill(~real, 0.0), e_dual, atol=1e-12)
     assert torch.allclose(r_s.masked_fill(~real, 0.0), r_dual, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_primal_scores_cost_the_per_head_products(causal):
+    """FlopCounterMode: primal_scores does 2·N·d·s flops for each of e = Φq W_{e|X} and
+    r = Φk W_{r|X} per sequence and head, 2·m·d·s for each of W_{e|X} = f(X)ᵀ W_e and W_{r|X}
+    (none when causal): linear in H, not H times that (one product over all heads' channels)."""
+    B, N, d, s, m = 2, 40, 4, 3, 12
+    for H in (1, 2, 8):
+        torch.manual_seed(H)
+        phi_q, phi_k = torch.randn(2, B, H, N, d, dtype=F64)
+        f_x = None if causal else torch.randn(B, H, m, d, dtype=F64)
+        We, Wr = torch.randn(2, H, d if causal else m, s, dtype=F64)
+        with FlopCounterMode(display=False) as counter:
+            e, r = primal_scores(phi_q, phi_k, f_x, We, Wr)
+        flops = 2 * (2 * B * H * N * d * s)  # e and r
+        if causal:  # W_{e|X} = W_e, W_{r|X} = W_r
+            W_eX, W_rX = We.expand(B, H, d, s), Wr.expand(B, H, d, s)
+        else:  # f(X)ᵀ W_e, f(X)ᵀ W_r
+            W_eX, W_rX = f_x.mT @ We, f_x.mT @ Wr  # (B, H, d, s)
+            flops += 2 * (2 * B * H * m * d * s)
+        for b, h, i in itertools.product(range(B), range(H), range(N)):  # e_i = W_{e|X}ᵀ φ_q(x_i)
+            assert torch.allclose(e[b, h, i], W_eX[b, h].T @ phi_q[b, h, i], atol=1e-12)
+            assert torch.allclose(r[b, h, i], W_rX[b, h].T @ phi_k[b, h, i], atol=1e-12)
+        assert counter.get_total_flops() == flops, (H, counter.get_flop_counts())
 
 
 @pytest.mark.parametrize("causal", [False, True])

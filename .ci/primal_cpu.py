@@ -1,21 +1,27 @@
 """
 .ci/primal_cpu.py: PrimalAttention against the official LRA layer's order of operations on the
-CPU, interleaved in one process (a shared machine's load then falls on both alike).
+CPU, and against a block-diagonal form of its scores, interleaved in one process (a shared
+machine's load then falls on all alike).
 
     taskset -c 0,1 python .ci/primal_cpu.py --ns 512 1024 2048 4096 8192 --repeats 30
+    python .ci/primal_cpu.py --heads 2 8 --ns 1024 4096  # H = 2 (LRA) and 8 (UEA), D = 64
     python .ci/primal_cpu.py --ns 2048 --saved      # the tensors each saves for backward
     python .ci/primal_cpu.py --ns 2048 --profile    # torch.profiler, the costliest operators
 
-One layer as bench.py's: B = 2, D = 64, H = 2, s = 20, m = 200, float32, no padding; forward +
-backward of mean(y²) + aux. "official" is written here from the order of operations of the
-official PrimalFormer (PrimalAttention_LRA/PrimalFormer/attentions/attention.py, class
-Attention; attention_primal_cos.py, PrimalCosAttention; the LRA KSVD loss of model_wrapper.py):
-f(X) by an index into the channel-major input, f(X)ᵀW by einsum, e and r by einsum, the mask
-multiplied before the output map, λ applied as e @ diag(λ) and the norm squared. It shares our
-layer's parameters, and without padding both give the same y and aux (checked first, float64).
-Per N: the median fwd+bwd time of each over --repeats rounds (the order alternates every round),
-wall clock and the process's CPU time (on a shared machine the steadier of the two), the ratio
-ours / official of each, and the bytes each saves for backward (bench.saved_tensors).
+One layer as bench.py's: B = 2, D = 64, H = 2 (--heads, --d-model), s = 20, m = 200, float32,
+no padding; forward + backward of mean(y²) + aux. "official" is written here from the order of
+operations of the official PrimalFormer (PrimalAttention_LRA/PrimalFormer/attentions/
+attention.py, class Attention; attention_primal_cos.py, PrimalCosAttention; the LRA KSVD loss of
+model_wrapper.py): f(X) by an index into the channel-major input, f(X)ᵀW by einsum, e and r by
+einsum, the mask multiplied before the output map, λ applied as e @ diag(λ) and the norm
+squared. It shares our layer's parameters, and without padding all three forms give the same y
+and aux (checked first, float64).
+"block-diag" is our layer with e and r of all heads from one (B, N, H·d) @ (H·d, H·s) product per
+sequence, each head's W_{e|X} on the block diagonal: φ stays in W_q's (B, N, H, d) layout (no
+copy), at H times the multiplications of the per-head products (B, H, N, d) @ (B, H, d, s).
+Per H and N: the median fwd+bwd time of each over --repeats rounds (the order turns every
+round), wall clock and the process's CPU time (on a shared machine the steadier of the two), the
+ratio of each to official, and the bytes each saves for backward (bench.saved_tensors).
 """
 
 import argparse
@@ -30,6 +36,8 @@ import torch.nn.functional as F
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 import bench
 from ksvd_attention import PrimalAttention
+
+FORMS = ("ours", "block-diag", "official")
 
 
 def official(layer: PrimalAttention, x: torch.Tensor, mask: torch.Tensor):
@@ -53,14 +61,43 @@ def official(layer: PrimalAttention, x: torch.Tensor, mask: torch.Tensor):
     return y, layer.ksvd_weight * (e_term + r_term - trace) ** 2
 
 
-def same_outputs() -> None:
-    """Without padding the two give the same y and aux (float64): else the timing is moot."""
+class BlockDiagonal(PrimalAttention):
+    """Our layer with e, r of all heads from one product per sequence, on a block diagonal."""
+
+    def scores(self, x: torch.Tensor, mask: torch.Tensor):
+        x = x.to(self.W_q.weight.dtype).masked_fill(~mask[..., None], 0.0)
+        phi_q, phi_k = self.feature_maps(x, mask)  # (B, H, N, d) views of (B, N, H, d) each
+        f_x = self.sampled_tokens(x, mask).transpose(-2, -1)  # (B, H, d, m)
+        H = self.n_heads
+        eye = torch.eye(H, dtype=x.dtype)[:, None, :, None]  # (H, 1, H, 1)
+        e_r = []
+        for phi, W in ((phi_q, self.We), (phi_k, self.Wr)):
+            W_X = f_x @ W  # W_{e|X} (or W_{r|X}): (B, H, d, s)
+            block = (W_X.unsqueeze(-2) * eye).flatten(-4, -3).flatten(-2)  # (B, H·d, H·s)
+            score = phi.transpose(1, 2).flatten(2) @ block  # (B, N, H·d) @ (B, H·d, H·s)
+            e_r.append(score.unflatten(-1, (H, -1)).transpose(1, 2))  # (B, H, N, s)
+        return e_r[0], e_r[1]
+
+
+def make_forms(d_model: int, n_heads: int, dtype: torch.dtype) -> dict:
+    """The three forms, with the same parameters: name -> (x, mask) -> (y, aux)."""
     torch.manual_seed(0)
-    layer = PrimalAttention(64, 2, max_len=65536).double()
-    x, mask = torch.randn(2, 300, 64, dtype=torch.float64), torch.ones(2, 300, dtype=torch.bool)
-    for a, b in zip(layer(x, mask), official(layer, x, mask), strict=True):
-        if not torch.allclose(a, b, rtol=1e-10, atol=1e-12):
-            sys.exit(f"ours and the official order differ: {(a - b).abs().max().item():.3g}")
+    layer = PrimalAttention(d_model, n_heads, max_len=65536).to(dtype)
+    block = BlockDiagonal(d_model, n_heads, max_len=65536).to(dtype)
+    block.load_state_dict(layer.state_dict())
+    return {"ours": layer, "block-diag": block, "official": lambda x, m: official(layer, x, m)}
+
+
+def same_outputs(d_model: int, n_heads: int) -> None:
+    """Without padding all give the same y and aux (float64): else the timing is moot."""
+    forms = make_forms(d_model, n_heads, torch.float64)
+    x = torch.randn(2, 300, d_model, dtype=torch.float64)
+    mask = torch.ones(2, 300, dtype=torch.bool)
+    want = forms["official"](x, mask)
+    for name in ("ours", "block-diag"):
+        for a, b in zip(forms[name](x, mask), want, strict=True):
+            if not torch.allclose(a, b, rtol=1e-10, atol=1e-12):
+                sys.exit(f"{name} and the official order differ: {(a - b).abs().max():.3g}")
 
 
 def main(argv=None) -> None:
@@ -70,52 +107,59 @@ def main(argv=None) -> None:
     p.add_argument("--ns", type=int, nargs="+", default=[512, 1024, 2048, 4096, 8192])
     p.add_argument("--repeats", type=int, default=30, help="interleaved rounds per N")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--heads", type=int, nargs="+", default=[2], help="H; one layer per value")
+    p.add_argument("--d-model", type=int, default=64, help="D, the same at every H")
     p.add_argument("--saved", action="store_true", help="list the tensors saved for backward")
     p.add_argument("--profile", action="store_true", help="torch.profiler's costliest operators")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
-    same_outputs()
-    torch.manual_seed(0)
-    layer = PrimalAttention(64, 2, max_len=65536)
-    forms = {"ours": layer, "official": lambda x, mask: official(layer, x, mask)}
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, B=2 float32")
+    for H in args.heads:
+        same_outputs(args.d_model, H)
+        forms = make_forms(args.d_model, H, torch.float32)
+        for N in args.ns:
+            measure(forms, H, N, args)
+
+
+def measure(forms: dict, H: int, N: int, args: argparse.Namespace) -> None:
+    """One line per (H, N): median times, ratios to official, saved MiB; --saved, --profile."""
+    x = torch.randn(2, N, args.d_model, requires_grad=True)
+    mask = torch.ones(2, N, dtype=torch.bool)
 
     def fwd_bwd(form, x, mask):
         y, aux = form(x, mask)
         (y.square().mean() + aux).backward()
         x.grad = None
-        layer.zero_grad(set_to_none=True)
+        for module in (forms["ours"], forms["block-diag"]):
+            module.zero_grad(set_to_none=True)
 
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, B=2 D=64 H=2 float32")
-    for N in args.ns:
-        x = torch.randn(2, N, 64, requires_grad=True)
-        mask = torch.ones(2, N, dtype=torch.bool)
-
-        times = {(name, clock): [] for name in forms for clock in ("wall", "cpu")}
-        for i in range(args.repeats + 2):  # the first two rounds warm up
-            for name in list(forms)[:: 1 if i % 2 else -1]:
-                t0, c0 = time.perf_counter(), time.process_time()
+    times = {(name, clock): [] for name in FORMS for clock in ("wall", "cpu")}
+    for i in range(args.repeats + 2):  # the first two rounds warm up
+        for j in range(len(FORMS)):  # each form goes first in turn
+            name = FORMS[(i + j) % len(FORMS)]
+            t0, c0 = time.perf_counter(), time.process_time()
+            fwd_bwd(forms[name], x, mask)
+            times[name, "cpu"].append((time.process_time() - c0) * 1e3)
+            times[name, "wall"].append((time.perf_counter() - t0) * 1e3)
+    ms = {key: statistics.median(t[2:]) for key, t in times.items()}
+    saved = {n: bench.saved_tensors(lambda f=f, a=(x, mask): f(*a)) for n, f in forms.items()}
+    mib = {n: sum(s[2] for s in v) / bench.MIB for n, v in saved.items()}
+    for clock in ("wall", "cpu"):
+        line = f"H={H} D={args.d_model} N={N:5d} {clock:4s}:"
+        for name in FORMS:
+            line += f" {name} {ms[name, clock]:7.2f}"
+        ours, block = (ms[name, clock] / ms["official", clock] for name in ("ours", "block-diag"))
+        print(f"{line} ms; / official: ours {ours:.3f}, block-diag {block:.3f}")
+    print("    saved MiB: " + ", ".join(f"{n} {mib[n]:.2f}" for n in FORMS))
+    for name in FORMS if args.saved else ():
+        for shape, dtype, nbytes, _ in sorted(saved[name], key=lambda s: -s[2]):
+            print(f"    {name:10s} {str(shape):20s} {str(dtype)[6:]:8s} {nbytes / 2**10:8.1f} KiB")
+    for name in FORMS if args.profile else ():
+        with torch.profiler.profile() as prof:
+            for _ in range(5):
                 fwd_bwd(forms[name], x, mask)
-                times[name, "cpu"].append((time.process_time() - c0) * 1e3)
-                times[name, "wall"].append((time.perf_counter() - t0) * 1e3)
-        ms = {key: statistics.median(t[2:]) for key, t in times.items()}
-        saved = {n: bench.saved_tensors(lambda f=f, a=(x, mask): f(*a)) for n, f in forms.items()}
-        mib = {n: sum(s[2] for s in v) / bench.MIB for n, v in saved.items()}
-        line = f"N={N:5d}"
-        for clock in ("wall", "cpu"):
-            ours, theirs = ms["ours", clock], ms["official", clock]
-            line += f"  {clock}: ours {ours:7.2f} official {theirs:7.2f} ms ({ours / theirs:.3f})"
-        print(f"{line}  saved MiB: ours {mib['ours']:.2f}, official {mib['official']:.2f}")
-        for name in forms if args.saved else ():
-            for shape, dtype, nbytes, _ in sorted(saved[name], key=lambda s: -s[2]):
-                print(
-                    f"    {name:8s} {str(shape):20s} {str(dtype)[6:]:8s} {nbytes / 2**10:8.1f} KiB"
-                )
-        for name in forms if args.profile else ():
-            with torch.profiler.profile() as prof:
-                for _ in range(5):
-                    fwd_bwd(forms[name], x, mask)
-            print(f"  {name}, 5 calls:")
-            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
+        print(f"  {name}, 5 calls:")
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
 
 
 if __name__ == "__main__":
