@@ -37,6 +37,7 @@ import runpy
 import shlex
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -1748,13 +1749,13 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
         with tarfile.open(_write(server / archive, b""), "w:gz") as tar:
             for top in folders:
                 tar.add(src / top, top)
-    md5 = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in server.iterdir()}
     for k, name in enumerate(["../../evil", "/cifar-10-batches-py/evil", "link", "device"]):
         with tarfile.open(server / f"hostile{k}.tar.gz", "w:gz") as tar:
             tar.add(src / "cifar-10-batches-py", "cifar-10-batches-py")  # whole files, first
             member = tarfile.TarInfo(name if name[0] == "/" else f"cifar-10-batches-py/{name}")
             member.type = [tarfile.REGTYPE, tarfile.REGTYPE, tarfile.SYMTYPE, tarfile.CHRTYPE][k]
             tar.addfile(member)
+    md5 = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in server.iterdir()}
     small = "--attention softmax --steps 2 --batch-size 4 --d-model 16 --d-ff 32 --n-layers 1"
     flags = [*small.split(), "--data-dir", str(data), "--download"]
     with _serve(server) as (url, asked):
@@ -1766,15 +1767,19 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
             ("retrieval", "http://127.0.0.1:0/lra_release.gz", "Connection refused"),
             ("retrieval", f"{url}/cut/lra_release.gz", "cut short"),
         ]
-        cases += [("image", f"{url}/hostile{k}.tar.gz", "an absolute path or '..'") for k in (0, 1)]
-        cases += [("image", f"{url}/hostile{k}.tar.gz", "is a link or a device") for k in (2, 3)]
         faults = (KeyboardInterrupt(), OSError(28, "No space left on device"))  # in a write
         cases += [("pathfinder", f"{url}/lra_release.gz", fault) for fault in faults]
-        for task, where, what in cases:
+        cases = [(*case, {}) for case in cases]  # the table's size and MD5
+        for k, checked in itertools.product(range(4), (True, False)):  # unpacked after the
+            what = "an absolute path or '..'" if k < 2 else "is a link or a device"  # check,
+            ours = dict(md5=md5[f"hostile{k}.tar.gz"] if checked else None, size=None)  # or read
+            cases.append(("image", f"{url}/hostile{k}.tar.gz", what, ours))  # as it arrives
+        for task, where, what, ours in cases:
             fails = mock.Mock(wraps=shutil, copyfileobj=mock.Mock(side_effect=what))
             with mock.patch("download.shutil", shutil if type(what) is str else fails):
                 with pytest.raises((lra_data.DataError, KeyboardInterrupt)) as err:
-                    lra_data.download_task(task, data, where)
+                    with mock.patch.dict(lra_data.ARCHIVES[task], ours):
+                        lra_data.download_task(task, data, where)
             said = capsys.readouterr().err.strip().splitlines()[-1:]  # after the progress lines
             text = str(err.value) if err.type is lra_data.DataError else said[0]
             assert str(what) in text and where in text and "\n" not in text.strip(), text
@@ -1835,7 +1840,7 @@ def test_lra_data_cache_hit_equals_a_fresh_read(source, tmp_path):
     notes = lra_data.load_task(**args)[1]
     [cache] = (tmp_path / "lra-cache").iterdir()  # no temporary file left
     fail = mock.Mock(side_effect=AssertionError("a hit reads no source file"))
-    with mock.patch.multiple(lra_data, _read_each=fail, _read_release=fail):
+    with mock.patch.object(lra_data, "read_source", fail):
         hit, hit_notes = lra_data.load_task(**args)
     fresh, fresh_notes = lra_data.load_task(**args, cache=False)
     assert hit_notes[0] == notes[0].replace(" from ", f" from the prepared cache {cache} of ", 1)
@@ -1845,6 +1850,25 @@ def test_lra_data_cache_hit_equals_a_fresh_read(source, tmp_path):
         a, b = (np.asarray(getattr(data[name], field.name)) for data in (hit, fresh))
         assert np.array_equal(a, b) and a.dtype == b.dtype, (name, field.name)  # None: same
     assert (hit["val"] is hit["test"]) == (task == "text") and fresh["train"].x.dtype == np.int16
+
+
+def test_lra_data_prepared_on_its_own_is_what_train_lra_reads(tmp_path):
+    """python lra_data.py: fetch, read, check, write the prepared file, say so; train_lra.py with
+    the same flags (its paper preset) then reads that file alone. No data: one line, exit 1."""
+    assert lra_data.MAX_LEN == {task: train_lra.TASKS[task]["max_len"] for task in lra_data.VOCAB}
+    sizes = ["--data-dir", str(tmp_path), "--listops-size", "48", "--listops-eval-size", "12"]
+    run = _cli("lra_data.py", *sizes, "--max-len", "30")
+    assert run.returncode == 0, run.stderr[-2000:]
+    *notes, last = run.stdout.strip().splitlines()
+    folder, file = tmp_path / "listops-1000", tmp_path / "lra-cache" / "listops-1000-30.npz"
+    said = "listops: train 48, val 12, test 12 examples from the generator (seed 0), written to"
+    assert notes[0].startswith(f"{said} {folder}; ") and last == f"prepared file: {file}"
+    steps = "--steps 1 --eval-every 1 --batch-size 8 --d-model 16 --d-ff 32 --max-len 30".split()
+    with mock.patch.object(lra_data, "read_source", side_effect=AssertionError("read again")):
+        assert _lra_run([*sizes, *steps, "--out", str(tmp_path / "run")])["steps"] == 1
+    assert json.loads((folder / "generator.json").read_text())["shards"] == 16  # as written
+    run = _cli("lra_data.py", "--task", "image", "--data-dir", str(tmp_path))
+    assert run.returncode == 1 and run.stderr.startswith("lra_data.py: no data for task image")
 
 
 def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_path, monkeypatch):
@@ -2270,10 +2294,16 @@ def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
     (server / "Html.zip").write_text("<html>not found</html>")
     with zipfile.ZipFile(server / "Half.zip", "w") as z:
         z.writestr("Half/Half_TRAIN.ts", _toy_ts([_OK])[0])
+    with zipfile.ZipFile(server / "Link.zip", "w") as z:  # a symlink entry: its target as data
+        link = zipfile.ZipInfo("Link/Link_TRAIN.ts")
+        link.external_attr = (stat.S_IFLNK | 0o777) << 16  # the Unix mode, as zip -y writes it
+        z.writestr(link, "/etc/passwd")
+        z.writestr("Link/Link_TEST.ts", _toy_ts([_OK])[0])
     for name, url_used, what in [
         ("Nope", url, f"could not download {url}/Nope.zip"),
         ("Html", url, f"{url}/Html.zip is no whole zip archive"),
         ("Half", url, f"{url}/Half.zip holds no Half_TEST.ts"),
+        ("Link", url, f"{url}/Link.zip: the member 'Link/Link_TRAIN.ts' is a link or a device"),
         ("Nope", "not-a-url", "could not download not-a-url/Nope.zip"),
     ]:
         with pytest.raises(DatasetNotFoundError) as err:
