@@ -137,7 +137,10 @@ def _tiny(style: str, attention="softmax", **over) -> ModelConfig:
     """A small config of either style; token inputs for "lra", 5 features for "uea"."""
     base = dict(n_classes=3, max_len=24, style=style, attention=attention, n_layers=2)
     base.update(d_model=16, n_heads=2, d_ff=32, head_hidden=16)
-    base.update(vocab_size=11) if style == "lra" else base.update(n_features=5)
+    if style == "lra":
+        base.update(vocab_size=11)
+    else:
+        base.update(n_features=5)
     base.update(over)
     return ModelConfig(**base)
 
@@ -1205,7 +1208,8 @@ def _lra_stack_evaluate(expression: str) -> int:
 def _lra_check_batch(split: lra_data.Split, lengths, lengths2=None) -> None:
     """split.batch of every example (in reverse order) against the lengths known by the test:
     mask (and mask2) = position < length, int64 ids equal to the split's, 0 in the padding."""
-    batch = split.batch(idx := np.arange(len(split.y))[::-1])
+    idx = np.arange(len(split.y))[::-1]
+    batch = split.batch(idx)
     for x, mask, known in (("x", "mask", lengths), ("x2", "mask2", lengths2)):
         if known is None:
             assert x not in batch and mask not in batch
@@ -1413,8 +1417,12 @@ def _lra_pathfinder(folder: pathlib.Path, n: int, side: int = 4) -> dict:
     _write(folder / "imgs" / "1" / "sample_empty.png", b"")  # counted, then dropped
     listed[1].append(("imgs/1 sample_empty.png 99 1 1.0 14 4\n", None))
     for k, entries in listed.items():
-        _write(folder / "metadata" / f"{k}.npy", "\n".join(e[0] for e in entries) + "\n" * (k != 2))
-        for line, (text, image) in enumerate(entries[: len(entries) - (k == 2)], start=1):
+        listing = "\n".join(e[0] for e in entries)
+        if k != 2:
+            listing += "\n"
+        _write(folder / "metadata" / f"{k}.npy", listing)
+        counted = entries[:-1] if k == 2 else entries
+        for line, (text, image) in enumerate(counted, start=1):
             f0, f1, _, label = text.split(" ")[:4]
             keys[f"{f0}_{f1}_{line}"] = (image, int(label))
     return keys
@@ -1538,7 +1546,8 @@ def _lra_read(kind: str, content, tmp_path: pathlib.Path):
         raw = content if isinstance(content, bytes) else pickle.dumps(content)
         return lra_data.read_lra_pickle(_write(tmp_path / "bad.pickle", raw), kind[7:], 8)
     if kind == "imdb":  # content: one more negative training review (None: no positive one)
-        folder = _lra_imdb(tmp_path, {"neg": ["bad"], "pos": ["good", "fine"] * bool(content)})
+        positive = [] if content is None else ["good", "fine"]
+        folder = _lra_imdb(tmp_path, {"neg": ["bad"], "pos": positive})
         if content is not None:
             _write(folder / "train" / "neg" / "9_7.txt", content)
         splits, notes = lra_data.read_imdb(folder, 8)
@@ -1551,12 +1560,14 @@ def _lra_read(kind: str, content, tmp_path: pathlib.Path):
             content = data[:60] + data[80:] if content == "cut" else data  # IDAT bytes lost
         return lra_data.read_png_gray(_write(tmp_path / "bad.png", content))
     if kind == "cifar":  # content: data_batch_3, or max_len
-        _lra_cifar(folder := tmp_path / "cifar-10-batches-py")
+        folder = tmp_path / "cifar-10-batches-py"
+        _lra_cifar(folder)
         if isinstance(content, bytes):
             _write(folder / "data_batch_3", content)
         return lra_data.read_cifar(folder, 1024 if isinstance(content, bytes) else content)
     if kind == "pathfinder":  # content: metadata/0.npy, the only one (None: none; int: max_len)
-        _lra_pathfinder(tmp_path := tmp_path / "curv_baseline", 12)
+        tmp_path = tmp_path / "curv_baseline"
+        _lra_pathfinder(tmp_path, 12)
         if not isinstance(content, int):
             for meta in (tmp_path / "metadata").glob("*.npy"):
                 meta.unlink()
@@ -1570,7 +1581,8 @@ def _lra_read(kind: str, content, tmp_path: pathlib.Path):
 
 
 def _lra_npy(data, labels=None) -> bytes:  # numpy.save's bytes; labels: a CIFAR-10 batch instead
-    np.save(buffer := io.BytesIO(), data)
+    buffer = io.BytesIO()
+    np.save(buffer, data)
     return buffer.getvalue() if labels is None else pickle.dumps({b"data": data, b"labels": labels})
 
 
@@ -2788,7 +2800,8 @@ def test_train_lra_and_train_uea_logged_numbers_are_recomputed(tmp_path, script,
     more = ["--batch-size", size, *(["--listops-size", "8"] if lra else ["--attention", "agf"])]
     _train_both(tmp_path, script, out, "--lr", "1e-12", "--dropout", "0", *more)
     ckpt, want = torch.load(out / "checkpoint.pt", weights_only=False), {}
-    (model := Classifier(ModelConfig(**ckpt["model_config"]))).load_state_dict(ckpt["model"])
+    model = Classifier(ModelConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
     data = lra_data.load_task(**ckpt["data"])[0] if lra else uea_data.load_uea(**ckpt["data"])
     for split in ("train", "val") if lra else ("train", "test"):
         idx = np.arange(8 if lra and split == "train" else 12)
@@ -2797,7 +2810,8 @@ def test_train_lra_and_train_uea_logged_numbers_are_recomputed(tmp_path, script,
         else:
             x, mask, y = train_uea.to_batch(data, split, idx, "cpu")
         logits, aux = model(x, mask)
-        want[f"{split}_loss"] = (F.cross_entropy(logits, y) + aux * (split == "train")).item()
+        loss = F.cross_entropy(logits, y) + (aux if split == "train" else 0)
+        want[f"{split}_loss"] = loss.item()
         want[f"{split}_acc"] = (logits.argmax(-1) == y).sum().item() / len(idx)
         want |= {"train_aux": aux.item()} if split == "train" and not lra else {}
     assert [{k: r[k] for k in want} for r in _log(out)] == [pytest.approx(want, abs=2e-5)] * 2
@@ -3639,11 +3653,12 @@ def test_diagnose_report_csv_files_and_plots_from_a_mixed_model(tmp_path):
 def test_diagnose_read_checkpoint_picks_the_weights_or_says_they_are_not_there(tmp_path):
     """best.pt where there is one (LRA), else checkpoint.pt (UEA); weights not there: one line."""
     saved = dict(model={}, model_config={}, data={})
-    torch.save(dict(saved, optimizer={}), last := tmp_path / "checkpoint.pt")
+    last, best = tmp_path / "checkpoint.pt", tmp_path / "best.pt"
+    torch.save(dict(saved, optimizer={}), last)
     assert diagnose.read_checkpoint(tmp_path)[1] == last  # no best.pt: a UEA run
     with pytest.raises(SystemExit, match=r"has no best.pt \(a UEA run keeps only its last"):
         diagnose.read_checkpoint(tmp_path, "best")
-    torch.save(saved, best := tmp_path / "best.pt")
+    torch.save(saved, best)
     assert [diagnose.read_checkpoint(tmp_path, w)[1] for w in (None, "last")] == [best, last]
     for file, weights, kept in ((best, "last", "best"), (last, "best", "last")):
         with pytest.raises(SystemExit, match=f"{file.name} holds the {kept} weights, not --we"):
@@ -3883,7 +3898,8 @@ def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path,
     """In another folder, bench.py then .ci/gpu_bench.py: default CSV and PNG, then new names; the
     slopes = log(t2/t1) / log(N2/N1) of the CSV; one N < --fit-min, or a bad --csv: said."""
     monkeypatch.chdir(tmp_path)
-    plt = mock.MagicMock(**{"subplots.return_value": (fig := mock.MagicMock(), [fig] * 2)})
+    fig = mock.MagicMock()
+    plt = mock.MagicMock(**{"subplots.return_value": (fig, [fig] * 2)})
     argv = [*TINY_BENCH, "--what", "layer", "step", "--step-ns", "32", "--step-batch", "2"]
     monkeypatch.setitem(sys.modules, "matplotlib", mock.MagicMock(pyplot=plt))  # these two only:
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", plt)  # (patch.dict would drop inductor's)
@@ -3931,12 +3947,16 @@ def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path,
     (["--kinds", "primal+trans"], "--what layer measures none of --kinds primal+trans: primal+"),
     (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
     (["--kinds", "flash"], "argument --kinds: invalid choice: 'flash'"),
-    *[(["--device", "cuda"], "--device cuda: this machine has no CUDA GPU")]
-    * (not torch.cuda.is_available()),
+    *([] if torch.cuda.is_available() else [
+        (["--device", "cuda"], "--device cuda: this machine has no CUDA GPU")
+    ]),
 ])  # fmt: skip
 def test_bench_refuses_bad_flags_with_one_sentence(argv, said):
     """Exit status 2 and one sentence, from bench.py and from .ci/gpu_bench.py."""
-    for parse in [gpu_bench.parse_args] + [bench.parse_args] * ("--bandwidth-gbs" not in argv):
+    parsers = [gpu_bench.parse_args]
+    if "--bandwidth-gbs" not in argv:  # a flag of .ci/gpu_bench.py alone
+        parsers.append(bench.parse_args)
+    for parse in parsers:
         with pytest.raises(SystemExit) as stop, contextlib.redirect_stderr(io.StringIO()) as err:
             parse([str(a) for a in argv])
         assert stop.value.code == 2 and said in err.getvalue().strip().splitlines()[-1]
@@ -3952,7 +3972,9 @@ def test_bench_refuses_bad_flags_with_one_sentence(argv, said):
 def test_bench_compiles_by_default_on_cuda_only(monkeypatch, argv, modes, gpu_modes):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert modes is None or bench.parse_args(argv.split()).modes == modes.split()
-    ns = [256, 512, 1024, 2048, 4096, 8192] + [16384, 32768] * ("cuda" in argv)  # --help says
+    ns = [256, 512, 1024, 2048, 4096, 8192]  # --help says
+    if "cuda" in argv:
+        ns += [16384, 32768]
     assert modes is None or bench.parse_args(argv.split()).ns == ns
     assert gpu_bench.parse_args(argv.split()).modes == gpu_modes.split()
 
@@ -4032,12 +4054,14 @@ def test_bench_times_the_backward_and_counts_memory_bytes_and_operators():
     sleeps = [0.03, 0.03, 0.0]  # two warm-up calls longer than the one timed: left out
     sleep = lambda: __import__("time").sleep(sleeps.pop(0))  # noqa: E731
     assert bench.timed(sleep, torch.device("cpu"), 1, 2) < 15 and not sleeps
-    bench.measure_row(row := dict(row, B=2, N=2048, D=64), _BenchLayer(), args)
+    row = dict(row, B=2, N=2048, D=64)
+    bench.measure_row(row, _BenchLayer(), args)
     assert row["mem_mib"] == 1.0
     x, mask = torch.randn(2, 2048, 64, requires_grad=True), torch.ones(2, 2048, dtype=torch.bool)
     nbytes, saved = gpu_bench.traffic_floor(_BenchLayer(), x, mask, torch.float32)
     assert nbytes == 5 * 2**20 and len(saved) == 1
-    gpu_bench.floor(_BenchLayer(), row := dict(row, B=3), torch.float32, 2)  # B, GB/s: 1e9 B/s
+    row = dict(row, B=3)
+    gpu_bench.floor(_BenchLayer(), row, torch.float32, 2)  # B, GB/s: 1e9 B/s
     assert row["floor_mib"] * 2**20 == 5 * 3 * 2048 * 64 * 4 == pytest.approx(row["floor_ms"] * 2e6)
     a = torch.randn(3, 4, requires_grad=True)
     assert gpu_bench.dispatched_ops(lambda: (a + 1).t().mul(2).sum()) == 3
