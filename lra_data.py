@@ -4,13 +4,11 @@ Each reader returns `Split`s: int16 ids right-padded with 0 and the true lengths
 is `arange(N) < length`, never `ids != 0` (a pixel of value 0 is a real token), together with
 notes: plain sentences on what is surprising in the data (skipped examples, unknown tokens),
 which the training script prints. Examples with no real token never reach the model.
-prepare(task, data_dir, max_len) runs the steps in order: find_source chooses where the splits
-come from (a release folder, PyTorch-LRA pickles, or the ListOps generator, which writes a
-release folder first; download_task fetches a missing folder with download.py), then the
-prepared file <data_dir>/lra-cache/<folder>-<max_len>.npz is loaded if it was made from the same
-files, else read_source reads and checks the splits and write_prepared writes it. load_task is
-prepare without the file's name; train_lra.py calls it.
-    python lra_data.py --task text --download    # prepare a task on its own (--help)
+prepare(task, data_dir, max_len): find_source chooses the source (a release folder, fetched by
+download_task; PyTorch-LRA pickles; the ListOps generator, writing a release folder); the
+prepared file <data_dir>/lra-cache/<folder>-<max_len>.npz is loaded if made from the same files,
+else read_source reads, checks, and write_prepared writes it. train_lra.py calls load_task
+(prepare without the file's name); `python lra_data.py --task text --download` prepares alone.
 Official code: google-research/long-range-arena lra_benchmarks/, mlpen/Nystromformer LRA/.
 Depends on: numpy, tqdm, download.py
 """
@@ -580,12 +578,10 @@ def prepare(
         data_dir: the folder of the release layout (and of aclImdb/, cifar-10-batches-py/).
         max_len: tokens per input: longer ones are cut, shorter ones right-padded with 0.
         seed: the ListOps generator's seed.
-        listops: the ListOps settings, LISTOPS_PAPER's keys (None = LISTOPS_PAPER); "shards"
-            (generator processes) is optional, 1 by default.
+        listops: the ListOps settings, LISTOPS_PAPER's keys (None = LISTOPS_PAPER).
         pathfinder_dir: the Pathfinder folder under data_dir.
         padding_note: add the note on padding far beyond the longest input (see the Returns).
-        download: None, or fetch the task's folder when it is missing (and no pickles are
-            there), from this URL ("" = its URL in ARCHIVES): download_task.
+        download: a URL ("" = ARCHIVES'): fetch the missing folder (download_task); None: not.
         cache: False: read the files, write no prepared file.
 
     Returns:
@@ -838,10 +834,9 @@ def _listops_source(folder: pathlib.Path, listops: dict, seed: int) -> Source:
 
 def parse_args(argv: list | None = None) -> argparse.Namespace:
     """The flags of python lra_data.py (--help): train_lra.py's names and paper defaults."""
-    about = "Fetch (with --download), read, check and write one LRA task's prepared file, "
-    about += "<data-dir>/lra-cache/<folder>-<max-len>.npz; train_lra.py with the same --data-dir "
-    about += "and --max-len (and its paper preset) then reads that file alone. Prepare on a "
-    about += "machine with internet, copy <data-dir> to one without."
+    about = "Fetch (--download), read, check one LRA task and write <data-dir>/lra-cache/<folder>-"
+    about += "<max-len>.npz, which train_lra.py (same flags) then reads: prepare where there is "
+    about += "internet, then copy <data-dir> to a machine without."
     parser = argparse.ArgumentParser(description=about)
     add = parser.add_argument
     add("--task", choices=list(VOCAB), default="listops", help="the task (default listops)")
