@@ -244,8 +244,11 @@ def slopes(rows: list, fit_min: int) -> list:
         t, m = [f"{slope(ns, v):5.2f}" if len(ns) > 1 and None not in v else "    -" for v in cols]
         lines.append(f"  {' '.join(key):30s} time {t}   memory {m}   N {ns}")
     head = f"log-log slope over N >= {fit_min} (1 = linear, 2 = quadratic):"
-    none = [f"no log-log slopes: every N measured is below --fit-min {fit_min}"] * bool(layer)
-    return [head, *lines] if lines else none
+    if lines:
+        return [head, *lines]
+    if layer:
+        return [f"no log-log slopes: every N measured is below --fit-min {fit_min}"]
+    return []
 
 
 def plot(rows: list, path: pathlib.Path) -> None:
@@ -324,7 +327,8 @@ def parse_args(argv=None, parser=None) -> argparse.Namespace:
             p.error(f"--what {what} measures none of --kinds {' '.join(args.kinds)}: {why[what]}")
     args.compile = args.device == "cuda" if args.compile is None else args.compile
     args.modes = ["eager", "compiled"] if args.compile else ["eager"]
-    names = (f"runs/bench/bench_{args.device}{f'_{i}' * (i > 1)}.csv" for i in itertools.count(1))
+    names = (f"runs/bench/bench_{args.device}_{i}.csv" for i in itertools.count(2))
+    names = itertools.chain([f"runs/bench/bench_{args.device}.csv"], names)
     args.csv = args.csv or next(n for n in names if not pathlib.Path(n).exists())  # none replaced
     return args
 
@@ -334,12 +338,15 @@ def main(argv=None) -> list:
     args = parse_args(argv)
     modes = " and ".join(args.modes)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {modes}", flush=True)
-    run(args, rows := Rows(path := pathlib.Path(args.csv)))
+    path = pathlib.Path(args.csv)
+    rows = Rows(path)
+    run(args, rows)
     if not rows.rows:
         sys.exit("nothing was measured")
     print(f"wrote {path}")
     lines = slopes(rows.rows, args.fit_min)
-    print(*lines, sep="\n", end="\n" * bool(lines))  # nothing without layer rows
+    for line in lines:  # none without layer rows
+        print(line)
     plot(rows.rows, path)
     return lines
 

@@ -64,7 +64,8 @@ class NotARun(Exception):
 def _say(*lines: str) -> None:
     """Print lines; a closed stdout (`| head`) silences the rest and the files are still written."""
     try:
-        print(*lines, sep="\n", end="\n" * bool(lines), flush=True)
+        for line in lines:
+            print(line, flush=True)
     except BrokenPipeError:  # stdout to /dev/null from here: Python's last flush says nothing
         os.dup2(os.open(os.devnull, os.O_WRONLY), 1)  # fd 1: stdout
 
@@ -86,7 +87,9 @@ def read_checkpoint(path, weights: str | None = None) -> tuple[dict, pathlib.Pat
         file = best if weights != "last" and best.is_file() else last
         if not file.is_file():
             raise NotARun(f"{path} is a folder without checkpoint.pt or best.pt")
-    elif not (file := path).is_file():
+    elif path.is_file():
+        file = path
+    else:
         _fail(f"{path} is no run folder of train_uea.py / train_lra.py, checkpoint.pt or best.pt")
     try:  # weights_only=False: a checkpoint also holds RNG states. Load only trusted files.
         ckpt = torch.load(file, map_location="cpu", weights_only=False)
@@ -293,7 +296,8 @@ def summary(run: LoadedRun, results: dict) -> list:
             add(f"AGF layer {i}: θ̃ = {' '.join(f'{t:+.3f}' for t in theta)} ({neg})")
             add(f"  g(s) = Σ θ̃_k P_k(s): {g[0]:.3f} at s→0, {g[-1]:.3f} at s→1")
             add(f"  range [{g.min():.3f}, {g.max():.3f}]; s on the data 5/50/95 %: {seen}")
-        if gfsa := layer.get("gfsa"):
+        gfsa = layer.get("gfsa")
+        if gfsa:
             # every λ but each sequence's largest, the λ = 1 of the constant vector: (H, ...)
             rest = [e.gather(1, e.real.argsort(1, descending=True)[:, 1:]) for e in gfsa["eig"]]
             rest, power = torch.cat(rest, dim=1), gfsa["power"]
@@ -313,7 +317,8 @@ def figures(results: dict) -> list:
     curve = {" ".join(["embedding", *results["kinds"]]): (range(len(cosine)), cosine)}
     out = [[("cosine_similarity", "layer", "mean cosine similarity", "o-", curve)]]
     agf = {f"layer {i}": (r["agf"]["s"], r["agf"]["g"]) for i, r in layers if "agf" in r}
-    out += [[("agf_filter", "s = sigmoid(x W_sigma)", "g(s)", "-", agf)]] * bool(agf)
+    if agf:
+        out.append([("agf_filter", "s = sigmoid(x W_sigma)", "g(s)", "-", agf)])
     grid, gains = {}, {}
     for i, r in [(i, layer["gfsa"]) for i, layer in layers if "gfsa" in layer]:
         eig = torch.cat(r["eig"], dim=1)  # (H, the eigenvalues of all dense sequences)
@@ -323,7 +328,8 @@ def figures(results: dict) -> list:
             gains[f"layer {i} head {h}"] = ((1 - lam).abs(), p.abs())
             grid.setdefault("A alone: p(lambda) = lambda", (r["lam"], r["lam"]))
     at_eigenvalues = ("gfsa_eigenvalues", "|1 - lambda|", "|p(lambda)|", ".", gains)
-    out += [[("gfsa_filter", "lambda", "p(lambda)", "-", grid), at_eigenvalues]] * bool(grid)
+    if grid:
+        out.append([("gfsa_filter", "lambda", "p(lambda)", "-", grid), at_eigenvalues])
     ranked = {f"layer {i} {r['kind']}": r["spectrum"] for i, r in layers}
     spectra = {k: (range(1, len(c) + 1), c) for k, c in ranked.items()}
     return out + [[("singular_values", "k", "cumulative share of sigma", "-", spectra)]]
@@ -424,7 +430,9 @@ def main(argv: list | None = None) -> list:
             continue
         results = diagnose(run, args.dense, args.points)
         lines, data = summary(run, results), figures(results)
-        _say(*[""] * bool(everything), *lines)
+        if everything:  # a blank line between runs
+            _say("")
+        _say(*lines)
         out = (pathlib.Path(args.out, name) if args.out else run.folder / "diagnose") / tag[1:]
         if run.weights.startswith("checkpoint.pt") and (run.folder / "best.pt").is_file():
             out = out / "last"  # beside the analysis of best.pt, the LRA default, not over it
@@ -444,7 +452,8 @@ def main(argv: list | None = None) -> list:
     if not everything:
         _fail(f"no run to diagnose: {'; '.join(skipped)}")
     if len(everything) > 1:
-        header, lines = comparison_table(rows := [r["row"] for r in everything])
+        rows = [r["row"] for r in everything]
+        header, lines = comparison_table(rows)
         _say("", "cosine similarity per layer (embedding first), accuracy", *lines)
         beside = os.path.commonpath([r["row"]["run"] for r in everything])  # holds the runs
         path = pathlib.Path(args.out or beside, f"comparison{tag}.csv")

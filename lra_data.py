@@ -4,15 +4,17 @@ Each reader returns `Split`s: int16 ids right-padded with 0 and the true lengths
 is `arange(N) < length`, never `ids != 0` (a pixel of value 0 is a real token), together with
 notes: plain sentences on what is surprising in the data (skipped examples, unknown tokens),
 which the training script prints. Examples with no real token never reach the model.
-load_task(task, data_dir, max_len) -> ({"train", "val", "test"} -> Split, notes) picks the reader,
-checks the splits, says what it read (the first note) and keeps the arrays in a cache file;
-download_task fetches a task's folder (ARCHIVES) with download.py, as load_task(download=...).
+prepare(task, data_dir, max_len): find_source chooses the source (a release folder, fetched by
+download_task; PyTorch-LRA pickles; the ListOps generator, writing a release folder); the
+prepared file <data_dir>/lra-cache/<folder>-<max_len>.npz is loaded if made from the same files,
+else read_source reads, checks, and write_prepared writes it. train_lra.py calls load_task
+(prepare without the file's name); `python lra_data.py --task text --download` prepares alone.
 Official code: google-research/long-range-arena lra_benchmarks/, mlpen/Nystromformer LRA/.
 Depends on: numpy, tqdm, download.py
 """
 
+import argparse
 import csv
-import functools
 import glob
 import hashlib
 import json
@@ -24,10 +26,12 @@ import random
 import signal
 import statistics
 import struct
+import sys
 import uuid
 import zipfile
 import zlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from tqdm import tqdm
@@ -38,10 +42,14 @@ import download
 VOCAB = {"listops": 17, "text": 257, "retrieval": 257, "image": 256, "pathfinder": 256}
 N_CLASSES = {"listops": 10, "text": 2, "retrieval": 2, "image": 10, "pathfinder": 2}
 SPLITS = ("train", "val", "test")
-# load_task's default ListOps: the paper's (lra_benchmarks/data/listops.py's default flags).
+# prepare's default ListOps: the paper's (lra_benchmarks/data/listops.py's default flags),
+# generated in 16 seeded shards at once (as train_lra.py's paper preset: the same files).
 # min_length < tokens < max_length bound each expression, not the padding length max_len.
 LISTOPS_PAPER = dict(folder="listops-1000", train=96000, val=2000, test=2000)  # example counts
 LISTOPS_PAPER |= dict(min_length=500, max_length=2000, max_depth=10, max_args=10)  # tree bounds
+LISTOPS_PAPER |= dict(shards=16)
+# Tokens per input in the papers' setting (train_lra.py's paper preset): lra_data.py's default
+MAX_LEN = dict(listops=2000, text=1000, retrieval=4000, image=1024, pathfinder=1024)
 # The keys of generator.json, written beside generated files: the settings that made them
 GENERATOR_KEYS = ("seed", *SPLITS, "min_length", "max_length", "max_depth", "max_args")
 PATH_HARD = "pathfinder32/curv_contour_length_14"  # and the paper's "Path": Pathfinder32, hard
@@ -168,7 +176,9 @@ def generate_listops(
             if text is not None and text not in found:
                 found[text], misses = to_value(tree), 0
                 bar.update()
-            elif (misses := misses + 1) == 200_000:  # bounds (almost) no tree meets, n too large
+                continue
+            misses += 1
+            if misses == 200_000:  # bounds (almost) no tree meets, or n too large
                 what = f"no new tree of {min_length} < length < {max_length} found"
                 raise DataError(f"ListOps: {what}")
     return list(found.items())
@@ -253,7 +263,8 @@ def read_listops_tsv(path: pathlib.Path, max_len: int) -> tuple:
             if len(row) != 2 or not row[1].strip().isdigit() or int(row[1]) > 9:
                 raise DataError(f"{where}: expected 'expression<TAB>label 0..9', got {row}"[:300])
             words = listops_words(row[0])
-            if bad := [word for word in words if word not in LISTOPS_IDS]:
+            bad = [word for word in words if word not in LISTOPS_IDS]
+            if bad:
                 unknown.append((reader.line_num, bad[0]))
             sequences.append([LISTOPS_IDS.get(word, LISTOPS_OOV) for word in words])
             labels.append(int(row[1]))
@@ -314,8 +325,9 @@ def read_aan_tsv(path: pathlib.Path, max_len: int) -> tuple:
             except (ValueError, OverflowError):
                 labels.append(None)  # not a number: on line 1, a header?
             if labels[-1] not in (0, 1):  # a word on line 1: a header, which the release lacks
-                what = " (a header?)" * (labels[-1] is None and line_num == 1)
-                what = f"the label {fields[0].decode('latin-1')!r} is not 0 or 1{what}"
+                what = f"the label {fields[0].decode('latin-1')!r} is not 0 or 1"
+                if labels[-1] is None and line_num == 1:
+                    what += " (a header?)"
                 raise DataError(f"{where}: {what}")
             # lra_benchmarks/matching/input_pipeline.py: each text cut to 10000 bytes, then max_len
             docs1.append(np.frombuffer(fields[3][:10000], np.uint8))
@@ -430,7 +442,8 @@ def read_pathfinder(folder: pathlib.Path, max_len: int) -> tuple:
     """
     if folder.name not in PATHFINDER_SPLITS:  # the difficulty's name picks the split's order
         raise DataError(f"{folder}: a Pathfinder folder is one of {list(PATHFINDER_SPLITS)}")
-    if not (metas := sorted((folder / "metadata").glob("*.npy"))):
+    metas = sorted((folder / "metadata").glob("*.npy"))
+    if not metas:
         raise DataError(f"no metadata/*.npy in {folder}")
     keys, examples, notes = [], [], []  # examples: (png, label) per key
     for meta in metas:
@@ -449,7 +462,8 @@ def read_pathfinder(folder: pathlib.Path, max_len: int) -> tuple:
                 continue
             if len(fields) < 4 or fields[3] not in ("0", "1"):
                 raise DataError(f"{where}: expected 'imgs/<k> sample_<i>.png i label'")
-            if not (png := folder / fields[0] / fields[1]).exists():
+            png = folder / fields[0] / fields[1]
+            if not png.exists():
                 raise DataError(f"{where}: image {png} does not exist")
             keys.append(f"{fields[0]}_{fields[1]}_{line_num}")
             examples.append((png, int(fields[3])))
@@ -470,7 +484,8 @@ def read_pathfinder(folder: pathlib.Path, max_len: int) -> tuple:
         splits[name] = Split(x, np.full(len(x), max_len, np.int64), np.array(labels, np.int64))
     if len(empty) == len(examples):
         raise DataError(f"{folder}: the metadata names no image that is not empty")
-    if none := [name for name in SPLITS if not len(splits[name].y)]:
+    none = [name for name in SPLITS if not len(splits[name].y)]
+    if none:
         raise DataError(f"{folder}: no image in the {none[0]} split of {len(keys)} metadata lines")
     if empty:
         what = f"{len(empty)} empty PNG file(s) (the first: {empty[0]})"
@@ -486,7 +501,8 @@ def read_lra_pickle(path: pathlib.Path, task: str, max_len: int) -> tuple:
     """
     keys = ["input_ids_0", "input_ids_1"] if task == "retrieval" else ["input_ids_0"]
     try:
-        if not isinstance(items := pickle.loads(path.read_bytes()), list):  # a pickled ndarray
+        items = pickle.loads(path.read_bytes())
+        if not isinstance(items, list):  # a pickled ndarray, say
             raise TypeError(f"a pickled {type(items).__name__}")
         columns = {key: [item[key] for item in items] for key in ["label", *keys]}
     except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError, IndexError) as e:
@@ -520,7 +536,27 @@ def read_lra_pickle(path: pathlib.Path, task: str, max_len: int) -> tuple:
     return _drop_empty(split, [f"{path}, item {i}" for i in range(len(items))], path)
 
 
-def load_task(
+@dataclass
+class Source:
+    """Where a task's three splits are read from: chosen by find_source, read by read_source."""
+
+    kind: str  # "release" (a folder in the release layout), "generated" (ListOps), "pickles"
+    folder: pathlib.Path  # the release or generated folder; the pickles' data_dir
+    files: list  # every file read: their names, sizes and times key the prepared file
+    name: str  # the prepared file is lra-cache/<name>-<max_len>.npz
+    said: str  # how the first note names it
+    done: str  # what the readers do to it (DONE)
+
+
+class Prepared(NamedTuple):
+    """What prepare returns: the splits, the notes for the run's log, the prepared file."""
+
+    splits: dict  # {"train", "val", "test"} -> Split
+    notes: list  # plain sentences: what was read first, then what is surprising in it
+    file: pathlib.Path | None  # lra-cache/<name>-<max_len>.npz; None: not written
+
+
+def prepare(
     task: str,
     data_dir: str | pathlib.Path,
     max_len: int,
@@ -531,28 +567,27 @@ def load_task(
     padding_note: bool = True,
     download: str | None = None,
     cache: bool = True,
-) -> tuple:
-    """One LRA task's three splits: the release format if present, else PyTorch-LRA pickles,
-    else (ListOps) generated with the settings `listops` and seed.
+) -> Prepared:
+    """One LRA task's three splits: from the prepared file <data_dir>/lra-cache/<folder>-
+    <max_len>.npz when it was made from the same files (names, sizes, modification times), at
+    this max_len and CACHE_VERSION; else read from the source (find_source), checked and written
+    to the prepared file.
 
     Args:
         task: a key of VOCAB.
         data_dir: the folder of the release layout (and of aclImdb/, cifar-10-batches-py/).
         max_len: tokens per input: longer ones are cut, shorter ones right-padded with 0.
         seed: the ListOps generator's seed.
-        listops: the ListOps settings, LISTOPS_PAPER's keys (None = LISTOPS_PAPER) and
-            optionally "shards" (generator processes; 1 by default).
+        listops: the ListOps settings, LISTOPS_PAPER's keys (None = LISTOPS_PAPER).
         pathfinder_dir: the Pathfinder folder under data_dir.
         padding_note: add the note on padding far beyond the longest input (see the Returns).
-        download: None, or fetch the task's folder when it is missing (and no pickles are
-            there), from this URL ("" = its URL in ARCHIVES): download_task.
-        cache: keep the arrays in <data_dir>/lra-cache/<folder>-<max_len>.npz and read them
-            from there while the files they came from and CACHE_VERSION stay the same (_cached).
+        download: a URL ("" = ARCHIVES'): fetch the missing folder (download_task); None: not.
+        cache: False: read the files, write no prepared file.
 
     Returns:
-        ({"train", "val", "test"} -> Split, notes): notes are plain sentences for the run's log:
-        first what was read (split sizes, source, what was done to it, inputs cut at max_len),
-        then skipped examples, unknown ListOps tokens, padding far beyond the longest input.
+        Prepared(splits, notes, file): notes are plain sentences for the run's log: first what
+        was read (split sizes, source, what was done to it, inputs cut at max_len), then
+        skipped examples, unknown ListOps tokens, a rebuilt prepared file, long padding.
 
     Raises:
         DataError: no data, malformed data or bad arguments; the message names the file.
@@ -561,117 +596,196 @@ def load_task(
         raise DataError(f"unknown task {task!r}: one of {list(VOCAB)}")
     if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 1:
         raise DataError(f"max_len must be a positive integer, got {max_len!r}")
-    root, listops = pathlib.Path(data_dir), listops or LISTOPS_PAPER
+    root = pathlib.Path(data_dir)
+    # 1) the source, chosen explicitly (fetched first with download; ListOps: generated first)
+    source = find_source(task, root, listops or LISTOPS_PAPER, seed, pathfinder_dir, download)
+    file = root / "lra-cache" / f"{source.name}-{max_len}.npz"
+    key = _prepared_key(root, source.files, max_len)
+    # 2) the prepared file, when it was made from these very files at this max_len
+    splits, notes, why = None, [], None
+    if cache:
+        splits, notes, why = load_prepared(file, key, root)
+    from_file = splits is not None
+    # 3) else the source is read and checked, and the prepared file written
+    if not from_file:
+        splits, notes = read_source(task, source, max_len)
+    if cache and not from_file:
+        notes = notes + write_prepared(file, key, splits, notes)
+    if why is not None:
+        notes = notes + [f"{file}: rebuilt, as {why}"]
+    # 4) what was read, said first; padding far beyond the longest input, said last
+    notes = [_summary(task, source, splits, max_len, file if from_file else None), *notes]
+    if padding_note:
+        notes = notes + _padding_note(splits, max_len)
+    return Prepared(splits, notes, file if cache and file.exists() else None)
+
+
+def load_task(task: str, data_dir: str | pathlib.Path, max_len: int, **options) -> tuple:
+    """prepare(task, data_dir, max_len, **options) without the file's name -> (splits, notes)."""
+    prepared = prepare(task, data_dir, max_len, **options)
+    return prepared.splits, prepared.notes
+
+
+def find_source(task: str, root, listops: dict, seed: int, pathfinder_dir: str, download) -> Source:
+    """The task's source under root: its release folder (ListOps: generated there first, when
+    absent), else the PyTorch-LRA pickles; with download (a URL, "" = ARCHIVES'), the folder is
+    fetched first when neither is there. Raises DataError when there is none or it is incomplete."""
     asked = dict(listops=listops["folder"], pathfinder=pathfinder_dir)  # else the standard one
-    folder, marker = root / asked.get(task, ARCHIVES[task]["folder"]), ARCHIVES[task]["need"]
+    folder = root / asked.get(task, ARCHIVES[task]["folder"])
+    marker = folder / ARCHIVES[task]["need"]
     stem = pathfinder_dir.replace("/", "-") if task == "pathfinder" else task
-    # The pickles' "dev" is our "val"; Nystromformer's names, or Skyformer's with "lra-" first
-    names = [[f"{stem}.{n}.pickle", f"lra-{stem}.{n}.pickle"] for n in ("train", "dev", "test")]
-    pickles = [next((root / p for p in pair if (root / p).exists()), None) for pair in names]
-    if download is not None and not (folder / marker).exists() and not all(pickles):
-        if task != "listops" or folder.name == ARCHIVES[task]["folder"]:  # else: generated
-            download_task(task, root, download, pathfinder_dir)
-    if task == "listops" and ((folder / marker).exists() or not all(pickles)):
-        sources = _listops_files(folder, listops, seed)  # generated first, where absent
-        how = f"the release folder {folder} (not generated: the sizes asked for do not apply)"
-        how = f"the generator (seed {seed}), written to {folder}" if len(sources) > 3 else how
-        read = functools.partial(_read_each, read_listops_tsv, sources[:3], max_len)
-    elif (folder / marker).exists():
-        sources, how = _release_files(task, folder), f"the release folder {folder}"
-        read = functools.partial(_read_release, task, folder, max_len)
-    elif all(pickles):
-        sources, how = pickles, f"the PyTorch-LRA pickles {root}/{stem}.*.pickle"
-        reader = functools.partial(read_lra_pickle, task=task)
-        read = functools.partial(_read_each, reader, pickles, max_len)
-    else:  # (ListOps is generated instead)
+    pickles = _find_pickles(root, stem)
+    generated = task == "listops" and folder.name != ARCHIVES[task]["folder"]  # never fetched
+    if download is not None and not marker.exists() and pickles is None and not generated:
+        download_task(task, root, download, pathfinder_dir)
+    if task == "listops" and (marker.exists() or pickles is None):
+        source = _listops_source(folder, listops, seed)
+    elif marker.exists():
+        said, done = f"the release folder {folder}", DONE[task]
+        done = done.format(PATHFINDER_SPLITS.get(folder.name))  # Pathfinder: the difficulty
+        source = Source("release", folder, _release_files(task, folder), folder.name, said, done)
+    elif pickles is not None:
+        said = f"the PyTorch-LRA pickles {root}/{stem}.*.pickle"
+        source = Source("pickles", root, pickles, f"{stem}-pickles", said, DONE["pickles"])
+    else:
         url, names = ARCHIVES[task]["url"], f"{root}/{stem}.{{train,dev,test}}.pickle"
-        where = f"{folder / marker} (from {url.split('//')[-1].rsplit('/', 1)[0]})"
+        where = f"{marker} (from {url.split('//')[-1].rsplit('/', 1)[0]})"
         what = f"expected {where} or the PyTorch-LRA pickles {names}; --download fetches {url}"
         raise DataError(f"no data for task {task}: {what}")
-    try:  # the cache's key: each source's name (under root), size and modification time
-        stats = [(str(path).removeprefix(f"{root}{os.sep}"), os.stat(path)) for path in sources]
-    except FileNotFoundError as e:  # a new_aan_pairs.eval.tsv, say
-        raise DataError(f"{e.filename}: no such file; the {task} data is incomplete") from None
-    name = f"{stem}-pickles" if sources is pickles else folder.name
-    file = root / "lra-cache" / f"{name}-{max_len}.npz"
-    splits, notes, hit = _cached(file, root, stats, max_len, read) if cache else (*read(), False)
-    parts = {id(split): split for split in splits.values()}.values()  # Text: val is test
-    cut, inputs = sum(p.cut for p in parts), sum(len(p.y) * (1 + (p.x2 is not None)) for p in parts)
-    done = DONE["pickles" if sources is pickles else task].format(PATHFINDER_SPLITS.get(name))
-    said = ", ".join(f"{split} {len(part.y)}" for split, part in splits.items())
-    said = f"{task}: {said} examples from {f'the prepared cache {file} of ' * hit}{how}; {done}"
-    said += f"; {cut} of {inputs} inputs cut at max_len {max_len}: their ends dropped" * bool(cut)
-    lengths = [p.lengths for p in parts] + [p.lengths2 for p in parts if p.x2 is not None]
-    if padding_note and 2 * (longest := max(int(n.max(initial=0)) for n in lengths)) < max_len:
-        far = f"max_len {max_len} is more than twice the longest input ({longest} tokens)"
-        pad = f"every input is padded to {max_len} tokens, and attention pays for the padding"
-        notes = [*notes, f"{far}: {pad}"]
-    return splits, [said, *notes]
+    missing = [path for path in source.files if not os.path.exists(path)]
+    if missing:  # a new_aan_pairs.eval.tsv, say
+        raise DataError(f"{missing[0]}: no such file; the {task} data is incomplete")
+    return source
 
 
-def _read_each(reader, files: list, max_len: int) -> tuple:
-    """reader(file, max_len) -> (Split, notes) of train, val, test's files -> (splits, notes)."""
-    results = [reader(file, max_len=max_len) for file in files]
-    splits = dict(zip(SPLITS, [split for split, _ in results], strict=True))
+def _find_pickles(root: pathlib.Path, stem: str) -> list | None:
+    """The PyTorch-LRA pickles of train, dev (our val) and test, named as Nystromformer's or as
+    Skyformer's ("lra-" first) -> their three paths, or None unless all three are there."""
+    names = [[f"{stem}.{n}.pickle", f"lra-{stem}.{n}.pickle"] for n in ("train", "dev", "test")]
+    found = [next((root / p for p in pair if (root / p).exists()), None) for pair in names]
+    return found if all(found) else None
+
+
+def read_source(task: str, source: Source, max_len: int) -> tuple:
+    """Read and check source's three splits -> ({"train", "val", "test"} -> Split, notes)."""
+    if source.kind == "pickles":
+        results = [read_lra_pickle(path, task, max_len) for path in source.files]
+    elif task == "listops":  # the release's files or the generator's, read alike
+        results = [read_listops_tsv(source.folder / f"basic_{s}.tsv", max_len) for s in SPLITS]
+    elif task == "retrieval":
+        results = [read_aan_tsv(path, max_len) for path in source.files]
+    elif task == "text":
+        return read_imdb(source.folder, max_len)
+    elif task == "image":
+        return read_cifar(source.folder, max_len), []
+    else:
+        return read_pathfinder(source.folder, max_len)
+    splits = {name: split for name, (split, _) in zip(SPLITS, results, strict=True)}
     return splits, [note for _, split_notes in results for note in split_notes]
 
 
-def _cached(file: pathlib.Path, root: pathlib.Path, stats: list, max_len: int, read) -> tuple:
-    """read() -> (splits, notes) once; later what it returned, from the cache `file`, while the
-    key (stats' names, sizes and modification times, max_len, CACHE_VERSION) stays the
-    same -> (splits, notes, from the cache?). A damaged cache or one of another key is rebuilt,
-    with a note saying why; it is written under a name of its own, then renamed (two runs at
-    once: the file that lands is whole)."""
-    stamps = [[name, stat.st_size, stat.st_mtime_ns] for name, stat in stats]
-    key = dict(version=CACHE_VERSION, max_len=max_len, sources=stamps)
-    why, fields = None, ("x", "lengths", "y", "x2", "lengths2")
+def _summary(task: str, source: Source, splits: dict, max_len: int, prepared_file) -> str:
+    """The first note: split sizes, the source (prepared_file: read from it), what was done."""
+    sizes = ", ".join(f"{name} {len(split.y)}" for name, split in splits.items())
+    where = source.said
+    if prepared_file is not None:
+        where = f"the prepared cache {prepared_file} of {source.said}"
+    said = f"{task}: {sizes} examples from {where}; {source.done}"
+    parts = {id(split): split for split in splits.values()}.values()  # Text: val is test
+    cut = sum(split.cut for split in parts)
+    if cut:
+        inputs = sum(len(s.y) * (1 if s.x2 is None else 2) for s in parts)
+        said += f"; {cut} of {inputs} inputs cut at max_len {max_len}: their ends dropped"
+    return said
+
+
+def _padding_note(splits: dict, max_len: int) -> list:
+    """[a note] when max_len is more than twice the longest input, else []."""
+    parts = {id(split): split for split in splits.values()}.values()  # Text: val is test
+    lengths = [s.lengths for s in parts] + [s.lengths2 for s in parts if s.x2 is not None]
+    longest = max(int(n.max(initial=0)) for n in lengths)
+    if 2 * longest >= max_len:
+        return []
+    far = f"max_len {max_len} is more than twice the longest input ({longest} tokens)"
+    return [f"{far}: every input is padded to {max_len} tokens, and attention pays for the padding"]
+
+
+# The prepared file: the arrays of each split (Text: val is test, kept once) and a "meta" entry,
+# JSON of its key (_prepared_key), the readers' notes and each split's count of inputs cut
+FIELDS = ("x", "lengths", "y", "x2", "lengths2")
+
+
+def _prepared_key(root: pathlib.Path, files: list, max_len: int) -> dict:
+    """What the prepared file was made from: each file's name (under root), size and
+    modification time, max_len and CACHE_VERSION."""
+    stamps = []
+    for path in files:
+        stat = os.stat(path)
+        stamps.append([str(path).removeprefix(f"{root}{os.sep}"), stat.st_size, stat.st_mtime_ns])
+    return dict(version=CACHE_VERSION, max_len=max_len, sources=stamps)
+
+
+def load_prepared(file: pathlib.Path, key: dict, root: pathlib.Path) -> tuple:
+    """The prepared file's splits and notes, if it was made with key -> (splits, notes, None);
+    else (None, [], why it is rebuilt: another key, or damaged; None when there is no file)."""
     try:
         with np.load(file) as npz:  # every array read whole: a damaged one fails here
             arrays = {name: npz[name] for name in npz.files}
         meta = json.loads(str(arrays.pop("meta")))
         if meta["key"] == key:
-            cuts = meta["cut"].items()
-            found = {n: Split(*(arrays.get(f"{n}.{f}") for f in fields), cut=c) for n, c in cuts}
-            return {name: found.get(name, found["test"]) for name in SPLITS}, meta["notes"], True
-        old, new = ({tuple(source) for source in k["sources"]} for k in (meta["key"], key))
-        why = f"{root / min(old ^ new)[0]} changed" if old != new else "its sources changed"
-        if (then := meta["key"]["version"]) != CACHE_VERSION:
-            why = f"the readers changed (version {then}, now {CACHE_VERSION})"
+            cuts = meta["cut"].items()  # per split kept
+            found = {n: Split(*(arrays.get(f"{n}.{f}") for f in FIELDS), cut=c) for n, c in cuts}
+            splits = {name: found.get(name, found["test"]) for name in SPLITS}  # Text: val
+            return splits, meta["notes"], None
+        old, new = ({tuple(stamp) for stamp in k["sources"]} for k in (meta["key"], key))
+        why = "its sources changed"
+        if old != new:
+            why = f"{root / min(old ^ new)[0]} changed"
+        if meta["key"]["version"] != CACHE_VERSION:
+            why = f"the readers changed (version {meta['key']['version']}, now {CACHE_VERSION})"
+        return None, [], why
+    except (FileNotFoundError, NotADirectoryError):  # not prepared yet
+        return None, [], None
     except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
-        absent = isinstance(e, (FileNotFoundError, NotADirectoryError))  # no cache yet
-        why = None if absent else f"it was damaged ({type(e).__name__})"
-    splits, notes = read()
-    kept = {n: s for n, s in splits.items() if n == "test" or s is not splits["test"]}
-    arrays = {f"{n}.{f}": getattr(s, f) for n, s in kept.items() for f in fields}
+        return None, [], f"it was damaged ({type(e).__name__})"
+
+
+def write_prepared(file: pathlib.Path, key: dict, splits: dict, notes: list) -> list:
+    """Write the splits, notes and key to the prepared file: under a name of its own, then
+    renamed (two runs at once: the file that lands is whole) -> [a note] if it cannot be."""
+    kept = {name: s for name, s in splits.items() if name == "test" or s is not splits["test"]}
+    arrays = {}  # a Split's fields, but Retrieval's alone hold x2 and lengths2
+    for name, split in kept.items():
+        arrays |= {
+            f"{name}.{f}": getattr(split, f) for f in FIELDS if getattr(split, f) is not None
+        }
     meta = dict(key=key, notes=notes, cut={name: split.cut for name, split in kept.items()})
     tmp = file.with_name(f"{file.stem}.{uuid.uuid4().hex}.tmp.npz")  # savez adds no suffix
     try:
         file.parent.mkdir(exist_ok=True)
-        np.savez(tmp, meta=json.dumps(meta), **{k: a for k, a in arrays.items() if a is not None})
+        np.savez(tmp, meta=json.dumps(meta), **arrays)
         os.replace(tmp, file)
     except OSError as e:  # a read-only data folder, a full disk: the run goes on without
-        tmp.unlink() if tmp.exists() else None  # (a file as lra-cache: no tmp, unlink fails)
-        notes = [*notes, f"cannot write the cache {file} ({e.strerror}): the next run reads again"]
-    return splits, notes + [f"{file}: rebuilt, as {why}"] * bool(why), False
+        if tmp.exists():  # (a file as lra-cache: no tmp was written)
+            tmp.unlink()
+        return [f"cannot write the cache {file} ({e.strerror}): the next run reads again"]
+    return []
 
 
 def download_task(task: str, data_dir, url: str = "", pathfinder_dir: str = PATH_HARD) -> None:
     """Fetch the task's folder (ARCHIVES; Pathfinder: pathfinder_dir) into data_dir from `url`, a
     mirror or a file:// copy ("" = the table's URL): the archive's size and MD5 are checked where
     known. Raises DataError, one sentence: what failed, the URL, how to fetch it by hand."""
-    folder = pathfinder_dir if task == "pathfinder" else ARCHIVES[task]["folder"]
-    root, archive = pathlib.Path(data_dir), dict(ARCHIVES[task], folder=folder)
-    url = url or archive["url"]
-    by_hand = f"; by hand: download {url} and unpack the {folder}/ in it as {root / folder}"
-    download.fetch(url, root / folder, [archive["need"]], archive, error=DataError, by_hand=by_hand)
-
-
-def _read_release(task: str, folder: pathlib.Path, max_len: int) -> tuple:
-    """Text, Retrieval, Image or Pathfinder from its release folder -> (splits, notes)."""
-    if task == "retrieval":
-        return _read_each(read_aan_tsv, _release_files(task, folder), max_len)
-    read = dict(text=read_imdb, pathfinder=read_pathfinder, image=lambda *a: (read_cifar(*a), []))
-    return read[task](folder, max_len)
+    table = ARCHIVES[task]
+    folder = pathfinder_dir if task == "pathfinder" else table["folder"]
+    root, url = pathlib.Path(data_dir), url or table["url"]
+    keep, need = table.get("keep", ".*"), (table["need"],)
+    archive = download.Archive(url, folder, keep, need, md5=table["md5"], size=table["size"])
+    try:
+        download.fetch(archive, root / folder)
+    except download.Failed as e:
+        by_hand = f"by hand: download {url} and unpack the {folder}/ in it as {root / folder}"
+        raise DataError(f"{e}; {by_hand}") from None
 
 
 def _release_files(task: str, folder: pathlib.Path) -> list:
@@ -690,23 +804,74 @@ def _release_files(task: str, folder: pathlib.Path) -> list:
     return sorted((folder / "metadata").glob("*.npy")) + images
 
 
-def _listops_files(folder: pathlib.Path, listops: dict, seed: int) -> list:
-    """ListOps: folder's basic_{train,val,test}.tsv (and generator.json), generated first if absent.
+def _listops_source(folder: pathlib.Path, listops: dict, seed: int) -> Source:
+    """ListOps: folder's basic_{train,val,test}.tsv, generated first if absent.
 
     A folder we generated holds generator.json, the settings that made it: other settings
     are refused (the files would not be what this run asks for). The release has none.
     """
-    if missing := [key for key in GENERATOR_KEYS[1:] if key not in listops]:
+    missing = [key for key in GENERATOR_KEYS[1:] if key not in listops]
+    if missing:
         raise DataError(f"the ListOps settings lack {missing} (LISTOPS_PAPER has every key)")
     settings = {"seed": seed, **{key: listops[key] for key in GENERATOR_KEYS[1:]}}
-    settings |= {"shards": listops["shards"]} if listops.get("shards", 1) > 1 else {}
+    if listops.get("shards", 1) > 1:
+        settings["shards"] = listops["shards"]
     files, generator_json = [folder / f"basic_{s}.tsv" for s in SPLITS], folder / "generator.json"
     if not any(file.exists() for file in files):
         write_listops(folder, settings)
     if not all(file.exists() for file in files):
         raise DataError(f"{folder}: incomplete, expected all of {[f.name for f in files]}")
-    if generator_json.exists() and json.loads(generator_json.read_text()) != settings:
+    if not generator_json.exists():  # the release's (or another's): read as it is
+        said = f"the release folder {folder} (not generated: the sizes asked for do not apply)"
+        return Source("release", folder, files, folder.name, said, DONE["listops"])
+    if json.loads(generator_json.read_text()) != settings:
         what = f"{folder} was generated with {generator_json.read_text().strip()}"
         fix = "pick another ListOps folder or delete that one"
         raise DataError(f"{what}, but this run asks for {json.dumps(settings)}: {fix}")
-    return files + [generator_json] * generator_json.exists()
+    said = f"the generator (seed {seed}), written to {folder}"
+    return Source("generated", folder, [*files, generator_json], folder.name, said, DONE["listops"])
+
+
+def parse_args(argv: list | None = None) -> argparse.Namespace:
+    """The flags of python lra_data.py (--help): train_lra.py's names and paper defaults."""
+    about = "Fetch (--download), read, check one LRA task and write <data-dir>/lra-cache/<folder>-"
+    about += "<max-len>.npz, which train_lra.py (same flags) then reads: prepare where there is "
+    about += "internet, then copy <data-dir> to a machine without."
+    parser = argparse.ArgumentParser(description=about)
+    add = parser.add_argument
+    add("--task", choices=list(VOCAB), default="listops", help="the task (default listops)")
+    add("--data-dir", default="data", help="the task's folder is or goes there (default data)")
+    lengths = ", ".join(f"{task} {n}" for task, n in MAX_LEN.items())
+    add("--max-len", type=int, help=f"tokens per input, longer ones cut (default {lengths})")
+    add("--data-seed", type=int, default=0, help="ListOps: the generator's seed (default 0)")
+    add("--listops-size", type=int, default=96000, help="ListOps: train examples (default 96000)")
+    add("--listops-eval-size", type=int, default=2000, help="val, test examples (default 2000)")
+    add("--pathfinder", choices=list(PATHFINDER_DIRS), default="hard", help="(default hard)")
+    add("--download", action="store_true", help="fetch the task's folder when it is missing")
+    add("--download-url", default="", help="a mirror or file:// copy (implies --download)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list | None = None) -> Prepared:
+    """python lra_data.py --task T: prepare one task's data, as train_lra.py reads it; say the
+    split sizes, the source and the file written."""
+    args = parse_args(argv)
+    max_len = MAX_LEN[args.task] if args.max_len is None else args.max_len
+    n_eval = args.listops_eval_size
+    listops = dict(LISTOPS_PAPER, train=args.listops_size, val=n_eval, test=n_eval)
+    fetch = args.download_url if args.download or args.download_url else None
+    options = dict(seed=args.data_seed, listops=listops, download=fetch)
+    options.update(pathfinder_dir=PATHFINDER_DIRS[args.pathfinder])
+    try:
+        prepared = prepare(args.task, args.data_dir, max_len, **options)
+    except DataError as e:
+        sys.exit(f"lra_data.py: {e}")  # one sentence, exit status 1
+    for note in prepared.notes:
+        print(note)
+    if prepared.file is not None:  # else a note above says why it could not be written
+        print(f"prepared file: {prepared.file}")
+    return prepared
+
+
+if __name__ == "__main__":
+    main()

@@ -140,7 +140,10 @@ def _open(cfg, out: pathlib.Path, script, unit, total, may_change):
             how = "add --resume to continue it, --overwrite to start it again (deleting its files)"
             raise SystemExit(f"{out} holds a run already: {how}, or choose another --out")
         for name in found:
-            shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink()
+            if (out / name).is_dir():
+                shutil.rmtree(out / name)
+            else:
+                (out / name).unlink()
         return None
     file = out / "checkpoint.pt"
     if not file.exists():
@@ -213,7 +216,8 @@ def save(path: pathlib.Path, obj) -> None:
 
 def finish(out: pathlib.Path, result: dict) -> dict:
     """Rank 0 writes result.json and prints RESULT {json} as the last line; processes part."""
-    if bad := [k for k, v in (result or {}).items() if v != v or v in (math.inf, -math.inf)]:
+    bad = [k for k, v in (result or {}).items() if v != v or v in (math.inf, -math.inf)]
+    if bad:
         raise SystemExit(f"the result's {', '.join(bad)} is not a finite number: nothing written")
     if RANK == 0:
         save(out / "result.json", result)

@@ -37,6 +37,7 @@ import runpy
 import shlex
 import shutil
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -137,7 +138,10 @@ def _tiny(style: str, attention="softmax", **over) -> ModelConfig:
     """A small config of either style; token inputs for "lra", 5 features for "uea"."""
     base = dict(n_classes=3, max_len=24, style=style, attention=attention, n_layers=2)
     base.update(d_model=16, n_heads=2, d_ff=32, head_hidden=16)
-    base.update(vocab_size=11) if style == "lra" else base.update(n_features=5)
+    if style == "lra":
+        base.update(vocab_size=11)
+    else:
+        base.update(n_features=5)
     base.update(over)
     return ModelConfig(**base)
 
@@ -1253,7 +1257,8 @@ def _lra_stack_evaluate(expression: str) -> int:
 def _lra_check_batch(split: lra_data.Split, lengths, lengths2=None) -> None:
     """split.batch of every example (in reverse order) against the lengths known by the test:
     mask (and mask2) = position < length, int64 ids equal to the split's, 0 in the padding."""
-    batch = split.batch(idx := np.arange(len(split.y))[::-1])
+    idx = np.arange(len(split.y))[::-1]
+    batch = split.batch(idx)
     for x, mask, known in (("x", "mask", lengths), ("x2", "mask2", lengths2)):
         if known is None:
             assert x not in batch and mask not in batch
@@ -1461,8 +1466,12 @@ def _lra_pathfinder(folder: pathlib.Path, n: int, side: int = 4) -> dict:
     _write(folder / "imgs" / "1" / "sample_empty.png", b"")  # counted, then dropped
     listed[1].append(("imgs/1 sample_empty.png 99 1 1.0 14 4\n", None))
     for k, entries in listed.items():
-        _write(folder / "metadata" / f"{k}.npy", "\n".join(e[0] for e in entries) + "\n" * (k != 2))
-        for line, (text, image) in enumerate(entries[: len(entries) - (k == 2)], start=1):
+        listing = "\n".join(e[0] for e in entries)
+        if k != 2:
+            listing += "\n"
+        _write(folder / "metadata" / f"{k}.npy", listing)
+        counted = entries[:-1] if k == 2 else entries
+        for line, (text, image) in enumerate(counted, start=1):
             f0, f1, _, label = text.split(" ")[:4]
             keys[f"{f0}_{f1}_{line}"] = (image, int(label))
     return keys
@@ -1586,7 +1595,8 @@ def _lra_read(kind: str, content, tmp_path: pathlib.Path):
         raw = content if isinstance(content, bytes) else pickle.dumps(content)
         return lra_data.read_lra_pickle(_write(tmp_path / "bad.pickle", raw), kind[7:], 8)
     if kind == "imdb":  # content: one more negative training review (None: no positive one)
-        folder = _lra_imdb(tmp_path, {"neg": ["bad"], "pos": ["good", "fine"] * bool(content)})
+        positive = [] if content is None else ["good", "fine"]
+        folder = _lra_imdb(tmp_path, {"neg": ["bad"], "pos": positive})
         if content is not None:
             _write(folder / "train" / "neg" / "9_7.txt", content)
         splits, notes = lra_data.read_imdb(folder, 8)
@@ -1599,12 +1609,14 @@ def _lra_read(kind: str, content, tmp_path: pathlib.Path):
             content = data[:60] + data[80:] if content == "cut" else data  # IDAT bytes lost
         return lra_data.read_png_gray(_write(tmp_path / "bad.png", content))
     if kind == "cifar":  # content: data_batch_3, or max_len
-        _lra_cifar(folder := tmp_path / "cifar-10-batches-py")
+        folder = tmp_path / "cifar-10-batches-py"
+        _lra_cifar(folder)
         if isinstance(content, bytes):
             _write(folder / "data_batch_3", content)
         return lra_data.read_cifar(folder, 1024 if isinstance(content, bytes) else content)
     if kind == "pathfinder":  # content: metadata/0.npy, the only one (None: none; int: max_len)
-        _lra_pathfinder(tmp_path := tmp_path / "curv_baseline", 12)
+        tmp_path = tmp_path / "curv_baseline"
+        _lra_pathfinder(tmp_path, 12)
         if not isinstance(content, int):
             for meta in (tmp_path / "metadata").glob("*.npy"):
                 meta.unlink()
@@ -1618,7 +1630,8 @@ def _lra_read(kind: str, content, tmp_path: pathlib.Path):
 
 
 def _lra_npy(data, labels=None) -> bytes:  # numpy.save's bytes; labels: a CIFAR-10 batch instead
-    np.save(buffer := io.BytesIO(), data)
+    buffer = io.BytesIO()
+    np.save(buffer, data)
     return buffer.getvalue() if labels is None else pickle.dumps({b"data": data, b"labels": labels})
 
 
@@ -1797,13 +1810,13 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
         with tarfile.open(_write(server / archive, b""), "w:gz") as tar:
             for top in folders:
                 tar.add(src / top, top)
-    md5 = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in server.iterdir()}
     for k, name in enumerate(["../../evil", "/cifar-10-batches-py/evil", "link", "device"]):
         with tarfile.open(server / f"hostile{k}.tar.gz", "w:gz") as tar:
             tar.add(src / "cifar-10-batches-py", "cifar-10-batches-py")  # whole files, first
             member = tarfile.TarInfo(name if name[0] == "/" else f"cifar-10-batches-py/{name}")
             member.type = [tarfile.REGTYPE, tarfile.REGTYPE, tarfile.SYMTYPE, tarfile.CHRTYPE][k]
             tar.addfile(member)
+    md5 = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in server.iterdir()}
     small = "--attention softmax --steps 2 --batch-size 4 --d-model 16 --d-ff 32 --n-layers 1"
     flags = [*small.split(), "--data-dir", str(data), "--download"]
     with _serve(server) as (url, asked):
@@ -1815,15 +1828,19 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
             ("retrieval", "http://127.0.0.1:0/lra_release.gz", "Connection refused"),
             ("retrieval", f"{url}/cut/lra_release.gz", "cut short"),
         ]
-        cases += [("image", f"{url}/hostile{k}.tar.gz", "an absolute path or '..'") for k in (0, 1)]
-        cases += [("image", f"{url}/hostile{k}.tar.gz", "is a link or a device") for k in (2, 3)]
         faults = (KeyboardInterrupt(), OSError(28, "No space left on device"))  # in a write
         cases += [("pathfinder", f"{url}/lra_release.gz", fault) for fault in faults]
-        for task, where, what in cases:
+        cases = [(*case, {}) for case in cases]  # the table's size and MD5
+        for k, checked in itertools.product(range(4), (True, False)):  # unpacked after the
+            what = "an absolute path or '..'" if k < 2 else "is a link or a device"  # check,
+            ours = dict(md5=md5[f"hostile{k}.tar.gz"] if checked else None, size=None)  # or read
+            cases.append(("image", f"{url}/hostile{k}.tar.gz", what, ours))  # as it arrives
+        for task, where, what, ours in cases:
             fails = mock.Mock(wraps=shutil, copyfileobj=mock.Mock(side_effect=what))
             with mock.patch("download.shutil", shutil if type(what) is str else fails):
                 with pytest.raises((lra_data.DataError, KeyboardInterrupt)) as err:
-                    lra_data.download_task(task, data, where)
+                    with mock.patch.dict(lra_data.ARCHIVES[task], ours):
+                        lra_data.download_task(task, data, where)
             said = capsys.readouterr().err.strip().splitlines()[-1:]  # after the progress lines
             text = str(err.value) if err.type is lra_data.DataError else said[0]
             assert str(what) in text and where in text and "\n" not in text.strip(), text
@@ -1884,7 +1901,7 @@ def test_lra_data_cache_hit_equals_a_fresh_read(source, tmp_path):
     notes = lra_data.load_task(**args)[1]
     [cache] = (tmp_path / "lra-cache").iterdir()  # no temporary file left
     fail = mock.Mock(side_effect=AssertionError("a hit reads no source file"))
-    with mock.patch.multiple(lra_data, _read_each=fail, _read_release=fail):
+    with mock.patch.object(lra_data, "read_source", fail):
         hit, hit_notes = lra_data.load_task(**args)
     fresh, fresh_notes = lra_data.load_task(**args, cache=False)
     assert hit_notes[0] == notes[0].replace(" from ", f" from the prepared cache {cache} of ", 1)
@@ -1894,6 +1911,25 @@ def test_lra_data_cache_hit_equals_a_fresh_read(source, tmp_path):
         a, b = (np.asarray(getattr(data[name], field.name)) for data in (hit, fresh))
         assert np.array_equal(a, b) and a.dtype == b.dtype, (name, field.name)  # None: same
     assert (hit["val"] is hit["test"]) == (task == "text") and fresh["train"].x.dtype == np.int16
+
+
+def test_lra_data_prepared_on_its_own_is_what_train_lra_reads(tmp_path):
+    """python lra_data.py: fetch, read, check, write the prepared file, say so; train_lra.py with
+    the same flags (its paper preset) then reads that file alone. No data: one line, exit 1."""
+    assert lra_data.MAX_LEN == {task: train_lra.TASKS[task]["max_len"] for task in lra_data.VOCAB}
+    sizes = ["--data-dir", str(tmp_path), "--listops-size", "48", "--listops-eval-size", "12"]
+    run = _cli("lra_data.py", *sizes, "--max-len", "30")
+    assert run.returncode == 0, run.stderr[-2000:]
+    *notes, last = run.stdout.strip().splitlines()
+    folder, file = tmp_path / "listops-1000", tmp_path / "lra-cache" / "listops-1000-30.npz"
+    said = "listops: train 48, val 12, test 12 examples from the generator (seed 0), written to"
+    assert notes[0].startswith(f"{said} {folder}; ") and last == f"prepared file: {file}"
+    steps = "--steps 1 --eval-every 1 --batch-size 8 --d-model 16 --d-ff 32 --max-len 30".split()
+    with mock.patch.object(lra_data, "read_source", side_effect=AssertionError("read again")):
+        assert _lra_run([*sizes, *steps, "--out", str(tmp_path / "run")])["steps"] == 1
+    assert json.loads((folder / "generator.json").read_text())["shards"] == 16  # as written
+    run = _cli("lra_data.py", "--task", "image", "--data-dir", str(tmp_path))
+    assert run.returncode == 1 and run.stderr.startswith("lra_data.py: no data for task image")
 
 
 def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_path, monkeypatch):
@@ -2319,10 +2355,16 @@ def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
     (server / "Html.zip").write_text("<html>not found</html>")
     with zipfile.ZipFile(server / "Half.zip", "w") as z:
         z.writestr("Half/Half_TRAIN.ts", _toy_ts([_OK])[0])
+    with zipfile.ZipFile(server / "Link.zip", "w") as z:  # a symlink entry: its target as data
+        link = zipfile.ZipInfo("Link/Link_TRAIN.ts")
+        link.external_attr = (stat.S_IFLNK | 0o777) << 16  # the Unix mode, as zip -y writes it
+        z.writestr(link, "/etc/passwd")
+        z.writestr("Link/Link_TEST.ts", _toy_ts([_OK])[0])
     for name, url_used, what in [
         ("Nope", url, f"could not download {url}/Nope.zip"),
         ("Html", url, f"{url}/Html.zip is no whole zip archive"),
         ("Half", url, f"{url}/Half.zip holds no Half_TEST.ts"),
+        ("Link", url, f"{url}/Link.zip: the member 'Link/Link_TRAIN.ts' is a link or a device"),
         ("Nope", "not-a-url", "could not download not-a-url/Nope.zip"),
     ]:
         with pytest.raises(DatasetNotFoundError) as err:
@@ -2807,7 +2849,8 @@ def test_train_lra_and_train_uea_logged_numbers_are_recomputed(tmp_path, script,
     more = ["--batch-size", size, *(["--listops-size", "8"] if lra else ["--attention", "agf"])]
     _train_both(tmp_path, script, out, "--lr", "1e-12", "--dropout", "0", *more)
     ckpt, want = torch.load(out / "checkpoint.pt", weights_only=False), {}
-    (model := Classifier(ModelConfig(**ckpt["model_config"]))).load_state_dict(ckpt["model"])
+    model = Classifier(ModelConfig(**ckpt["model_config"]))
+    model.load_state_dict(ckpt["model"])
     data = lra_data.load_task(**ckpt["data"])[0] if lra else uea_data.load_uea(**ckpt["data"])
     for split in ("train", "val") if lra else ("train", "test"):
         idx = np.arange(8 if lra and split == "train" else 12)
@@ -2816,7 +2859,8 @@ def test_train_lra_and_train_uea_logged_numbers_are_recomputed(tmp_path, script,
         else:
             x, mask, y = train_uea.to_batch(data, split, idx, "cpu")
         logits, aux = model(x, mask)
-        want[f"{split}_loss"] = (F.cross_entropy(logits, y) + aux * (split == "train")).item()
+        loss = F.cross_entropy(logits, y) + (aux if split == "train" else 0)
+        want[f"{split}_loss"] = loss.item()
         want[f"{split}_acc"] = (logits.argmax(-1) == y).sum().item() / len(idx)
         want |= {"train_aux": aux.item()} if split == "train" and not lra else {}
     assert [{k: r[k] for k in want} for r in _log(out)] == [pytest.approx(want, abs=2e-5)] * 2
@@ -3658,11 +3702,12 @@ def test_diagnose_report_csv_files_and_plots_from_a_mixed_model(tmp_path):
 def test_diagnose_read_checkpoint_picks_the_weights_or_says_they_are_not_there(tmp_path):
     """best.pt where there is one (LRA), else checkpoint.pt (UEA); weights not there: one line."""
     saved = dict(model={}, model_config={}, data={})
-    torch.save(dict(saved, optimizer={}), last := tmp_path / "checkpoint.pt")
+    last, best = tmp_path / "checkpoint.pt", tmp_path / "best.pt"
+    torch.save(dict(saved, optimizer={}), last)
     assert diagnose.read_checkpoint(tmp_path)[1] == last  # no best.pt: a UEA run
     with pytest.raises(SystemExit, match=r"has no best.pt \(a UEA run keeps only its last"):
         diagnose.read_checkpoint(tmp_path, "best")
-    torch.save(saved, best := tmp_path / "best.pt")
+    torch.save(saved, best)
     assert [diagnose.read_checkpoint(tmp_path, w)[1] for w in (None, "last")] == [best, last]
     for file, weights, kept in ((best, "last", "best"), (last, "best", "last")):
         with pytest.raises(SystemExit, match=f"{file.name} holds the {kept} weights, not --we"):
@@ -3902,7 +3947,8 @@ def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path,
     """In another folder, bench.py then .ci/gpu_bench.py: default CSV and PNG, then new names; the
     slopes = log(t2/t1) / log(N2/N1) of the CSV; one N < --fit-min, or a bad --csv: said."""
     monkeypatch.chdir(tmp_path)
-    plt = mock.MagicMock(**{"subplots.return_value": (fig := mock.MagicMock(), [fig] * 2)})
+    fig = mock.MagicMock()
+    plt = mock.MagicMock(**{"subplots.return_value": (fig, [fig] * 2)})
     argv = [*TINY_BENCH, "--what", "layer", "step", "--step-ns", "32", "--step-batch", "2"]
     monkeypatch.setitem(sys.modules, "matplotlib", mock.MagicMock(pyplot=plt))  # these two only:
     monkeypatch.setitem(sys.modules, "matplotlib.pyplot", plt)  # (patch.dict would drop inductor's)
@@ -3950,12 +3996,16 @@ def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path,
     (["--kinds", "primal+trans"], "--what layer measures none of --kinds primal+trans: primal+"),
     (["--device", "tpu"], "argument --device: invalid choice: 'tpu'"),
     (["--kinds", "flash"], "argument --kinds: invalid choice: 'flash'"),
-    *[(["--device", "cuda"], "--device cuda: this machine has no CUDA GPU")]
-    * (not torch.cuda.is_available()),
+    *([] if torch.cuda.is_available() else [
+        (["--device", "cuda"], "--device cuda: this machine has no CUDA GPU")
+    ]),
 ])  # fmt: skip
 def test_bench_refuses_bad_flags_with_one_sentence(argv, said):
     """Exit status 2 and one sentence, from bench.py and from .ci/gpu_bench.py."""
-    for parse in [gpu_bench.parse_args] + [bench.parse_args] * ("--bandwidth-gbs" not in argv):
+    parsers = [gpu_bench.parse_args]
+    if "--bandwidth-gbs" not in argv:  # a flag of .ci/gpu_bench.py alone
+        parsers.append(bench.parse_args)
+    for parse in parsers:
         with pytest.raises(SystemExit) as stop, contextlib.redirect_stderr(io.StringIO()) as err:
             parse([str(a) for a in argv])
         assert stop.value.code == 2 and said in err.getvalue().strip().splitlines()[-1]
@@ -3971,7 +4021,9 @@ def test_bench_refuses_bad_flags_with_one_sentence(argv, said):
 def test_bench_compiles_by_default_on_cuda_only(monkeypatch, argv, modes, gpu_modes):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert modes is None or bench.parse_args(argv.split()).modes == modes.split()
-    ns = [256, 512, 1024, 2048, 4096, 8192] + [16384, 32768] * ("cuda" in argv)  # --help says
+    ns = [256, 512, 1024, 2048, 4096, 8192]  # --help says
+    if "cuda" in argv:
+        ns += [16384, 32768]
     assert modes is None or bench.parse_args(argv.split()).ns == ns
     assert gpu_bench.parse_args(argv.split()).modes == gpu_modes.split()
 
@@ -4051,12 +4103,14 @@ def test_bench_times_the_backward_and_counts_memory_bytes_and_operators():
     sleeps = [0.03, 0.03, 0.0]  # two warm-up calls longer than the one timed: left out
     sleep = lambda: __import__("time").sleep(sleeps.pop(0))  # noqa: E731
     assert bench.timed(sleep, torch.device("cpu"), 1, 2) < 15 and not sleeps
-    bench.measure_row(row := dict(row, B=2, N=2048, D=64), _BenchLayer(), args)
+    row = dict(row, B=2, N=2048, D=64)
+    bench.measure_row(row, _BenchLayer(), args)
     assert row["mem_mib"] == 1.0
     x, mask = torch.randn(2, 2048, 64, requires_grad=True), torch.ones(2, 2048, dtype=torch.bool)
     nbytes, saved = gpu_bench.traffic_floor(_BenchLayer(), x, mask, torch.float32)
     assert nbytes == 5 * 2**20 and len(saved) == 1
-    gpu_bench.floor(_BenchLayer(), row := dict(row, B=3), torch.float32, 2)  # B, GB/s: 1e9 B/s
+    row = dict(row, B=3)
+    gpu_bench.floor(_BenchLayer(), row, torch.float32, 2)  # B, GB/s: 1e9 B/s
     assert row["floor_mib"] * 2**20 == 5 * 3 * 2048 * 64 * 4 == pytest.approx(row["floor_ms"] * 2e6)
     a = torch.randn(3, 4, requires_grad=True)
     assert gpu_bench.dispatched_ops(lambda: (a + 1).t().mul(2).sum()) == 3

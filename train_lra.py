@@ -9,6 +9,7 @@ train_lra.py: train one attention mechanism on one Long Range Arena task.
 Data (--data-dir): the LRA release layout (gs://long-range-arena/lra_release), IMDB and CIFAR-10
 beside it, or PyTorch-LRA pickles (lra_data.py); ListOps is generated (seeded) when missing, and
 --download fetches a task's folder when missing (lra_data.ARCHIVES: the URLs, what is kept).
+`python lra_data.py --task <task> --download` does all that alone: the run then reads its file.
 Protocol: every eval_every steps the model is evaluated on the validation split; the weights
 that score best there are kept (best.pt) and the test split is evaluated once, with them.
 Output: runs/<task>/<attention>-<preset>-seed<seed>/ (see runs.py); last line: RESULT {json}
@@ -288,7 +289,7 @@ MECHANISMS = {
 QUICK = dict(listops_size=6000, listops_eval_size=500, max_len=100, lr=1e-3, steps=1000, warmup=100)
 # ListOps generator bounds (LRA lra_benchmarks/data/listops.py); 16 seeded shards, in parallel
 LISTOPS = {
-    "paper": dict(LISTOPS_PAPER, shards=16),  # listops-1000, 500 < tokens < 2000, depth 10
+    "paper": LISTOPS_PAPER,  # listops-1000, 500 < tokens < 2000, depth 10, 16 shards
     "quick": dict(folder="listops-quick", min_length=20, max_length=100, max_depth=3, max_args=5),
 }
 

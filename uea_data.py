@@ -188,7 +188,8 @@ def _parse_values(text: str, dim: int, path, line_no) -> np.ndarray:
     # The model sees float32: a value beyond its range (1e300, or 'inf', which parses as a
     # float) would become inf there, and inf turns the TRAIN statistics into NaN.
     largest = np.finfo(np.float32).max
-    if (beyond := np.flatnonzero(np.abs(out) > largest)).size:  # NaN compares False: kept
+    beyond = np.flatnonzero(np.abs(out) > largest)  # NaN compares False: kept
+    if beyond.size:
         i = beyond[0]
         where = f"in dimension {dim + 1} (step {i + 1})"
         if np.isinf(out[i]):
@@ -255,9 +256,13 @@ def download_dataset(name: str, data_dir: str, base_url: str, progress: bool = T
     writes nothing else."""
     paths = dataset_paths(data_dir, name)
     url, names = f"{base_url.rstrip('/')}/{name}.zip", [p.name for p in paths]
-    by_hand = "\n" + missing_dataset_message(data_dir, name, base_url, download=False)
-    archive = dict(kind="zip", keep="|".join(map(re.escape, names)))  # no folder: by name alone
-    download.fetch(url, paths[0].parent, names, archive, progress, DatasetNotFoundError, by_hand)
+    keep = "|".join(map(re.escape, names))  # no folder: found by file name alone
+    archive = download.Archive(url, keep=keep, need=tuple(names), kind="zip")
+    try:
+        download.fetch(archive, paths[0].parent, progress)
+    except download.Failed as e:
+        by_hand = missing_dataset_message(data_dir, name, base_url, download=False)
+        raise DatasetNotFoundError(f"{e}\n{by_hand}") from None
 
 
 @dataclass
@@ -306,10 +311,12 @@ def load_uea(data_dir: str, name: str, max_len: int = 0) -> UEAData:
     if not (train_path.exists() and test_path.exists()):
         raise DatasetNotFoundError(missing_dataset_message(data_dir, name, ARCHIVE_ZIPS))
     train, test = (read_ts(path, require_labels=True) for path in (train_path, test_path))
-    if (f_test := test.series[0].shape[1]) != (f := train.series[0].shape[1]):
+    f_test, f = test.series[0].shape[1], train.series[0].shape[1]
+    if f_test != f:
         raise TsFormatError(test.path, None, f"{f_test} dimensions, TRAIN has {f}")
     # TEST may list its labels in another order: map them by name onto the TRAIN indices.
-    if unknown := [c for c in test.class_names if c not in train.class_names]:
+    unknown = [c for c in test.class_names if c not in train.class_names]
+    if unknown:
         raise TsFormatError(test.path, None, f"classes {unknown} not in TRAIN {train.class_names}")
     y_test = np.array([train.class_names.index(c) for c in test.class_names], np.int64)[test.labels]
     # Per-feature standardisation with TRAIN statistics only, as mvts (pandas ddof=1; ddof=0 for
@@ -335,7 +342,8 @@ def _standardise(split: TsFile, mean: np.ndarray, scale: np.ndarray, max_len: in
     """pad_series for one file, refusing a case whose standardised values overflow float32."""
     x, mask = pad_series(split.series, mean, scale, max_len)
     # A TEST value far outside TRAIN's range, over a small TRAIN std, can exceed float32.
-    if (bad := np.argwhere(~np.isfinite(x))).size:  # the first case, its first such step
+    bad = np.argwhere(~np.isfinite(x))
+    if bad.size:  # the first case, its first such step
         case, _, channel = bad[0]
         stats = f"mean {mean[channel]:.4g}, scale {scale[channel]:.4g}"
         what = f"dimension {channel + 1} standardised with the TRAIN statistics ({stats})"
@@ -346,13 +354,16 @@ def _standardise(split: TsFile, mean: np.ndarray, scale: np.ndarray, max_len: in
 def _notes(data: UEAData, train: TsFile, test: TsFile) -> list:
     """What the run's log should say about this dataset, one plain sentence each."""
     notes, max_len = [], data.x_train.shape[1]
-    if channels := data.constant_channels:
+    channels = data.constant_channels
+    if channels:
         why = "(0-based indices; dividing by their std of ~0 would blow TEST values up)"
         notes.append(f"channels {channels} are constant in TRAIN: centred, not scaled {why}")
-    if len(train_classes := np.unique(data.y_train)) == 1:
+    train_classes = np.unique(data.y_train)
+    if len(train_classes) == 1:
         only = f"TRAIN holds one class only ({data.class_names[train_classes[0]]!r})"
         notes.append(f"{only}: the model can learn nothing but to predict it")
-    if test_only := sorted(set(data.y_test.tolist()) - set(train_classes.tolist())):
+    test_only = sorted(set(data.y_test.tolist()) - set(train_classes.tolist()))
+    if test_only:
         names = [data.class_names[k] for k in test_only]
         n = int(np.isin(data.y_test, test_only).sum())
         notes.append(
@@ -367,7 +378,8 @@ def _notes(data: UEAData, train: TsFile, test: TsFile) -> list:
             f"and {data.n_clipped_test} of {len(data.y_test)} TEST cases (longest {longest[0]} "
             f"and {longest[1]} steps): their later steps are dropped, as the official loader does"
         )
-    if max_len > 2 * (most := max(longest)):
+    most = max(longest)
+    if max_len > 2 * most:
         far = f"max_len {max_len} is more than twice the longest series ({most} steps)"
         pad = f"every case is zero-padded to {max_len} steps (0 = the longest TRAIN series)"
         notes.append(f"{far}: {pad}")
@@ -386,7 +398,8 @@ def pad_series(series: list, mean: np.ndarray, std: np.ndarray, max_len: int) ->
         raise ValueError(f"max_len must be a positive integer (or 0 in load_uea), got {max_len!r}")
     if mean.shape != std.shape or mean.ndim != 1 or not (np.isfinite(mean + std) & (std > 0)).all():
         raise ValueError(f"need finite mean and positive std of shape (F,): {mean}, {std}")
-    if bad := [i for i, s in enumerate(series) if np.shape(s)[1:] != mean.shape]:
+    bad = [i for i, s in enumerate(series) if np.shape(s)[1:] != mean.shape]
+    if bad:
         raise ValueError(f"cases {bad[:9]} are not (L, F) arrays with F = {len(mean)} channels")
     x = np.zeros((len(series), max_len, len(mean)), dtype=np.float32)
     mask = np.zeros((len(series), max_len), dtype=bool)
