@@ -296,7 +296,8 @@ def test_polynomials_filter_sum_equals_its_plain_reference(basis):
 
 
 def test_polynomials_filter_is_official_tanh_sum():
-    """g(s) = Σ θ̃_k P_k(s), θ̃_k = tanh(θ_k), θ̃_0 = 1 (frozen) or tanh(θ_0); frequency grid."""
+    """g(s) = Σ θ̃_k P_k(s), θ̃_k = tanh(θ_k), θ̃_0 = 1 (frozen) or tanh(θ_0), by forward's plain
+    sum and by FilterSum (the default): the same values and gradients; frequency grid."""
     torch.manual_seed(0)
     s = torch.rand(2, 5, 7, dtype=torch.float64)
     for fix in (True, False):
@@ -309,8 +310,15 @@ def test_polynomials_filter_is_official_tanh_sum():
         theta0 = 1.0 if fix else torch.tanh(poly.theta0)
         P = _polynomials_jacobi_closed_form  # independent of the recurrence
         want = theta0 + sum(theta[k - 1] * P(k, 1.5, -1.0, s) for k in range(1, 5))
+        s_leaf, out = s.clone().requires_grad_(), {}
         for poly.lean in (False, True):  # forward's plain sum, then FilterSum (the default)
-            assert torch.allclose(poly(s), want, atol=1e-12)
+            out[poly.lean] = poly(s_leaf)
+            assert torch.allclose(out[poly.lean], want, atol=1e-12)
+            kept = _saved_sizes(functools.partial(poly, s_leaf)).count(s.numel())  # size of s
+            assert (kept == 2) == poly.lean, kept  # FilterSum: s and g'(s); plain: every P_k
+        params = [s_leaf, *poly.parameters()]
+        plain, lean = (torch.autograd.grad(out[k].square().sum(), params) for k in (False, True))
+        assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(plain, lean, strict=True))
         grid, g = frequency_response(poly, n_points=50)
         assert grid.min() > 0 and grid.max() < 1 and torch.allclose(g, poly(grid).detach())
     with pytest.raises(ValueError, match="unknown basis 'laguerre'"):
