@@ -47,18 +47,6 @@ from torch import Tensor
 
 from polynomials import PolynomialFilter
 
-REDUCTION, CHUNK = "plain", 1024  # the form of n_reduce: "plain", "split" (CHUNK tokens) or "bf16"
-
-
-def n_reduce(a: Tensor, b: Tensor) -> Tensor:
-    """aᵀ b, the sum over N of d x d products: (B, H, N, d) twice -> (B, H, d, d), as REDUCTION."""
-    if REDUCTION == "bf16":  # bf16 operands, float32 sums on a GPU: about 3 significant digits
-        return (a.transpose(-2, -1).bfloat16() @ b.bfloat16()).to(a.dtype)
-    if REDUCTION == "split" and a.shape[-2] > CHUNK:  # chunks of N (zero rows pad), summed after
-        a, b = (F.pad(t, (0, 0, 0, -t.size(-2) % CHUNK)).unflatten(-2, (-1, CHUNK)) for t in (a, b))
-        return (a.transpose(-2, -1) @ b).sum(-3)
-    return a.transpose(-2, -1) @ b  # the plain form: (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d)
-
 
 def agf_apply(u: Tensor, g: Tensor, v: Tensor, values: Tensor) -> Tensor:
     """Y = U Σ Vᵀ Val with Σ_i = diag(g_i), evaluated right to left.      (AGF README)
@@ -74,7 +62,7 @@ def agf_apply(u: Tensor, g: Tensor, v: Tensor, values: Tensor) -> Tensor:
         Y                                            (B, H, N, d)
     Cost: O(N d²) time, O(N d) memory.
     """
-    vt_val = n_reduce(v, values)  # Vᵀ Val: (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d)
+    vt_val = v.transpose(-2, -1) @ values  # Vᵀ Val: (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d)
     return (u * g) @ vt_val  # U Σ ·:     (B,H,N,d) @ (B,H,d,d) -> (B,H,N,d)
 
 
@@ -91,8 +79,8 @@ def orthogonality_penalty(u: Tensor, v: Tensor) -> Tensor:
         the unweighted penalty per sample            (B,)
     """
     eye = torch.eye(u.shape[-1], dtype=u.dtype, device=u.device)
-    gram_u = n_reduce(u, u)  # UᵀU: (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d)
-    gram_v = n_reduce(v, v)  # VᵀV: (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d)
+    gram_u = u.transpose(-2, -1) @ u  # UᵀU: (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d)
+    gram_v = v.transpose(-2, -1) @ v  # VᵀV: (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d)
     return (gram_u - eye).abs().mean(dim=(1, 2, 3)) + (gram_v - eye).abs().mean(dim=(1, 2, 3))
 
 
