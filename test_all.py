@@ -369,7 +369,8 @@ def test_agf_orthogonality_penalty_zero_for_orthonormal_and_official_form():
 
 
 def test_agf_autocast_bf16_is_finite():
-    """bf16 autocast: projections in bf16, filter and softmaxes in float32, y in x's dtype."""
+    """bf16 autocast: projections in bf16 (x cast once), filter and softmaxes in float32, y in
+    x's dtype."""
     layer = _agf_layer(order=6, alpha=2.0, beta=-2.0).float()
     x, mask = 5 * torch.randn(2, 64, 32), torch.arange(64) < torch.tensor([[64], [40]])
     with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
@@ -389,6 +390,10 @@ def test_agf_autocast_bf16_is_finite():
     assert all(torch.isfinite(p.grad).all() for p in layer.parameters())
     y32, _ = layer(x, mask)
     assert (y - y32).abs().max() < 0.1 * y32.abs().max()  # bf16 projections: close, not equal
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        saved = bench.saved_tensors(lambda: layer(x, mask))
+    copies = [t for t in saved if t[1:3] == (torch.bfloat16, 2 * x.numel())]  # x's size, bf16
+    assert len(copies) == 2  # x cast once for the four maps (not four times), and W_o's input
 
 
 @pytest.mark.parametrize("variant", ["uv", "svd", "agf"])
