@@ -42,22 +42,9 @@ import time
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch import Tensor
 
 from polynomials import PolynomialFilter
-
-REDUCTION, CHUNK = "plain", 1024  # the form of n_reduce: "plain", "split" (CHUNK tokens) or "bf16"
-
-
-def n_reduce(a: Tensor, b: Tensor) -> Tensor:
-    """aᵀ b, the sum over N of d x d products: (B, H, N, d) twice -> (B, H, d, d), as REDUCTION."""
-    if REDUCTION == "bf16":  # bf16 operands, float32 sums on a GPU: about 3 significant digits
-        return (a.transpose(-2, -1).bfloat16() @ b.bfloat16()).to(a.dtype)
-    if REDUCTION == "split" and a.shape[-2] > CHUNK:  # chunks of N (zero rows pad), summed after
-        a, b = (F.pad(t, (0, 0, 0, -t.size(-2) % CHUNK)).unflatten(-2, (-1, CHUNK)) for t in (a, b))
-        return (a.transpose(-2, -1) @ b).sum(-3)
-    return a.transpose(-2, -1) @ b  # the plain form: (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d)
 
 
 def agf_apply(u: Tensor, g: Tensor, v: Tensor, values: Tensor) -> Tensor:
@@ -74,7 +61,7 @@ def agf_apply(u: Tensor, g: Tensor, v: Tensor, values: Tensor) -> Tensor:
         Y                                            (B, H, N, d)
     Cost: O(N d²) time, O(N d) memory.
     """
-    vt_val = n_reduce(v, values)  # Vᵀ Val: (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d)
+    vt_val = v.transpose(-2, -1) @ values  # Vᵀ Val: (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d)
     return (u * g) @ vt_val  # U Σ ·:     (B,H,N,d) @ (B,H,d,d) -> (B,H,N,d)
 
 
@@ -91,8 +78,8 @@ def orthogonality_penalty(u: Tensor, v: Tensor) -> Tensor:
         the unweighted penalty per sample            (B,)
     """
     eye = torch.eye(u.shape[-1], dtype=u.dtype, device=u.device)
-    gram_u = n_reduce(u, u)  # UᵀU: (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d)
-    gram_v = n_reduce(v, v)  # VᵀV: (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d)
+    gram_u = u.transpose(-2, -1) @ u  # UᵀU: (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d)
+    gram_v = v.transpose(-2, -1) @ v  # VᵀV: (B,H,d,N) @ (B,H,N,d) -> (B,H,d,d)
     return (gram_u - eye).abs().mean(dim=(1, 2, 3)) + (gram_v - eye).abs().mean(dim=(1, 2, 3))
 
 
@@ -160,41 +147,41 @@ class AGFAttention(nn.Module):
         if mask is not None:
             # Junk at padded tokens (even NaN, as 0 · NaN = NaN) must not reach anything below.
             x = x.masked_fill(~mask[..., None], 0.0)
-        # 1) four linear maps of x, each D -> D, split into heads (B, N, D) -> (B, H, N, d):
-        #        U logits x W_u,  V logits x W_v,  Σ logits x W_Σ ("uv": none),  values x W_val
-        #    computed as one matmul of the stacked weights (4D, D): the same maps, in one kernel,
-        #    under the caller's autocast as in the official code
-        maps = {"u": self.W_u, "v": self.W_v, "sigma": self.W_sigma, "values": self.W_val}
-        maps = {name: W for name, W in maps.items() if W is not None}
-        weight = torch.cat([W.weight for W in maps.values()])  # (4D, D), the four stacked
-        bias = torch.cat([W.bias for W in maps.values()])  # (4D,)
-        stacked = F.linear(x, weight, bias).view(B, N, len(maps), self.n_heads, self.d_head)
-        logits = {n: t.transpose(1, 2) for n, t in zip(maps, stacked.unbind(2), strict=True)}
-        # Softmaxes and the degree-K polynomial (|P_k| reaches ~21) run in float32 even under
-        # bf16/fp16 autocast, as the official code does (autocast(enabled=False)).
+        # The projections X W run under the caller's autocast, as in the official code; all after
+        # them in float32, as its autocast(enabled=False) block: softmaxes, sigmoid and filter.
         work = torch.promote_types(x.dtype, torch.float32)
-        with torch.autocast(device_type=x.device.type, enabled=False):
-            # 2) singular vectors: U = softmax over d, V = masked softmax over tokens
-            u = logits["u"].to(work).softmax(dim=-1)  # (B, H, N, d), rows sum to 1
-            v = masked_token_softmax(logits["v"].to(work), mask)  # (B, H, N, d), columns sum to 1
-            if mask is not None:
-                # NOTE: differs from the official code: padded rows of U are zeroed, because
-                #       padding must not enter UᵀU (the aux loss) nor A. The official LRA code
-                #       keeps them; its UEA code masks nothing at all.
-                u = u.masked_fill(~mask[:, None, :, None], 0.0)
-            # 3) s = sigmoid(X W_Σ) ∈ (0, 1); 4) Σ_i = diag(g(s_i)), g(s) = Σ_k θ̃_k P_k(s);
-            #    "svd": g(s) = s, unfiltered; "uv": no Σ, g = 1
-            if self.variant == "uv":
-                g = torch.ones_like(u)
-            else:
-                s = torch.sigmoid(logits["sigma"].to(work))  # (B, H, N, d)
+        # Autocast: x cast once here; else each of the four maps casts it and keeps its own copy.
+        if torch.is_autocast_enabled(x.device.type) and x.dtype == torch.float32:
+            x = x.to(torch.get_autocast_dtype(x.device.type))
+
+        def heads(t: Tensor) -> Tensor:  # (B, N, D) -> (B, N, H, d) -> (B, H, N, d), in `work`
+            return t.view(B, N, self.n_heads, self.d_head).transpose(1, 2).to(work)
+
+        # 1) U = softmax_d(X W_U): left singular vectors, each row sums to 1      (AGF README)
+        u = heads(self.W_u(x)).softmax(dim=-1)  # (B, H, N, d)
+        # 2) V = softmax_N(X W_V) over the real tokens: each column sums to 1     (AGF README)
+        v = masked_token_softmax(heads(self.W_v(x)), mask)  # (B, H, N, d)
+        if mask is not None:
+            # NOTE: differs from the official code: padded rows of U are zeroed, because
+            #       padding must not enter UᵀU (the aux loss) nor A. The official LRA code
+            #       keeps them; its UEA code masks nothing at all.
+            u = u.masked_fill(~mask[:, None, :, None], 0.0)
+        # 3) Σ_i = diag(g(s_i)), s = sigmoid(X W_Σ) ∈ (0, 1), g(s) = Σ_k θ̃_k P_k(s)  (AGF README)
+        #    "svd": g(s) = s, unfiltered; "uv": no Σ, g = 1
+        if self.variant == "uv":
+            g = torch.ones_like(u)
+        else:
+            s = torch.sigmoid(heads(self.W_sigma(x)))  # (B, H, N, d)
+            # the polynomial's sum in float32 under autocast too (|P_k| up to ~21 by default)
+            with torch.autocast(device_type=x.device.type, enabled=False):
                 g = self.poly_filter(s) if self.variant == "agf" else s
-        return u, g, v, logits["values"].to(work).contiguous()  # one copy, not one per matmul
+        # 4) the values X W_val, made contiguous once (not once per matmul that reads them)
+        return u, g, v, heads(self.W_val(x)).contiguous()
 
     def forward(self, x: Tensor, mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
         _check_inputs(x, mask, self.W_u.weight)  # TypeError / ValueError naming the argument
         B, N, D = x.shape
-        # 1)-4) projections, U, V, g(Σ) (see factors)
+        # 1)-4) U, V, g(Σ) and the values (see factors)
         u, g, v, values = self.factors(x, mask)
         with torch.autocast(device_type=x.device.type, enabled=False):
             # 5) Y = (U ⊙ g) · (Vᵀ · Val), O(N d²)                          (AGF README)
@@ -248,7 +235,8 @@ DENSE_MAX_BYTES = 2**32  # 4 GiB: default cap on one (B, H, N, N) matrix of a de
 def agf_dense_reference(
     layer: AGFAttention, x: Tensor, mask: Tensor | None = None, *, max_bytes: int = DENSE_MAX_BYTES
 ) -> tuple[Tensor, Tensor]:
-    """Same output as layer(x, mask)[0], with the N x N graph filter A written out. Tests only.
+    """Same output as layer(x, mask)[0], with the N x N graph filter A written out: for tests,
+    and for diagnose.py, which reads A.
 
     A_ij = Σ_c U_ic g_ic V_jc, i.e. A = U Σ Vᵀ with a token-wise diagonal Σ_i. Its rows do not sum
     to 1, and padded tokens have zero rows and columns.
@@ -293,10 +281,10 @@ if __name__ == "__main__":
     print(f"fast path == dense A (B, H, N, N) = {tuple(graph_filter.shape)}: {same}")
 
     # Cost: fwd+bwd time and memory saved for backward as N doubles (expect ~2x each: O(N d²)).
-    layer, saved = AGFAttention(D, H), []
+    layer, saved = AGFAttention(D, H), {}
 
-    def pack(t: Tensor) -> Tensor:  # notes the bytes of each tensor autograd keeps for backward
-        saved.append(t.nbytes)
+    def pack(t: Tensor) -> Tensor:  # notes the bytes autograd keeps for backward, each storage once
+        saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
 
     for n in (512, 1024, 2048, 4096):
@@ -308,5 +296,5 @@ if __name__ == "__main__":
                 y, aux = layer(xn, torch.ones(1, n, dtype=torch.bool))
             (y.sum() + aux).backward()
             times.append((time.perf_counter() - t0) * 1e3)
-        mib = sum(saved) / 2**20
+        mib = sum(saved.values()) / 2**20
         print(f"N={n:5d}   fwd+bwd {min(times):7.1f} ms   saved for backward {mib:6.1f} MiB")

@@ -55,6 +55,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -301,7 +302,8 @@ def test_polynomials_filter_sum_equals_its_plain_reference(basis):
 
 
 def test_polynomials_filter_is_official_tanh_sum():
-    """g(s) = Σ θ̃_k P_k(s), θ̃_k = tanh(θ_k), θ̃_0 = 1 (frozen) or tanh(θ_0); frequency grid."""
+    """g(s) = Σ θ̃_k P_k(s), θ̃_k = tanh(θ_k), θ̃_0 = 1 (frozen) or tanh(θ_0), by forward's plain
+    sum and by FilterSum (the default): the same values and gradients; frequency grid."""
     torch.manual_seed(0)
     s = torch.rand(2, 5, 7, dtype=torch.float64)
     for fix in (True, False):
@@ -314,8 +316,15 @@ def test_polynomials_filter_is_official_tanh_sum():
         theta0 = 1.0 if fix else torch.tanh(poly.theta0)
         P = _polynomials_jacobi_closed_form  # independent of the recurrence
         want = theta0 + sum(theta[k - 1] * P(k, 1.5, -1.0, s) for k in range(1, 5))
+        s_leaf, out = s.clone().requires_grad_(), {}
         for poly.lean in (False, True):  # forward's plain sum, then FilterSum (the default)
-            assert torch.allclose(poly(s), want, atol=1e-12)
+            out[poly.lean] = poly(s_leaf)
+            assert torch.allclose(out[poly.lean], want, atol=1e-12)
+            kept = _saved_sizes(functools.partial(poly, s_leaf)).count(s.numel())  # size of s
+            assert (kept == 2) == poly.lean, kept  # FilterSum: s and g'(s); plain: every P_k
+        params = [s_leaf, *poly.parameters()]
+        plain, lean = (torch.autograd.grad(out[k].square().sum(), params) for k in (False, True))
+        assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(plain, lean, strict=True))
         grid, g = frequency_response(poly, n_points=50)
         assert grid.min() > 0 and grid.max() < 1 and torch.allclose(g, poly(grid).detach())
     with pytest.raises(ValueError, match="unknown basis 'laguerre'"):
@@ -338,31 +347,6 @@ def _agf_layer(**kwargs) -> AGFAttention:
     with torch.no_grad():
         layer.poly_filter.theta.normal_()
     return layer
-
-
-@pytest.mark.parametrize("form", ["split", "bf16"])
-def test_agf_reductions_over_n_split_and_bf16_equal_the_plain_form(form, monkeypatch):
-    """agf.n_reduce (Vᵀ·Val, UᵀU, VᵀV) split into chunks of N (N under, at or not a multiple of
-    the chunk: zero rows pad it) or in bf16 == the sum over N written out, and AGF's y, aux and
-    gradients == the plain form's, padding included (float64; bf16 to about 3 digits)."""
-    layer, lo = _agf_layer(), form == "bf16"
-    tol = 2e-2 if lo else 1e-12  # of the largest entry
-    params = [p for p in layer.parameters() if p.requires_grad]
-    monkeypatch.setattr(agf, "CHUNK", 8)
-    for N in (5, 24, 29):
-        torch.manual_seed(N)
-        x, mask, (a, b) = torch.randn(6, N, 32, dtype=F64), _masks(N), torch.rand(2, 3, 2, N, 8)
-        got = {}
-        for f in ("plain", form):
-            monkeypatch.setattr(agf, "REDUCTION", f)
-            y, aux = layer(x.double(), mask)
-            grads = torch.autograd.grad(y.square().sum() + aux, params)
-            got[f] = (agf.n_reduce(a.double(), b.double()), y, aux, *grads)
-        want = torch.einsum("bhnc,bhne->bhce", a.double(), b.double())  # Σ_n a_nc b_ne
-        assert torch.allclose(got["plain"][0], want, rtol=1e-12)
-        for plain, other in zip(got["plain"], got[form], strict=True):
-            assert (other - plain).abs().max() <= tol * plain.abs().max() + 1e-13, N
-        assert not lo or not torch.equal(got[form][1], got["plain"][1])  # bf16 ran
 
 
 def test_agf_orthogonality_penalty_zero_for_orthonormal_and_official_form():
@@ -390,7 +374,8 @@ def test_agf_orthogonality_penalty_zero_for_orthonormal_and_official_form():
 
 
 def test_agf_autocast_bf16_is_finite():
-    """bf16 autocast: projections in bf16, filter and softmaxes in float32, y in x's dtype."""
+    """bf16 autocast: projections in bf16 (x cast once), filter and softmaxes in float32, y in
+    x's dtype."""
     layer = _agf_layer(order=6, alpha=2.0, beta=-2.0).float()
     x, mask = 5 * torch.randn(2, 64, 32), torch.arange(64) < torch.tensor([[64], [40]])
     with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
@@ -410,6 +395,10 @@ def test_agf_autocast_bf16_is_finite():
     assert all(torch.isfinite(p.grad).all() for p in layer.parameters())
     y32, _ = layer(x, mask)
     assert (y - y32).abs().max() < 0.1 * y32.abs().max()  # bf16 projections: close, not equal
+    with torch.autocast(device_type="cpu", dtype=torch.bfloat16):
+        saved = bench.saved_tensors(lambda: layer(x, mask))
+    copies = [t for t in saved if t[1:3] == (torch.bfloat16, 2 * x.numel())]  # x's size, bf16
+    assert len(copies) == 2  # x cast once for the four maps (not four times), and W_o's input
 
 
 @pytest.mark.parametrize("variant", ["uv", "svd", "agf"])
@@ -4116,6 +4105,54 @@ def test_bench_times_the_backward_and_counts_memory_bytes_and_operators():
     assert gpu_bench.dispatched_ops(lambda: (a + 1).t().mul(2).sum()) == 3
     forward = gpu_bench.dispatched_ops(lambda: (a * a).sum())
     assert gpu_bench.dispatched_ops(lambda: (a * a).sum().backward()) > forward + 1
+
+
+class _Products(TorchDispatchMode):
+    """(dtype, contracted length) of each batched matrix product dispatched while active."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.bmm.default:
+            self.seen.append((args[0].dtype, args[0].shape[-1]))
+        return func(*args, **(kwargs or {}))
+
+
+def test_bench_agf_forms_run_their_own_products_and_equal_the_plain_form(monkeypatch):
+    """.ci/gpu_bench.py --forms: a row of agf-split, agf-bf16 or agf-tf32 (measure_row) runs AGF's
+    three d x d products over N (Vᵀ·Val, UᵀU, VᵀV) on chunks of --chunk tokens (N under it: one
+    product, the plain one; at or not a multiple of it: zero rows pad), on bf16 operands, or as
+    agf.py (TF32 on); y, aux, gradients == the plain form's, padding in (bf16: about 3 digits)."""
+    for name in ("agf_apply", "orthogonality_penalty"):
+        monkeypatch.setattr(agf, name, getattr(agf, name))  # put back whatever happens
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    layer, got, chunk = _agf_layer(), {}, 6  # d = 8: each product's contracted length names it
+    params = [p for p in layer.parameters() if p.requires_grad]
+
+    def measure(row, *_):  # for bench.measure_row: one forward, its products, and the gradients
+        with _Products() as products:
+            y, aux = layer(x, mask)
+        grads = torch.autograd.grad(y.square().sum() + aux, params)
+        got[row["kind"]] = (products.seen, torch.backends.cuda.matmul.allow_tf32, y, aux, *grads)
+
+    monkeypatch.setattr(bench, "measure_row", measure)
+    forms = [k for k, (default, _, _) in gpu_bench.FORMS.items() if default == "agf"]
+    for N in (5, 24, 29):
+        torch.manual_seed(N)
+        x, mask = torch.randn(6, N, 32, dtype=F64), _masks(N)
+        for kind in ["agf", *forms]:
+            row = dict(kind=kind, mode="compiled", dtype="float64")  # compiled: no ops, no floor
+            gpu_bench.measure_row(row, layer, argparse.Namespace(chunk=chunk, device="cpu"))
+        by_n = {"agf": (F64, N), "agf-tf32": (F64, N), "agf-bf16": (torch.bfloat16, N)}
+        for kind, (seen, tf32, *out) in got.items():
+            over_n = by_n.get(kind, (F64, min(N, chunk)))  # agf-split: chunks of 6 (N = 5: one)
+            assert sorted(seen, key=str) == sorted([(F64, 8), *[over_n] * 3], key=str), kind
+            assert tf32 == (kind == "agf-tf32"), kind
+            tol = 2e-2 if kind == "agf-bf16" else 1e-12  # of the largest entry
+            for plain, other in zip(got["agf"][2:], out, strict=True):
+                assert (other - plain).abs().max() <= tol * plain.abs().max() + 1e-13, (kind, N)
 
 
 def test_bench_report_compares_modes_and_each_kind_at_its_fastest_with_softmax_in_bf16():

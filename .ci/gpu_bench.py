@@ -21,13 +21,13 @@ Every flag of bench.py, and:
   --what floor prints those saved tensors, one line each (one forward pass, no timing).
   A compiled row that breaks the graph names the place in the code that broke it.
   --forms KIND...: candidate forms measured beside agf and primal (add those to --kinds), each a
-      kind of its own: agf-split (agf.REDUCTION = "split": Vᵀ·Val, UᵀU and VᵀV reduce N in
-      chunks of --chunk tokens, summed afterwards), agf-bf16 ("bf16": those products on bf16
-      operands), agf-tf32 (the plain form with TF32 float32 matmuls, a process-wide switch of
-      torch: every float32 matmul of the row) and primal-fused (FusedPrimal below: fewer
-      kernels, the same y and aux, checked first). The report then says, for each, how many
-      times as fast as its default kind it is at each point, both at their fastest, and which
-      wins by >= 20 % at every point (the issue's rule: else the plain form stays).
+      kind of its own: agf-split (AGF's d x d products over N, Vᵀ·Val, UᵀU and VᵀV, reduce N
+      in chunks of --chunk tokens, summed afterwards: reduce_over_n below), agf-bf16 (those
+      products on bf16 operands), agf-tf32 (agf.py's plain form with TF32 float32 matmuls, a
+      process-wide switch of torch: every float32 matmul of the row) and primal-fused
+      (FusedPrimal below: fewer kernels, the same y and aux, checked first). The report then
+      says, for each, how many times as fast as its default kind it is at each point, both at
+      their fastest, and which wins by >= 20 % at every point (else the plain form stays).
   --modes: the modes measured (default: eager, compiled when compiling, graphs with CUDA graphs).
 The report adds, beside bench.py's slopes, eager against compiled and graphs at each point, and
 at each N how many times as fast as softmax attention each kind is, both at their fastest mode
@@ -56,14 +56,56 @@ from ksvd_attention import PrimalAttention, ksvd_objective
 COLUMNS = (*bench.COLUMNS[:-2], "ops", "floor_mib", "floor_ms", *bench.COLUMNS[-2:])
 BANDWIDTH_GBS = {"H100": 3350, "H200": 4800}  # HBM bandwidth of the SXM parts, GB/s
 MIB = bench.MIB
-# --forms: candidate kind -> (its default kind, agf.REDUCTION, TF32 matmuls)
+# --forms: candidate kind -> (its default kind, AGF's reduction over N (None: agf.py's), TF32)
 FORMS = {
     "agf-split": ("agf", "split", False),
     "agf-bf16": ("agf", "bf16", False),
-    "agf-tf32": ("agf", "plain", True),
-    "primal-fused": ("primal", "plain", False),
+    "agf-tf32": ("agf", None, True),
+    "primal-fused": ("primal", None, False),
 }
 WIN = 1.2  # a candidate becomes the default only if it is this many times as fast everywhere
+CHUNK = 1024  # agf-split: tokens per chunk (--chunk)
+AGF_PLAIN = agf.agf_apply, agf.orthogonality_penalty  # agf.py's own: aᵀ b as one matmul
+
+
+def reduce_over_n(a: torch.Tensor, b: torch.Tensor, form: str, chunk: int) -> torch.Tensor:
+    """aᵀ b, the sum over N of d x d products, (B, H, N, d) twice -> (B, H, d, d), in a candidate
+    form: "bf16" (bf16 operands, float32 sums on a GPU: about 3 significant digits) or "split"
+    (N in chunks of `chunk` tokens, zero rows padding the last, one product per chunk, summed
+    afterwards: at N = 16K and 1024 tokens, 16 times the thread blocks of one product)."""
+    if form == "bf16":
+        return (a.transpose(-2, -1).bfloat16() @ b.bfloat16()).to(a.dtype)
+    if a.shape[-2] <= chunk:  # one chunk: the plain product
+        return a.transpose(-2, -1) @ b
+    a, b = (F.pad(t, (0, 0, 0, -t.size(-2) % chunk)).unflatten(-2, (-1, chunk)) for t in (a, b))
+    return (a.transpose(-2, -1) @ b).sum(-3)  # (B,H,n,d,chunk) @ (B,H,n,chunk,d), summed over n
+
+
+def agf_reduced(form: str, chunk: int) -> tuple:
+    """agf.agf_apply and agf.orthogonality_penalty with their d x d products over N (Vᵀ·Val, UᵀU,
+    VᵀV) as reduce_over_n(form, chunk) computes them; the same formulas otherwise."""
+
+    def reduce(a, b):
+        return reduce_over_n(a, b, form, chunk)
+
+    def agf_apply(u, g, v, values):
+        return (u * g) @ reduce(v, values)
+
+    def orthogonality_penalty(u, v):
+        eye = torch.eye(u.shape[-1], dtype=u.dtype, device=u.device)
+        gram_u, gram_v = reduce(u, u) - eye, reduce(v, v) - eye
+        return gram_u.abs().mean(dim=(1, 2, 3)) + gram_v.abs().mean(dim=(1, 2, 3))
+
+    return agf_apply, orthogonality_penalty
+
+
+def use_form(kind: str, chunk: int = CHUNK) -> None:
+    """What a row of `kind` runs: a candidate of FORMS sets AGF's reduction over N (agf.py's
+    functions replaced) and TF32; any other kind gets agf.py's plain form and TF32 off."""
+    _, reduction, tf32 = FORMS.get(kind, (None, None, False))
+    plain = reduction is None
+    agf.agf_apply, agf.orthogonality_penalty = AGF_PLAIN if plain else agf_reduced(reduction, chunk)
+    torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 class FusedPrimal(PrimalAttention):
@@ -205,8 +247,7 @@ def measure_row(row: dict, layer, args) -> None:
     """bench.measure_row, plus the graphs mode, the operators of eager rows, the floor of eager
     layer rows and where a graph broke."""
     torch._dynamo.utils.counters.clear()
-    form = FORMS.get(row["kind"], (None, "plain", False))
-    _, agf.REDUCTION, torch.backends.cuda.matmul.allow_tf32 = form
+    use_form(row["kind"], args.chunk)
     try:
         bench.measure_row(row, layer, args, compile_for)
     except torch._dynamo.exc.Unsupported as e:  # fullgraph: a graph break
@@ -384,8 +425,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--chunk",
         type=bench.at_least(1),
-        default=agf.CHUNK,
-        help=f"agf-split: tokens per chunk (default {agf.CHUNK})",
+        default=CHUNK,
+        help=f"agf-split: tokens per chunk (default {CHUNK})",
     )
     p.add_argument(
         "--modes",
@@ -408,11 +449,11 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 @contextlib.contextmanager
 def forms_registered(args):
-    """--forms: the candidate kinds exist (bench's kinds, model's attentions) while measuring,
-    agf.CHUNK is --chunk; afterwards all is as before, REDUCTION plain and TF32 off."""
+    """--forms: the candidate kinds exist (bench's kinds, model's attentions) while measuring;
+    afterwards all is as before, agf.py's plain form and TF32 off."""
     if "primal-fused" in args.forms:
         check_fused_primal()
-    saved = dict(bench.KINDS), bench.STEP_KINDS, dict(model.ATTENTION), model.AUX_KINDS, agf.CHUNK
+    saved = dict(bench.KINDS), bench.STEP_KINDS, dict(model.ATTENTION), model.AUX_KINDS
     for form in args.forms:
         kind = FORMS[form][0]
         mechanism, kwargs = bench.KINDS[kind]
@@ -420,14 +461,13 @@ def forms_registered(args):
     bench.STEP_KINDS = (*bench.STEP_KINDS, *args.forms)
     model.ATTENTION["primal-fused"] = FusedPrimal
     model.AUX_KINDS = (*model.AUX_KINDS, "primal-fused")
-    agf.CHUNK = args.chunk
     try:
         yield
     finally:
-        kinds, bench.STEP_KINDS, attention, model.AUX_KINDS, agf.CHUNK = saved
+        kinds, bench.STEP_KINDS, attention, model.AUX_KINDS = saved
         bench.KINDS.clear(), bench.KINDS.update(kinds)
         model.ATTENTION.clear(), model.ATTENTION.update(attention)
-        agf.REDUCTION, torch.backends.cuda.matmul.allow_tf32 = "plain", False
+        use_form("agf")
 
 
 def main(argv=None) -> list:
