@@ -249,7 +249,8 @@ def agf_dense_reference(
     B, N, D = x.shape
     work = torch.promote_types(x.dtype, torch.float32)  # the dtype of `factors`, hence of A
     shape, gib = (B, layer.n_heads, N, N), 2**30  # refuse A before torch tries it (and swaps)
-    if (size := math.prod(shape) * work.itemsize) > max_bytes:
+    size = math.prod(shape) * work.itemsize
+    if size > max_bytes:
         raise MemoryError(f"x: dense A {shape} {work}: {size / gib:.1f} GiB > {max_bytes=}")
     u, g, v, values = layer.factors(x, mask)
     graph_filter = torch.einsum("bhic,bhjc->bhij", u * g, v)  # U diag(g_i) Vᵀ: (B, H, N, N)

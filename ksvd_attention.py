@@ -282,7 +282,8 @@ def ksvd_kernel(
     """
     B, H, N, _ = phi_q.shape
     shape, gib = (B, H, N, N), 2**30  # refuse K_X before torch tries it (and swaps)
-    if (size := math.prod(shape) * phi_q.dtype.itemsize) > max_bytes:
+    size = math.prod(shape) * phi_q.dtype.itemsize
+    if size > max_bytes:
         raise MemoryError(f"phi_q: dense K_X {shape}: {size / gib:.1f} GiB > {max_bytes=}")
     if f_x is not None:
         phi_k = phi_k @ (f_x.transpose(-2, -1) @ f_x)  # Φk Fᵀ F: (B,H,N,d) @ (B,H,d,d)

@@ -111,8 +111,9 @@ def use_form(kind: str, chunk: int = CHUNK) -> None:
 class FusedPrimal(PrimalAttention):
     """PrimalAttention (non-causal) in fewer kernels, a candidate for the GPU: W_q and W_k as one
     projection and one normalize; W_{e|X}, W_{r|X} from one product; e and r of every head from
-    one (B, N, 2D) @ (2D, 2Hs) product, its weight block-diagonal over (q, k) x heads, laid out
-    so that each head's [e; r] is adjacent for W_er. Same y and aux as PrimalAttention."""
+    one (B, N, 2D) @ (2D, 2Hs) product, its weight block-diagonal over (q, k) x heads (2H times
+    the multiplications of the per-head products: fewer, larger kernels for more arithmetic),
+    laid out so that each head's [e; r] is adjacent for W_er. Same y and aux as PrimalAttention."""
 
     def forward(self, x, mask=None):
         B, N, D = x.shape
@@ -465,8 +466,10 @@ def forms_registered(args):
         yield
     finally:
         kinds, bench.STEP_KINDS, attention, model.AUX_KINDS = saved
-        bench.KINDS.clear(), bench.KINDS.update(kinds)
-        model.ATTENTION.clear(), model.ATTENTION.update(attention)
+        bench.KINDS.clear()
+        bench.KINDS.update(kinds)
+        model.ATTENTION.clear()
+        model.ATTENTION.update(attention)
         use_form("agf")
 
 

@@ -4,7 +4,7 @@ figures/attentions.py: draw attentions.png, the four attentions side by side (RE
 Each column runs top to bottom in the order the code multiplies, one head, batch left out, with
 the code's own names: the boxes are what is computed, the arrows carry the shapes. A box's colour
 is the cost of computing it, per head: red O(N² d) (every query against every key: softmax and
-GFSA, even where SDPA keeps no N×N matrix), green a product linear in N (the projections O(N D d),
+GFSA, whether or not an N×N matrix is kept), green a product linear in N (the projections O(N D d),
 AGF's O(N d²), Primal's O(N d s)), grey O(N d) or less. "≈" marks an estimate (GFSA's Ā^K for
 K > 2, Eq. 4).
 
@@ -39,7 +39,7 @@ COLUMNS = [
     ("GFSA", "gfsa.py:GFSAttention", "O(N² d), two passes", [
         ("x", PLAIN, "N×D"),
         ("q, k, v as in softmax", LINEAR, "N×d  each"),
-        ("Ā v = softmax(q kᵀ/√d) v\n(SDPA keeps no Ā; Ā² never formed)", QUADRATIC, "N×d"),
+        ("Ā v = softmax(q kᵀ/√d) v\n(one SDPA call; Ā² never formed)", QUADRATIC, "N×d"),
         ("Ā(Ā v): the same Ā, a second pass", QUADRATIC, "N×d  each"),
         ("y = a0 v + a1 Ā v + a2 Ā(Ā v)\n≈ (w0 I + w1 Ā + wK Ā^K) v   (= for K = 2)", PLAIN, "N×d"),
     ]),
