@@ -316,15 +316,21 @@ def test_polynomials_filter_is_official_tanh_sum():
         theta0 = 1.0 if fix else torch.tanh(poly.theta0)
         P = _polynomials_jacobi_closed_form  # independent of the recurrence
         want = theta0 + sum(theta[k - 1] * P(k, 1.5, -1.0, s) for k in range(1, 5))
+        plain = PolynomialFilter(4, "jacobi", 1.5, -1.0, fix_theta0=fix, lean=False).double()
+        plain.load_state_dict(poly.state_dict())
         s_leaf, out = s.clone().requires_grad_(), {}
-        for poly.lean in (False, True):  # forward's plain sum, then FilterSum (the default)
-            out[poly.lean] = poly(s_leaf)
-            assert torch.allclose(out[poly.lean], want, atol=1e-12)
-            kept = _saved_sizes(functools.partial(poly, s_leaf)).count(s.numel())  # size of s
-            assert (kept == 2) == poly.lean, kept  # FilterSum: s and g'(s); plain: every P_k
-        params = [s_leaf, *poly.parameters()]
-        plain, lean = (torch.autograd.grad(out[k].square().sum(), params) for k in (False, True))
-        assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(plain, lean, strict=True))
+        for f in (plain, poly):  # forward's plain sum, then FilterSum (the default)
+            out[f.lean] = f(s_leaf)
+            assert torch.allclose(out[f.lean], want, atol=1e-12)
+            kept = _saved_sizes(functools.partial(f, s_leaf)).count(s.numel())  # size of s
+            assert (kept == 2) == f.lean, kept  # FilterSum: s and g'(s); plain: every P_k
+        grads = {}
+        for f in (plain, poly):
+            grads[f.lean] = torch.autograd.grad(
+                out[f.lean].square().sum(), [s_leaf, *f.parameters()]
+            )
+        pairs = zip(grads[False], grads[True], strict=True)
+        assert all(torch.allclose(a, b, atol=1e-10) for a, b in pairs), "plain vs FilterSum grads"
         grid, g = frequency_response(poly, n_points=50)
         assert grid.min() > 0 and grid.max() < 1 and torch.allclose(g, poly(grid).detach())
     with pytest.raises(ValueError, match="unknown basis 'laguerre'"):
