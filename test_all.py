@@ -2486,7 +2486,8 @@ _VALUES.update(steps=7, dataset="Heartbeat", n_heads=4, gfsa_order=4, warmup=0, 
 
 _AFTER_BUILD = set(  # flags that act after build(): their own tests
     "data_dir data_seed listops_size listops_eval_size download download_url out batch_size cache "
-    "eval_every epochs grad_clip resume overwrite device amp compile attention pathfinder".split()
+    "eval_every epochs grad_clip resume overwrite device amp compile attention pathfinder "
+    "time_limit".split()
 )
 _ONLY = dict(attn_dropout={"softmax", "gfsa", "primal+trans"})  # the kinds it reaches if not all
 _ONLY["dataset"] = {"agf", "primal", "primal+trans"}  # (agf_* etc.: their own)
@@ -2781,6 +2782,29 @@ def test_train_lra_evaluates_every_eval_every_and_ties_keep_the_first_best(tmp_p
     assert n_test == 12 and tested == at_step_4 and tested != at_step_5
 
 
+@pytest.mark.parametrize("limit, reached", [(0, 8), (15, 2), (25, 4), (1000, 8)])
+def test_train_lra_time_limit_stops_at_the_last_evaluation_that_ends_in_time(
+    tmp_path, limit, reached
+):
+    """A clock that moves 10 s a call: evaluation k (every 2 steps) ends with 10·k s elapsed,
+    5 s a step; the run stops at the first evaluation after which the next would end
+    past --time-limit, tests its best weights, and says partial with the step reached."""
+    ticks = itertools.count(0, 10)
+    clock = types.SimpleNamespace(time=lambda: float(next(ticks)))
+    flags = ["--steps", "8", "--time-limit", str(limit)]
+    with mock.patch.object(train_lra, "time", clock):
+        result, calls = _lra_stubbed(tmp_path, [0.5, 0.7, 0.6, 0.6], *flags)
+    assert [r["step"] for r in _log(tmp_path / "run")] == list(range(2, reached + 1, 2))
+    assert result["steps_reached"] == reached, "the step where the run stopped"
+    assert result["partial"] == (reached < 8), "partial: stopped before --steps"
+    assert result["steps"] == 8, "steps: the run's length as set"
+    assert result["best_step"] == min(4, reached), "the best weights up to the stop are tested"
+    cfg = train_lra.parse_config([*flags, "--eval-every", "2"])
+    said = train_lra._expected_finish(cfg, 0, 2, 5.0)
+    near = f"; --time-limit {limit} s stops it near step {reached}"
+    assert said == "5000 ms a step: step 8 in about 0.5 more min" + (near if reached < 8 else "")
+
+
 def test_train_lra_text_reuses_the_validation_score_and_logs_each_evaluation(tmp_path):
     """Text's test split is its validation split: the best weights' score there is their test
     score, not evaluated again; a --max-len given far above the inputs is noted; when stderr is
@@ -2904,7 +2928,7 @@ def test_train_lra_and_train_uea_schedule_steps_and_clock_are_the_formulas(tmp_p
 def _as_rank(module, rank: int) -> contextlib.ExitStack:
     """torch.distributed as torchrun's process `rank` of 2 sees it, with nothing to talk to."""
     calls = dict(get_rank=lambda: rank, get_world_size=lambda: 2, is_initialized=lambda: False)
-    names = ("init_process_group", "barrier", "all_reduce", "destroy_process_group")
+    names = ("init_process_group", "barrier", "all_reduce", "broadcast", "destroy_process_group")
     fake = types.SimpleNamespace(**calls, **{k: lambda *a, **kw: None for k in names})
     stack = contextlib.ExitStack()
     stack.enter_context(mock.patch.dict(os.environ, {"RANK": str(rank), "WORLD_SIZE": "2"}))

@@ -12,6 +12,8 @@ beside it, or PyTorch-LRA pickles (lra_data.py); ListOps is generated (seeded) w
 `python lra_data.py --task <task> --download` does all that alone: the run then reads its file.
 Protocol: every eval_every steps the model is evaluated on the validation split; the weights
 that score best there are kept (best.pt) and the test split is evaluated once, with them.
+--time-limit S stops at the last evaluation that ends within S seconds (a GPU call of fixed
+length); the result then says partial, with steps_reached.
 Output: runs/<task>/<attention>-<preset>-seed<seed>/ (see runs.py); last line: RESULT {json}
 """
 
@@ -20,6 +22,7 @@ import json
 import math
 import os
 import pathlib
+import sys
 import time
 from dataclasses import dataclass
 
@@ -54,6 +57,7 @@ class TrainConfig(runs.Settings):  # and --out --resume --overwrite --device --a
     lr: float = flag(1e-4, "peak learning rate (> 0)")
     batch_size: int = flag(32, "examples per step, all processes together", 1)
     eval_every: int = flag(50, "evaluate on the validation split every this many steps", 1)
+    time_limit: float = flag(0.0, "seconds of this start: stop at the last evaluation in them", 0)
     max_len: int = flag(2000, "tokens per input; longer inputs are cut", 1)
     # model: the LRA setting of the three papers
     d_model: int = flag(64, "D, model width", 1)
@@ -81,7 +85,11 @@ def main(cfg: TrainConfig) -> dict:
     # 1) the run folder, locked and checked before anything is read or written; then the
     # processes: torchrun starts one per GPU (or per share of a CPU); rank 0 writes, prints
     rank, world, device, autocast, ckpt = runs.start(
-        cfg, "train_lra.py", "step", cfg.steps, may_change=("download", "download_url", "cache")
+        cfg,
+        "train_lra.py",
+        "step",
+        cfg.steps,
+        may_change=("download", "download_url", "cache", "time_limit"),
     )
     ddp, master, cuda = "RANK" in os.environ, rank == 0, device.type == "cuda"
     out = pathlib.Path(cfg.out)
@@ -129,6 +137,8 @@ def main(cfg: TrainConfig) -> dict:
     hide = not master or None  # None: shown on a terminal only
     bar = tqdm(total=cfg.steps, initial=state["step"], desc=cfg.attention, disable=hide)
     sums = torch.zeros(3, device=device)
+    said_rate = False  # the time per step and the expected finish, said once per start
+    first_step, elapsed_before = state["step"], state["elapsed"]  # where this start began
     t0 = time.time()
     while state["step"] < cfg.steps:
         epoch, k = divmod(state["step"], n_train // cfg.batch_size)
@@ -158,6 +168,18 @@ def main(cfg: TrainConfig) -> dict:
                 runs.save(out / "best.pt", best)
         state["elapsed"] += time.time() - t0
         t0 = time.time()
+        # --time-limit: stop at this evaluation when the next one would end past the limit, in
+        # this start's seconds (the result then says partial, with the step reached). The time
+        # per step is this start's, evaluations included.
+        spent = state["elapsed"] - elapsed_before
+        per_step = spent / (step - first_step)
+        late = cfg.time_limit > 0 and spent + cfg.eval_every * per_step > cfg.time_limit
+        stop = torch.tensor(float(late), device=device)
+        if ddp:
+            dist.broadcast(stop, 0)  # rank 0's clock decides for every process
+        if master and not said_rate:
+            tqdm.write(_expected_finish(cfg, first_step, step, per_step), file=sys.stdout)
+            said_rate = True
         record = dict(step=step, lr=lr, train_loss=round(loss_sum / n, 5))
         record.update(train_acc=round(n_correct / n, 5), val_acc=round(val_acc, 5))
         record.update(val_loss=round(val_loss, 5), time_s=round(state["elapsed"], 1))
@@ -167,7 +189,11 @@ def main(cfg: TrainConfig) -> dict:
             runs.save(out / "metrics.jsonl", record)
             if bar.disable:  # no bar (not a terminal: a log file, CI, nohup): a line instead
                 print("  ".join(f"{k} {v:.4g}" for k, v in record.items()), flush=True)
+        if stop.item():
+            break
     bar.close()
+    if master and state["step"] < cfg.steps:
+        print(f"--time-limit {cfg.time_limit:g} s: stopped at step {state['step']}", flush=True)
 
     # 5) test once (rank 0), with the weights that scored best on validation. A run stopped
     # after its last checkpoint but before this ends here on --resume. Text: the test split is
@@ -183,11 +209,24 @@ def main(cfg: TrainConfig) -> dict:
         result.update(protocol=f"test_acc of the weights with the best val_acc{text}")
         result.update(val_acc=round(state["best_val_acc"], 5), test_acc=round(test_acc, 5))
         result.update(final_val_acc=state["val_acc"], best_step=state["best_step"], steps=cfg.steps)
+        # partial: stopped by --time-limit before cfg.steps; steps_reached says where
+        result.update(steps_reached=state["step"], partial=state["step"] < cfg.steps)
         gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
         wall_s = round(state["elapsed"] + time.time() - t0, 1)
         result.update(n_params=count_parameters(model), wall_s=wall_s, device=f"{gpu} x {world}")
         result.update(config=dataclasses.asdict(cfg))
     return runs.finish(out, result)  # result.json, and RESULT {json} as the last line
+
+
+def _expected_finish(cfg: TrainConfig, first_step: int, step: int, per_step: float) -> str:
+    """The seconds a step has taken in this start (from first_step; evaluations included), and
+    when the run will end: at cfg.steps, or near the step where --time-limit stops it."""
+    minutes = per_step * (cfg.steps - step) / 60
+    said = f"{per_step * 1e3:.0f} ms a step: step {cfg.steps} in about {minutes:.1f} more min"
+    last = int(first_step + cfg.time_limit / per_step) // cfg.eval_every * cfg.eval_every
+    if cfg.time_limit > 0 and last < cfg.steps:
+        said += f"; --time-limit {cfg.time_limit:g} s stops it near step {max(last, step)}"
+    return said
 
 
 def build(cfg: TrainConfig, device: torch.device) -> tuple:
