@@ -1210,6 +1210,92 @@ def test_model_compiled_equals_eager(kind):
             compiled(bad, batches[0][1])
 
 
+# Each constructor and reader at its smallest legal input and at the first illegal one
+_SMALLEST = dict(agf=dict(order=0), gfsa=dict(order=2), primal=dict(rank=1, rank_multi=1))
+
+
+@pytest.mark.parametrize("kind", ATTENTION)
+def test_edge_smallest_legal_input_one_token_one_sample_lowest_order_and_rank(kind):
+    """B = 1, N = 1 at the lowest order or rank (AGF K = 0, GFSA K = 2, Primal s = 1, m = 1): the
+    token alone equals it as the only real token of a padded batch of two; at N = 1, Ā = 1, so
+    softmax gives W_o(V) and GFSA W_o((w0 + w1 + wK) V); AGF equals its dense form."""
+    torch.manual_seed(0)
+    layer = ATTENTION[kind](8, 2, **_SMALLEST.get(kind, {})).double().eval()
+    if kind == "gfsa":
+        torch.nn.init.normal_(layer.wK)  # learned from 0: a value that shows
+    x, mask = torch.randn(2, 3, 8, dtype=F64), torch.tensor([[1, 0, 0], [1, 1, 1]]).bool()
+    y = layer(x[:1, :1])[0]  # (1, 1, 8)
+    assert torch.isfinite(y).all(), "one token: finite"
+    assert torch.allclose(y, layer(x, mask)[0][:1, :1], rtol=0, atol=1e-12), "one real token"
+    if kind in ("softmax", "gfsa"):
+        v = layer.W_qkv(x[:1, :1]).view(1, 1, 3, 2, 4)[:, :, 2]  # (B, N, H, d)
+        gain = 1.0 if kind == "softmax" else (layer.w0 + layer.w1 + layer.wK)[:, None]
+        want = layer.W_o((gain * v).reshape(1, 1, 8))
+        assert torch.allclose(y, want, rtol=0, atol=1e-12), "N = 1: Ā = 1 in closed form"
+    if kind == "agf":
+        want = agf_dense_reference(layer, x[:1, :1])[0]
+        assert torch.allclose(y, want, rtol=0, atol=1e-12), "N = 1: the dense form"
+    if kind == "primal":  # m = 1: the first real token, with any padding before it
+        tokens = sample_real_tokens(x, mask.flip(1), 1)  # real: [2] and [0, 1, 2]
+        assert torch.equal(tokens, torch.stack([x[0, 2:3], x[1, 0:1]])), "m = 1: first real"
+
+
+def test_edge_first_illegal_sizes_are_a_value_error_naming_the_argument():
+    """One past each smallest legal size (order -1, GFSA order 1, rank 0, no heads, H not
+    dividing D, zero model sizes): a ValueError that names the argument and its value."""
+    illegal = [
+        (lambda: PolynomialFilter(-1), "order K=-1"),
+        (lambda: AGFAttention(8, 2, order=-1), "order K=-1"),
+        (lambda: GFSAttention(8, 2, order=1), "order K=1"),
+        (lambda: PrimalAttention(8, 2, rank=0), "rank=0"),
+        (lambda: PrimalAttention(8, 2, rank_multi=0), "rank_multi=0"),
+        (lambda: PrimalAttention(8, 2, max_len=0), "max_len=0"),
+    ]
+    for layer in ATTENTION.values():
+        illegal.append((functools.partial(layer, 8, 3), "n_heads=3"))
+        illegal.append((functools.partial(layer, 8, 0), "n_heads=0"))
+    for name in ("n_classes", "max_len", "d_model", "n_layers", "d_ff"):
+        config = ModelConfig(vocab_size=5, **{name: 0})
+        illegal.append((functools.partial(Classifier, config), f"{name}=0"))
+    for build, said in illegal:
+        with pytest.raises(ValueError, match=re.escape(said)):
+            build()
+
+
+def test_edge_polynomial_filter_of_order_zero_is_its_constant():
+    """K = 0: g(s) = θ̃_0, 1 when frozen, tanh(θ_0) when learned; no other coefficient."""
+    s = torch.rand(7)
+    assert torch.equal(PolynomialFilter(0)(s), torch.ones(7)), "K = 0, frozen: g = 1"
+    free = PolynomialFilter(0, fix_theta0=False)
+    with torch.no_grad():
+        free.theta0.fill_(0.3)
+    assert torch.allclose(free(s), torch.full((7,), math.tanh(0.3))), "K = 0: g = tanh(θ_0)"
+    assert free.coefficients().shape == (1,), "K = 0: one coefficient"
+
+
+def test_edge_cosine_similarity_needs_two_real_tokens():
+    """Two real tokens: the cosine of the pair; one real token: a ValueError, not NaN."""
+    h, mask = torch.randn(1, 4, 8, dtype=F64), torch.tensor([[False, True, False, True]])
+    want = F.cosine_similarity(h[0, 1], h[0, 3], dim=0)
+    got = layerwise_cosine_similarity([h], mask)
+    assert torch.allclose(got, want[None], rtol=0, atol=1e-12), "two real tokens: their cosine"
+    with pytest.raises(ValueError, match="at least 2 real tokens"):
+        layerwise_cosine_similarity([h], torch.tensor([[False, True, False, False]]))
+
+
+def test_edge_agf_bf16_input_under_autocast_filters_in_float32():
+    """A bf16 x under autocast: the projections in bf16, as for a float32 x (autocast casts it),
+    the softmaxes, sigmoid and filter in float32: the factors and output of x.float()."""
+    torch.manual_seed(0)
+    layer, x = AGFAttention(8, 2), torch.randn(2, 5, 8).bfloat16()
+    with torch.autocast("cpu", torch.bfloat16):
+        half, full = layer.factors(x), layer.factors(x.float())
+        y_half, y_full = layer(x)[0], layer(x.float())[0]
+    for name, a, b in zip(("U", "g(Σ)", "V", "values"), half, full, strict=True):
+        assert a.dtype == torch.float32 and torch.equal(a, b), f"bf16 x: {name} as for float32"
+    assert y_half.dtype == torch.bfloat16 and torch.equal(y_half.float(), y_full), "output"
+
+
 # ----------------------------------------------------------------------------------------------
 # lra_data.py: the LRA data
 # ----------------------------------------------------------------------------------------------
