@@ -2622,6 +2622,189 @@ def test_train_lra_and_train_uea_every_flag_reaches_its_setting(script):
             assert getattr(cfg, f.name) == value if ok else f"{name} must be " in said.getvalue()
 
 
+class _Reached(Exception):
+    """Raised by a stand-in where a flag's value arrives: main() stops there."""
+
+
+def _flags_of(main, argv: list) -> set:
+    """The dests of the arguments of the parser main(argv) builds (caught as it parses)."""
+    parsers = []
+
+    def catch(self, *args, **kwargs):
+        parsers.append(self)
+        raise _Reached
+
+    with mock.patch.object(argparse.ArgumentParser, "parse_args", catch), pytest.raises(_Reached):
+        main(argv)
+    return {a.dest for a in parsers[0]._actions if a.dest != "help"}
+
+
+# The flags that act after build() and what each is seen in: "reader" (below: the data reader's
+# arguments), else a test that runs with it. amp: autocast is on with CUDA only.
+_RUN_BY = dict(
+    out="test_train_uea_short_runs_of_each_attention_on_real_data",
+    batch_size="test_train_lra_and_train_uea_batches_follow_the_documented_order",
+    eval_every="test_train_uea_evaluates_the_first_every_eval_every_and_the_last_epoch",
+    epochs="test_train_uea_evaluates_the_first_every_eval_every_and_the_last_epoch",
+    grad_clip="test_train_uea_gradients_are_clipped_to_grad_clip_after_unscaling",
+    resume="test_runs_a_run_interrupted_and_resumed_continues_exactly",
+    overwrite="test_runs_overwrite_removes_all_a_run_wrote_and_refuses_unknown_files",
+    device="test_runs_a_run_interrupted_and_resumed_continues_exactly",
+    compile="test_train_lra_and_train_uea_compile_flag_and_a_diverged_run",
+    attention="test_train_lra_and_train_uea_flags_alone_build_the_promised_layers",
+    amp=None,
+)
+
+
+def _read_by(script: str, tmp: pathlib.Path, flags: str) -> dict:
+    """main() with `flags`, stopped at its data reader -> the reader's keyword arguments (UEA:
+    and fetch, download_dataset's arguments, None when it is not called)."""
+    seen = dict(fetch=None)
+
+    def reader(**kwargs):
+        seen.update(kwargs)
+        raise _Reached
+
+    def fetch(*args):
+        seen["fetch"] = args
+
+    module = SCRIPTS[script][0]
+    cfg = module.parse_config(["--out", str(tmp / "run"), *flags.split()])
+    lra = script == "train_lra.py"
+    stand_ins = [mock.patch.object(train_lra, "load_task", reader)]
+    if not lra:
+        stand_ins = [mock.patch.object(uea_data, "load_uea", reader)]
+        stand_ins.append(mock.patch.object(uea_data, "download_dataset", fetch))
+    with contextlib.ExitStack() as stack, contextlib.redirect_stdout(io.StringIO()):
+        for stand_in in stand_ins:
+            stack.enter_context(stand_in)
+        with pytest.raises(_Reached):
+            module.main(cfg)
+    return seen
+
+
+def test_train_lra_and_train_uea_data_flags_reach_the_reader(tmp_path):
+    """Each data flag at another value reaches the reader's arguments: --no-cache, a
+    --download-url alone (it implies --download), UEA's --max-len; every flag that acts after
+    build() is here or names a test that runs with it."""
+    some = "--data-dir elsewhere --data-seed 3 --listops-size 40 --listops-eval-size 9"
+    got = _read_by(
+        "train_lra.py", tmp_path / "a", f"{some} --pathfinder easy --no-cache --max-len 77"
+    )
+    url = _read_by("train_lra.py", tmp_path / "b", "--download-url file:///m")["download"]
+    plain = _read_by("train_lra.py", tmp_path / "c", "")
+    fetch = _read_by("train_lra.py", tmp_path / "d", "--download")["download"]
+    listops = dict(got["listops"], train=40, val=9, test=9)
+    lra = dict(data_dir=got["data_dir"] == "elsewhere", data_seed=got["seed"] == 3)
+    lra.update(listops_size=got["listops"] == listops, listops_eval_size=got["listops"] == listops)
+    lra.update(pathfinder=got["pathfinder_dir"] == lra_data.PATHFINDER_DIRS["easy"])
+    lra.update(cache=(got["cache"], plain["cache"]) == (False, True), max_len=got["max_len"] == 77)
+    lra.update(download=(fetch, plain["download"]) == ("", None), download_url=url == "file:///m")
+    got = _read_by("train_uea.py", tmp_path / "e", "--data-dir x --dataset Heartbeat --max-len 9")
+    url = _read_by("train_uea.py", tmp_path / "f", "--download --download-url file:///m")["fetch"]
+    plain = _read_by("train_uea.py", tmp_path / "g", "")
+    uea = dict(data_dir=got["data_dir"] == "x", dataset=got["name"] == "Heartbeat")
+    uea.update(
+        max_len=(got["max_len"], plain["max_len"]) == (9, 0), download=plain["fetch"] is None
+    )
+    uea.update(download_url=url == ("JapaneseVowels", "data/uea", "file:///m"))
+    for script, seen in (("train_lra.py", lra), ("train_uea.py", uea)):
+        for name, ok in seen.items():
+            assert ok, f"{script} --{name.replace('_', '-')}: the reader's argument"
+        fields = {f.name for f in dataclasses.fields(SCRIPTS[script][0].TrainConfig)}
+        for name in fields & _AFTER_BUILD - set(seen):
+            test = _RUN_BY[name]  # a KeyError: a flag with no test that shows it
+            flag = "--" + name.replace("_", "-")
+            assert test is None or flag in inspect.getsource(globals()[test]), (name, test)
+
+
+def test_diagnose_every_flag_reaches_what_it_configures(tmp_path):
+    """Each flag of diagnose.py at another value reaches load_run's arguments, the dense analyses
+    (--dense), the filters' grid (--points) or the output folder (--out, --split's subfolder)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_features=3, max_len=6, style="uea", d_model=8, d_ff=8, n_layers=2)
+    model = Classifier(dataclasses.replace(cfg, attention=["agf", "gfsa"])).eval()
+    batch = dict(x=torch.randn(5, 6, 3), mask=torch.ones(5, 6, dtype=torch.bool))
+    (tmp_path / "run").mkdir()
+    loaded = diagnose.LoadedRun(model, [batch], "a run", tmp_path / "run", {}, "best.pt")
+    argv = [tmp_path / "run", "--data-dir", "d", "--split", "train", "--batches", "3"]
+    argv += ["--batch-size", "2", "--dense", "3", "--points", "11", "--device", "cuda"]
+    argv += ["--weights", "last", "--out", tmp_path / "out"]
+    load = mock.patch.object(diagnose, "load_run", return_value=loaded)
+    figures = mock.patch.object(diagnose, "save_figures", return_value=[])
+    cuda = mock.patch.object(torch.cuda, "is_available", return_value=True)
+    with load as load_run, figures, cuda, contextlib.redirect_stdout(io.StringIO()):
+        [result] = diagnose.main([str(a) for a in argv])
+    path, *how = load_run.call_args.args
+    agf_layer, gfsa_layer = result["layers"]
+    seen = dict(runs=path == tmp_path / "run", data_dir=how[0] == "d", split=how[1] == "train")
+    seen.update(batches=how[2] == 3 * 2, batch_size=how[3] == 2, device=how[4] == "cuda")
+    seen.update(weights=how[5] == "last", dense=len(agf_layer["n"]) == len(gfsa_layer["n"]) == 3)
+    seen.update(points=len(agf_layer["agf"]["g"]) == len(gfsa_layer["gfsa"]["lam"]) == 11)
+    seen.update(out=(tmp_path / "out" / "run" / "train" / "summary.txt").is_file())
+    assert set(seen) == _flags_of(diagnose.main, ["run"]), "every flag of diagnose.py has a row"
+    for name, ok in seen.items():
+        assert ok, f"diagnose.py {name}"
+
+
+def test_bench_every_flag_reaches_what_it_configures(tmp_path):
+    """Each flag of bench.py at another value reaches the rows, the timings, the slopes or the CSV
+    (the measuring itself stubbed); --device cuda needs a GPU."""
+    calls = []
+
+    def timed(fn, device, repeats=1, warmup=0):
+        calls.append((repeats, warmup))
+        return 1.0
+
+    argv = "--what layer step --kinds agf primal --dtypes bfloat16 --compile --ns 8 4 --fit-min 4"
+    argv += f" --batch 3 --step-ns 16 --step-batch 2 --repeats 4 --warmup 1 --csv {tmp_path}/b.csv"
+    with mock.patch.multiple(bench, timed=timed, peak_mib=lambda *a: 1.0, plot=mock.DEFAULT):
+        with contextlib.redirect_stdout(io.StringIO()):
+            lines = bench.main(argv.split())
+    rows = list(csv.DictReader(open(tmp_path / "b.csv")))
+    layer, step = ([r for r in rows if r["what"] == what] for what in ("layer", "step"))
+    seen = dict(what=bool(layer and step), kinds={r["kind"] for r in rows} == {"agf", "primal"})
+    seen.update(dtypes={r["dtype"] for r in rows} == {"bfloat16"}, csv=len(rows) == 12)
+    seen.update(compile={r["mode"] for r in rows} == {"eager", "compiled"})
+    seen.update(ns=[r["N"] for r in layer if r["mode"] == "eager"] == ["8", "8", "4", "4"])
+    seen.update(fit_min=not lines[0].startswith("no log-log slopes"))
+    seen.update(batch={r["B"] for r in layer} == {"3"}, step_ns={r["N"] for r in step} == {"16"})
+    seen.update(step_batch={r["B"] for r in step} == {"2"}, device=True)  # cuda: a GPU's
+    seen.update(repeats={c for c in calls if c != (1, 0)} == {(4, 1)}, warmup=(4, 1) in calls)
+    assert set(seen) == _flags_of(bench.main, []), "every flag of bench.py has a row"
+    for name, ok in seen.items():
+        assert ok, f"bench.py --{name.replace('_', '-')}"
+
+
+def test_lra_data_command_line_flags_reach_prepare():
+    """python lra_data.py: each flag at another value reaches prepare's arguments; a
+    --download-url alone implies --download."""
+    calls = []
+
+    def prepare(*args, **kwargs):
+        calls.append((args, kwargs))
+        raise _Reached
+
+    some = "--task text --data-dir d --max-len 77 --data-seed 3 --listops-size 40"
+    for argv in (
+        f"{some} --listops-eval-size 9 --pathfinder easy --download-url x",
+        "--download",
+        "",
+    ):
+        with mock.patch.object(lra_data, "prepare", prepare), pytest.raises(_Reached):
+            lra_data.main(argv.split())
+    (args, got), (_, fetch), (_, plain) = calls
+    listops = dict(lra_data.LISTOPS_PAPER, train=40, val=9, test=9)
+    seen = dict(task=args[0] == "text", data_dir=args[1] == "d", max_len=args[2] == 77)
+    seen.update(data_seed=got["seed"] == 3, listops_size=got["listops"] == listops)
+    seen.update(listops_eval_size=got["listops"] == listops, download_url=got["download"] == "x")
+    seen.update(pathfinder=got["pathfinder_dir"] == lra_data.PATHFINDER_DIRS["easy"])
+    seen.update(download=(fetch["download"], plain["download"]) == ("", None))
+    assert set(seen) == _flags_of(lra_data.main, []), "every flag of lra_data.py has a row"
+    for name, ok in seen.items():
+        assert ok, f"lra_data.py --{name.replace('_', '-')}"
+
+
 _BAD_FLAGS = [  # (flags, a fragment of the one sentence); each refused at parse time, exit 2
     (["--batch-size", "0"], "--batch-size must be at least 1, got 0"),
     (["--lr", "-0.1"], "--lr must be positive"),
