@@ -2564,9 +2564,27 @@ _VALUES.update(optimizer="adam", agf_basis="monomial", agf_variant="svd", gfsa_h
 _VALUES.update(steps=7, dataset="Heartbeat", n_heads=4, gfsa_order=4, warmup=0, pathfinder="easy")
 
 
-_AFTER_BUILD = set(  # flags that act after build(): their own tests
-    "data_dir data_seed listops_size listops_eval_size download download_url out batch_size cache "
-    "eval_every epochs grad_clip resume overwrite device amp compile attention pathfinder".split()
+_READER = "test_train_lra_and_train_uea_data_flags_reach_the_reader"
+_AFTER_BUILD = dict(  # flags that act after build(): the test that runs with each
+    data_dir=_READER,
+    data_seed=_READER,
+    listops_size=_READER,
+    listops_eval_size=_READER,
+    download=_READER,
+    download_url=_READER,
+    cache=_READER,
+    pathfinder=_READER,
+    out="test_train_uea_short_runs_of_each_attention_on_real_data",
+    batch_size="test_train_lra_and_train_uea_batches_follow_the_documented_order",
+    eval_every="test_train_uea_evaluates_the_first_every_eval_every_and_the_last_epoch",
+    epochs="test_train_uea_evaluates_the_first_every_eval_every_and_the_last_epoch",
+    grad_clip="test_train_uea_gradients_are_clipped_to_grad_clip_after_unscaling",
+    resume="test_runs_a_run_interrupted_and_resumed_continues_exactly",
+    overwrite="test_runs_overwrite_removes_all_a_run_wrote_and_refuses_unknown_files",
+    device="test_runs_a_run_interrupted_and_resumed_continues_exactly",
+    compile="test_train_lra_and_train_uea_compile_flag_and_a_diverged_run",
+    attention="test_train_lra_and_train_uea_flags_alone_build_the_promised_layers",
+    amp=None,  # autocast is on with CUDA only: no CPU run shows it
 )
 _ONLY = dict(attn_dropout={"softmax", "gfsa", "primal+trans"})  # the kinds it reaches if not all
 _ONLY["dataset"] = {"agf", "primal", "primal+trans"}  # (agf_* etc.: their own)
@@ -2607,7 +2625,7 @@ def test_train_lra_and_train_uea_every_flag_reaches_its_setting(script):
             value = _VALUES.get(f.name, {str: "some/where", int: 8, float: 0.25}[f.type])
             assert getattr(module.parse_config([name, str(value)]), f.name) == value, name
             given = [name, str(value)]
-        if f.name not in _AFTER_BUILD | ({"preset", "max_len"} if "uea" in script else set()):
+        if f.name not in {*_AFTER_BUILD, *({"preset", "max_len"} if "uea" in script else ())}:
             prefix = f.name.split("_")[0]  # UEA: --preset's values are flags, max_len the data's
             want = {k for k in KINDS if prefix in k} if prefix in ATTENTION else set(KINDS)
             got = {k for k in KINDS if _built(script, *base, "--attention", k, *given) != plain[k]}
@@ -2628,93 +2646,55 @@ class _Reached(Exception):
 
 def _flags_of(main, argv: list) -> set:
     """The dests of the arguments of the parser main(argv) builds (caught as it parses)."""
-    parsers = []
-
-    def catch(self, *args, **kwargs):
-        parsers.append(self)
-        raise _Reached
-
-    with mock.patch.object(argparse.ArgumentParser, "parse_args", catch), pytest.raises(_Reached):
+    catch = mock.patch.object(argparse.ArgumentParser, "parse_args", autospec=True)
+    with catch as parse, pytest.raises(_Reached):
+        parse.side_effect = _Reached
         main(argv)
-    return {a.dest for a in parsers[0]._actions if a.dest != "help"}
+    return {a.dest for a in parse.call_args.args[0]._actions if a.dest != "help"}
 
 
-# The flags that act after build() and what each is seen in: "reader" (below: the data reader's
-# arguments), else a test that runs with it. amp: autocast is on with CUDA only.
-_RUN_BY = dict(
-    out="test_train_uea_short_runs_of_each_attention_on_real_data",
-    batch_size="test_train_lra_and_train_uea_batches_follow_the_documented_order",
-    eval_every="test_train_uea_evaluates_the_first_every_eval_every_and_the_last_epoch",
-    epochs="test_train_uea_evaluates_the_first_every_eval_every_and_the_last_epoch",
-    grad_clip="test_train_uea_gradients_are_clipped_to_grad_clip_after_unscaling",
-    resume="test_runs_a_run_interrupted_and_resumed_continues_exactly",
-    overwrite="test_runs_overwrite_removes_all_a_run_wrote_and_refuses_unknown_files",
-    device="test_runs_a_run_interrupted_and_resumed_continues_exactly",
-    compile="test_train_lra_and_train_uea_compile_flag_and_a_diverged_run",
-    attention="test_train_lra_and_train_uea_flags_alone_build_the_promised_layers",
-    amp=None,
-)
-
-
-def _read_by(script: str, tmp: pathlib.Path, flags: str) -> dict:
+def _read_by(tmp: pathlib.Path, script: str, flags: str) -> dict:
     """main() with `flags`, stopped at its data reader -> the reader's keyword arguments (UEA:
     and fetch, download_dataset's arguments, None when it is not called)."""
-    seen = dict(fetch=None)
-
-    def reader(**kwargs):
-        seen.update(kwargs)
-        raise _Reached
-
-    def fetch(*args):
-        seen["fetch"] = args
-
-    module = SCRIPTS[script][0]
+    module, reader, fetch = SCRIPTS[script][0], mock.Mock(side_effect=_Reached), mock.Mock()
     cfg = module.parse_config(["--out", str(tmp / "run"), *flags.split()])
-    lra = script == "train_lra.py"
-    stand_ins = [mock.patch.object(train_lra, "load_task", reader)]
-    if not lra:
-        stand_ins = [mock.patch.object(uea_data, "load_uea", reader)]
-        stand_ins.append(mock.patch.object(uea_data, "download_dataset", fetch))
-    with contextlib.ExitStack() as stack, contextlib.redirect_stdout(io.StringIO()):
-        for stand_in in stand_ins:
-            stack.enter_context(stand_in)
-        with pytest.raises(_Reached):
+    uea = mock.patch.multiple(uea_data, load_uea=reader, download_dataset=fetch)
+    with uea, mock.patch.object(train_lra, "load_task", reader), pytest.raises(_Reached):
+        with contextlib.redirect_stdout(io.StringIO()):
             module.main(cfg)
-    return seen
+    return dict(reader.call_args.kwargs, fetch=fetch.call_args.args if fetch.called else None)
 
 
 def test_train_lra_and_train_uea_data_flags_reach_the_reader(tmp_path):
     """Each data flag at another value reaches the reader's arguments: --no-cache, a
     --download-url alone (it implies --download), UEA's --max-len; every flag that acts after
-    build() is here or names a test that runs with it."""
-    some = "--data-dir elsewhere --data-seed 3 --listops-size 40 --listops-eval-size 9"
-    got = _read_by(
-        "train_lra.py", tmp_path / "a", f"{some} --pathfinder easy --no-cache --max-len 77"
-    )
-    url = _read_by("train_lra.py", tmp_path / "b", "--download-url file:///m")["download"]
-    plain = _read_by("train_lra.py", tmp_path / "c", "")
-    fetch = _read_by("train_lra.py", tmp_path / "d", "--download")["download"]
+    build() names a test that runs with it."""
+    lra, uea = "train_lra.py", "train_uea.py"
+    some = "--data-dir d --data-seed 3 --listops-size 40 --listops-eval-size 9 --pathfinder easy"
+    got = _read_by(tmp_path, lra, f"{some} --no-cache --max-len 77")
+    url = _read_by(tmp_path, lra, "--download-url file:///m")["download"]
+    plain, fetch = _read_by(tmp_path, lra, ""), _read_by(tmp_path, lra, "--download")["download"]
     listops = dict(got["listops"], train=40, val=9, test=9)
-    lra = dict(data_dir=got["data_dir"] == "elsewhere", data_seed=got["seed"] == 3)
-    lra.update(listops_size=got["listops"] == listops, listops_eval_size=got["listops"] == listops)
-    lra.update(pathfinder=got["pathfinder_dir"] == lra_data.PATHFINDER_DIRS["easy"])
-    lra.update(cache=(got["cache"], plain["cache"]) == (False, True), max_len=got["max_len"] == 77)
-    lra.update(download=(fetch, plain["download"]) == ("", None), download_url=url == "file:///m")
-    got = _read_by("train_uea.py", tmp_path / "e", "--data-dir x --dataset Heartbeat --max-len 9")
-    url = _read_by("train_uea.py", tmp_path / "f", "--download --download-url file:///m")["fetch"]
-    plain = _read_by("train_uea.py", tmp_path / "g", "")
-    uea = dict(data_dir=got["data_dir"] == "x", dataset=got["name"] == "Heartbeat")
-    uea.update(
-        max_len=(got["max_len"], plain["max_len"]) == (9, 0), download=plain["fetch"] is None
-    )
-    uea.update(download_url=url == ("JapaneseVowels", "data/uea", "file:///m"))
-    for script, seen in (("train_lra.py", lra), ("train_uea.py", uea)):
-        for name, ok in seen.items():
+    seen = {lra: dict(data_dir=got["data_dir"] == "d", data_seed=got["seed"] == 3)}
+    seen[lra].update(listops_size=got["listops"] == listops)
+    seen[lra].update(listops_eval_size=got["listops"] == listops)
+    seen[lra].update(pathfinder=got["pathfinder_dir"] == lra_data.PATHFINDER_DIRS["easy"])
+    seen[lra].update(cache=(got["cache"], plain["cache"]) == (False, True))
+    seen[lra].update(download=(fetch, plain["download"]) == ("", None))
+    seen[lra].update(download_url=url == "file:///m", max_len=got["max_len"] == 77)
+    got = _read_by(tmp_path, uea, "--data-dir x --dataset Heartbeat --max-len 9")
+    url = _read_by(tmp_path, uea, "--download --download-url file:///m")["fetch"]
+    plain = _read_by(tmp_path, uea, "")
+    seen[uea] = dict(data_dir=got["data_dir"] == "x", dataset=got["name"] == "Heartbeat")
+    seen[uea].update(max_len=(got["max_len"], plain["max_len"]) == (9, 0))
+    seen[uea].update(download=plain["fetch"] is None)
+    seen[uea].update(download_url=url == ("JapaneseVowels", "data/uea", "file:///m"))
+    for script, module in ((lra, train_lra), (uea, train_uea)):
+        for name, ok in seen[script].items():
             assert ok, f"{script} --{name.replace('_', '-')}: the reader's argument"
-        fields = {f.name for f in dataclasses.fields(SCRIPTS[script][0].TrainConfig)}
-        for name in fields & _AFTER_BUILD - set(seen):
-            test = _RUN_BY[name]  # a KeyError: a flag with no test that shows it
-            flag = "--" + name.replace("_", "-")
+        fields = {f.name for f in dataclasses.fields(module.TrainConfig)}
+        for name in fields & set(_AFTER_BUILD) - set(seen[script]):
+            flag, test = "--" + name.replace("_", "-"), _AFTER_BUILD[name]
             assert test is None or flag in inspect.getsource(globals()[test]), (name, test)
 
 
@@ -2750,18 +2730,13 @@ def test_diagnose_every_flag_reaches_what_it_configures(tmp_path):
 def test_bench_every_flag_reaches_what_it_configures(tmp_path):
     """Each flag of bench.py at another value reaches the rows, the timings, the slopes or the CSV
     (the measuring itself stubbed); --device cuda needs a GPU."""
-    calls = []
-
-    def timed(fn, device, repeats=1, warmup=0):
-        calls.append((repeats, warmup))
-        return 1.0
-
+    timed = mock.Mock(return_value=1.0)  # timed(fn, device[, repeats, warmup]) in ms
     argv = "--what layer step --kinds agf primal --dtypes bfloat16 --compile --ns 8 4 --fit-min 4"
     argv += f" --batch 3 --step-ns 16 --step-batch 2 --repeats 4 --warmup 1 --csv {tmp_path}/b.csv"
     with mock.patch.multiple(bench, timed=timed, peak_mib=lambda *a: 1.0, plot=mock.DEFAULT):
         with contextlib.redirect_stdout(io.StringIO()):
             lines = bench.main(argv.split())
-    rows = list(csv.DictReader(open(tmp_path / "b.csv")))
+    rows, calls = list(csv.DictReader(open(tmp_path / "b.csv"))), timed.call_args_list
     layer, step = ([r for r in rows if r["what"] == what] for what in ("layer", "step"))
     seen = dict(what=bool(layer and step), kinds={r["kind"] for r in rows} == {"agf", "primal"})
     seen.update(dtypes={r["dtype"] for r in rows} == {"bfloat16"}, csv=len(rows) == 12)
@@ -2770,7 +2745,8 @@ def test_bench_every_flag_reaches_what_it_configures(tmp_path):
     seen.update(fit_min=not lines[0].startswith("no log-log slopes"))
     seen.update(batch={r["B"] for r in layer} == {"3"}, step_ns={r["N"] for r in step} == {"16"})
     seen.update(step_batch={r["B"] for r in step} == {"2"}, device=True)  # cuda: a GPU's
-    seen.update(repeats={c for c in calls if c != (1, 0)} == {(4, 1)}, warmup=(4, 1) in calls)
+    seen.update(repeats={c.args[2:] for c in calls if len(c.args) > 2} == {(4, 1)})
+    seen.update(warmup=any(c.args[2:] == (4, 1) for c in calls))
     assert set(seen) == _flags_of(bench.main, []), "every flag of bench.py has a row"
     for name, ok in seen.items():
         assert ok, f"bench.py --{name.replace('_', '-')}"
@@ -2779,21 +2755,13 @@ def test_bench_every_flag_reaches_what_it_configures(tmp_path):
 def test_lra_data_command_line_flags_reach_prepare():
     """python lra_data.py: each flag at another value reaches prepare's arguments; a
     --download-url alone implies --download."""
-    calls = []
-
-    def prepare(*args, **kwargs):
-        calls.append((args, kwargs))
-        raise _Reached
-
+    prepare = mock.Mock(side_effect=_Reached)
     some = "--task text --data-dir d --max-len 77 --data-seed 3 --listops-size 40"
-    for argv in (
-        f"{some} --listops-eval-size 9 --pathfinder easy --download-url x",
-        "--download",
-        "",
-    ):
+    some += " --listops-eval-size 9 --pathfinder easy --download-url x"
+    for argv in (some, "--download", ""):
         with mock.patch.object(lra_data, "prepare", prepare), pytest.raises(_Reached):
             lra_data.main(argv.split())
-    (args, got), (_, fetch), (_, plain) = calls
+    (args, got), (_, fetch), (_, plain) = prepare.call_args_list
     listops = dict(lra_data.LISTOPS_PAPER, train=40, val=9, test=9)
     seen = dict(task=args[0] == "text", data_dir=args[1] == "d", max_len=args[2] == 77)
     seen.update(data_seed=got["seed"] == 3, listops_size=got["listops"] == listops)
