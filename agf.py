@@ -122,7 +122,7 @@ class AGFAttention(nn.Module):
         variant: str = "agf",
     ):
         super().__init__()
-        if d_model % n_heads != 0:
+        if n_heads < 1 or d_model % n_heads:  # n_heads 0: a ValueError, not ZeroDivisionError
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         if variant not in ("agf", "uv", "svd"):
             raise ValueError(f"variant={variant!r}: expected 'agf', 'uv' or 'svd'")

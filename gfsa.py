@@ -250,7 +250,7 @@ class GFSAttention(nn.Module):
         high_order: str = "taylor",
     ):
         super().__init__()
-        if d_model % n_heads != 0:
+        if n_heads < 1 or d_model % n_heads:  # n_heads 0: a ValueError, not ZeroDivisionError
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         if order < 2:
             raise ValueError(f"order K={order}: the high-order term needs K >= 2")

@@ -142,10 +142,13 @@ class PrimalAttention(nn.Module):
         ksvd_reduction: str = "batch",
     ):
         super().__init__()
-        if d_model % n_heads != 0:
+        if n_heads < 1 or d_model % n_heads:  # n_heads 0: a ValueError, not ZeroDivisionError
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         if ksvd_reduction not in ("batch", "sample"):
             raise ValueError(f"ksvd_reduction={ksvd_reduction!r}: expected 'batch' or 'sample'")
+        for name, value in (("rank", rank), ("rank_multi", rank_multi), ("max_len", max_len)):
+            if value < 1:  # s = 0 or m = 0: no component or no sampled token
+                raise ValueError(f"{name}={value} must be >= 1")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.n_samples = min(max_len, rank * rank_multi)  # m
         self.ksvd_weight, self.causal, self.ksvd_reduction = ksvd_weight, causal, ksvd_reduction

@@ -61,7 +61,7 @@ class SoftmaxAttention(nn.Module):
         fused: bool = True,
     ):
         super().__init__()
-        if d_model % n_heads:
+        if n_heads < 1 or d_model % n_heads:  # n_heads 0: a ValueError, not ZeroDivisionError
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.dropout, self.causal, self.fused = dropout, causal, fused
@@ -185,6 +185,9 @@ class Classifier(nn.Module):
             raise ValueError(f"style must be 'lra' or 'uea', got {cfg.style!r}")
         if cfg.two_tower and cfg.style != "lra":
             raise ValueError("two_tower needs style='lra' (the UEA head flattens one sequence)")
+        for name in ("n_classes", "max_len", "d_model", "n_layers", "d_ff"):
+            if getattr(cfg, name) < 1:  # sizes: 0 would build empty layers that fail later
+                raise ValueError(f"{name}={getattr(cfg, name)} must be >= 1")
         self.cfg, D, tokens = cfg, cfg.d_model, cfg.vocab_size > 0
         self.kinds = layer_kinds(cfg.attention, cfg.n_layers)
         self.embed = nn.Embedding(cfg.vocab_size, D) if tokens else nn.Linear(cfg.n_features, D)

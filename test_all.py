@@ -1216,6 +1216,92 @@ def test_model_compiled_equals_eager(kind):
             compiled(bad, batches[0][1])
 
 
+# Each constructor and reader at its smallest legal input and at the first illegal one
+_SMALLEST = dict(agf=dict(order=0), gfsa=dict(order=2), primal=dict(rank=1, rank_multi=1))
+
+
+@pytest.mark.parametrize("kind", ATTENTION)
+def test_edge_smallest_legal_input_one_token_one_sample_lowest_order_and_rank(kind):
+    """B = 1, N = 1 at the lowest order or rank (AGF K = 0, GFSA K = 2, Primal s = 1, m = 1): the
+    token alone equals it as the only real token of a padded batch of two; at N = 1, Ā = 1, so
+    softmax gives W_o(V) and GFSA W_o((w0 + w1 + wK) V); AGF equals its dense form."""
+    torch.manual_seed(0)
+    layer = ATTENTION[kind](8, 2, **_SMALLEST.get(kind, {})).double().eval()
+    if kind == "gfsa":
+        torch.nn.init.normal_(layer.wK)  # learned from 0: a value that shows
+    x, mask = torch.randn(2, 3, 8, dtype=F64), torch.tensor([[1, 0, 0], [1, 1, 1]]).bool()
+    y = layer(x[:1, :1])[0]  # (1, 1, 8)
+    assert torch.isfinite(y).all(), "one token: finite"
+    assert torch.allclose(y, layer(x, mask)[0][:1, :1], rtol=0, atol=1e-12), "one real token"
+    if kind in ("softmax", "gfsa"):
+        v = layer.W_qkv(x[:1, :1]).view(1, 1, 3, 2, 4)[:, :, 2]  # (B, N, H, d)
+        gain = 1.0 if kind == "softmax" else (layer.w0 + layer.w1 + layer.wK)[:, None]
+        want = layer.W_o((gain * v).reshape(1, 1, 8))
+        assert torch.allclose(y, want, rtol=0, atol=1e-12), "N = 1: Ā = 1 in closed form"
+    if kind == "agf":
+        want = agf_dense_reference(layer, x[:1, :1])[0]
+        assert torch.allclose(y, want, rtol=0, atol=1e-12), "N = 1: the dense form"
+    if kind == "primal":  # m = 1: the first real token, with any padding before it
+        tokens = sample_real_tokens(x, mask.flip(1), 1)  # real: [2] and [0, 1, 2]
+        assert torch.equal(tokens, torch.stack([x[0, 2:3], x[1, 0:1]])), "m = 1: first real"
+
+
+def test_edge_first_illegal_sizes_are_a_value_error_naming_the_argument():
+    """One past each smallest legal size (order -1, GFSA order 1, rank 0, no heads, H not
+    dividing D, zero model sizes): a ValueError that names the argument and its value."""
+    illegal = [
+        (lambda: PolynomialFilter(-1), "order K=-1"),
+        (lambda: AGFAttention(8, 2, order=-1), "order K=-1"),
+        (lambda: GFSAttention(8, 2, order=1), "order K=1"),
+        (lambda: PrimalAttention(8, 2, rank=0), "rank=0"),
+        (lambda: PrimalAttention(8, 2, rank_multi=0), "rank_multi=0"),
+        (lambda: PrimalAttention(8, 2, max_len=0), "max_len=0"),
+    ]
+    for layer in ATTENTION.values():
+        illegal.append((functools.partial(layer, 8, 3), "n_heads=3"))
+        illegal.append((functools.partial(layer, 8, 0), "n_heads=0"))
+    for name in ("n_classes", "max_len", "d_model", "n_layers", "d_ff"):
+        config = ModelConfig(vocab_size=5, **{name: 0})
+        illegal.append((functools.partial(Classifier, config), f"{name}=0"))
+    for build, said in illegal:
+        with pytest.raises(ValueError, match=re.escape(said)):
+            build()
+
+
+def test_edge_polynomial_filter_of_order_zero_is_its_constant():
+    """K = 0: g(s) = θ̃_0, 1 when frozen, tanh(θ_0) when learned; no other coefficient."""
+    s = torch.rand(7)
+    assert torch.equal(PolynomialFilter(0)(s), torch.ones(7)), "K = 0, frozen: g = 1"
+    free = PolynomialFilter(0, fix_theta0=False)
+    with torch.no_grad():
+        free.theta0.fill_(0.3)
+    assert torch.allclose(free(s), torch.full((7,), math.tanh(0.3))), "K = 0: g = tanh(θ_0)"
+    assert free.coefficients().shape == (1,), "K = 0: one coefficient"
+
+
+def test_edge_cosine_similarity_needs_two_real_tokens():
+    """Two real tokens: the cosine of the pair; one real token: a ValueError, not NaN."""
+    h, mask = torch.randn(1, 4, 8, dtype=F64), torch.tensor([[False, True, False, True]])
+    want = F.cosine_similarity(h[0, 1], h[0, 3], dim=0)
+    got = layerwise_cosine_similarity([h], mask)
+    assert torch.allclose(got, want[None], rtol=0, atol=1e-12), "two real tokens: their cosine"
+    with pytest.raises(ValueError, match="at least 2 real tokens"):
+        layerwise_cosine_similarity([h], torch.tensor([[False, True, False, False]]))
+
+
+def test_edge_agf_bf16_input_under_autocast_filters_in_float32():
+    """A bf16 x under autocast: the projections in bf16, as for a float32 x (autocast casts it),
+    the softmaxes, sigmoid and filter in float32: the factors and output of x.float()."""
+    torch.manual_seed(0)
+    layer, x = AGFAttention(8, 2), torch.randn(2, 5, 8).bfloat16()
+    with torch.autocast("cpu", torch.bfloat16):
+        half, full = layer.factors(x), layer.factors(x.float())
+        y_half, y_full = layer(x)[0], layer(x.float())[0]
+    for name, a, b in zip(("U", "g(Σ)", "V", "values"), half, full, strict=True):
+        assert a.dtype == torch.float32 and torch.equal(a, b), f"bf16 x: {name} as for float32"
+    assert y_half.dtype == torch.bfloat16 and torch.equal(y_half.float(), y_full), "output"
+
+
 # ----------------------------------------------------------------------------------------------
 # lra_data.py: the LRA data
 # ----------------------------------------------------------------------------------------------
@@ -2484,10 +2570,28 @@ _VALUES.update(optimizer="adam", agf_basis="monomial", agf_variant="svd", gfsa_h
 _VALUES.update(steps=7, dataset="Heartbeat", n_heads=4, gfsa_order=4, warmup=0, pathfinder="easy")
 
 
-_AFTER_BUILD = set(  # flags that act after build(): their own tests
-    "data_dir data_seed listops_size listops_eval_size download download_url out batch_size cache "
-    "eval_every epochs grad_clip resume overwrite device amp compile attention pathfinder "
-    "time_limit".split()
+_READER = "test_train_lra_and_train_uea_data_flags_reach_the_reader"
+_AFTER_BUILD = dict(  # flags that act after build(): the test that runs with each
+    data_dir=_READER,
+    data_seed=_READER,
+    listops_size=_READER,
+    listops_eval_size=_READER,
+    download=_READER,
+    download_url=_READER,
+    cache=_READER,
+    pathfinder=_READER,
+    out="test_train_uea_short_runs_of_each_attention_on_real_data",
+    batch_size="test_train_lra_and_train_uea_batches_follow_the_documented_order",
+    eval_every="test_train_uea_evaluates_the_first_every_eval_every_and_the_last_epoch",
+    epochs="test_train_uea_evaluates_the_first_every_eval_every_and_the_last_epoch",
+    grad_clip="test_train_uea_gradients_are_clipped_to_grad_clip_after_unscaling",
+    resume="test_runs_a_run_interrupted_and_resumed_continues_exactly",
+    overwrite="test_runs_overwrite_removes_all_a_run_wrote_and_refuses_unknown_files",
+    device="test_runs_a_run_interrupted_and_resumed_continues_exactly",
+    compile="test_train_lra_and_train_uea_compile_flag_and_a_diverged_run",
+    attention="test_train_lra_and_train_uea_flags_alone_build_the_promised_layers",
+    time_limit="test_train_lra_time_limit_stops_at_the_last_evaluation_that_ends_in_time",
+    amp=None,  # autocast is on with CUDA only: no CPU run shows it
 )
 _ONLY = dict(attn_dropout={"softmax", "gfsa", "primal+trans"})  # the kinds it reaches if not all
 _ONLY["dataset"] = {"agf", "primal", "primal+trans"}  # (agf_* etc.: their own)
@@ -2528,7 +2632,7 @@ def test_train_lra_and_train_uea_every_flag_reaches_its_setting(script):
             value = _VALUES.get(f.name, {str: "some/where", int: 8, float: 0.25}[f.type])
             assert getattr(module.parse_config([name, str(value)]), f.name) == value, name
             given = [name, str(value)]
-        if f.name not in _AFTER_BUILD | ({"preset", "max_len"} if "uea" in script else set()):
+        if f.name not in {*_AFTER_BUILD, *({"preset", "max_len"} if "uea" in script else ())}:
             prefix = f.name.split("_")[0]  # UEA: --preset's values are flags, max_len the data's
             want = {k for k in KINDS if prefix in k} if prefix in ATTENTION else set(KINDS)
             got = {k for k in KINDS if _built(script, *base, "--attention", k, *given) != plain[k]}
@@ -2541,6 +2645,139 @@ def test_train_lra_and_train_uea_every_flag_reaches_its_setting(script):
             with contextlib.redirect_stderr(io.StringIO()) as said, refused:
                 cfg = module.parse_config(["--n-heads=1", f"{name}={value}"])
             assert getattr(cfg, f.name) == value if ok else f"{name} must be " in said.getvalue()
+
+
+class _Reached(Exception):
+    """Raised by a stand-in where a flag's value arrives: main() stops there."""
+
+
+def _flags_of(main, argv: list) -> set:
+    """The dests of the arguments of the parser main(argv) builds (caught as it parses)."""
+    catch = mock.patch.object(argparse.ArgumentParser, "parse_args", autospec=True)
+    with catch as parse, pytest.raises(_Reached):
+        parse.side_effect = _Reached
+        main(argv)
+    return {a.dest for a in parse.call_args.args[0]._actions if a.dest != "help"}
+
+
+def _read_by(tmp: pathlib.Path, script: str, flags: str) -> dict:
+    """main() with `flags`, stopped at its data reader -> the reader's keyword arguments (UEA:
+    and fetch, download_dataset's arguments, None when it is not called)."""
+    module, reader, fetch = SCRIPTS[script][0], mock.Mock(side_effect=_Reached), mock.Mock()
+    cfg = module.parse_config(["--out", str(tmp / "run"), *flags.split()])
+    uea = mock.patch.multiple(uea_data, load_uea=reader, download_dataset=fetch)
+    with uea, mock.patch.object(train_lra, "load_task", reader), pytest.raises(_Reached):
+        with contextlib.redirect_stdout(io.StringIO()):
+            module.main(cfg)
+    return dict(reader.call_args.kwargs, fetch=fetch.call_args.args if fetch.called else None)
+
+
+def test_train_lra_and_train_uea_data_flags_reach_the_reader(tmp_path):
+    """Each data flag at another value reaches the reader's arguments: --no-cache, a
+    --download-url alone (it implies --download), UEA's --max-len; every flag that acts after
+    build() names a test that runs with it."""
+    lra, uea = "train_lra.py", "train_uea.py"
+    some = "--data-dir d --data-seed 3 --listops-size 40 --listops-eval-size 9 --pathfinder easy"
+    got = _read_by(tmp_path, lra, f"{some} --no-cache --max-len 77")
+    url = _read_by(tmp_path, lra, "--download-url file:///m")["download"]
+    plain, fetch = _read_by(tmp_path, lra, ""), _read_by(tmp_path, lra, "--download")["download"]
+    listops = dict(got["listops"], train=40, val=9, test=9)
+    seen = {lra: dict(data_dir=got["data_dir"] == "d", data_seed=got["seed"] == 3)}
+    seen[lra].update(listops_size=got["listops"] == listops)
+    seen[lra].update(listops_eval_size=got["listops"] == listops)
+    seen[lra].update(pathfinder=got["pathfinder_dir"] == lra_data.PATHFINDER_DIRS["easy"])
+    seen[lra].update(cache=(got["cache"], plain["cache"]) == (False, True))
+    seen[lra].update(download=(fetch, plain["download"]) == ("", None))
+    seen[lra].update(download_url=url == "file:///m", max_len=got["max_len"] == 77)
+    got = _read_by(tmp_path, uea, "--data-dir x --dataset Heartbeat --max-len 9")
+    url = _read_by(tmp_path, uea, "--download --download-url file:///m")["fetch"]
+    plain = _read_by(tmp_path, uea, "")
+    seen[uea] = dict(data_dir=got["data_dir"] == "x", dataset=got["name"] == "Heartbeat")
+    seen[uea].update(max_len=(got["max_len"], plain["max_len"]) == (9, 0))
+    seen[uea].update(download=plain["fetch"] is None)
+    seen[uea].update(download_url=url == ("JapaneseVowels", "data/uea", "file:///m"))
+    for script, module in ((lra, train_lra), (uea, train_uea)):
+        for name, ok in seen[script].items():
+            assert ok, f"{script} --{name.replace('_', '-')}: the reader's argument"
+        fields = {f.name for f in dataclasses.fields(module.TrainConfig)}
+        for name in fields & set(_AFTER_BUILD) - set(seen[script]):
+            flag, test = "--" + name.replace("_", "-"), _AFTER_BUILD[name]
+            assert test is None or flag in inspect.getsource(globals()[test]), (name, test)
+
+
+def test_diagnose_every_flag_reaches_what_it_configures(tmp_path):
+    """Each flag of diagnose.py at another value reaches load_run's arguments, the dense analyses
+    (--dense), the filters' grid (--points) or the output folder (--out, --split's subfolder)."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(n_features=3, max_len=6, style="uea", d_model=8, d_ff=8, n_layers=2)
+    model = Classifier(dataclasses.replace(cfg, attention=["agf", "gfsa"])).eval()
+    batch = dict(x=torch.randn(5, 6, 3), mask=torch.ones(5, 6, dtype=torch.bool))
+    (tmp_path / "run").mkdir()
+    loaded = diagnose.LoadedRun(model, [batch], "a run", tmp_path / "run", {}, "best.pt")
+    argv = [tmp_path / "run", "--data-dir", "d", "--split", "train", "--batches", "3"]
+    argv += ["--batch-size", "2", "--dense", "3", "--points", "11", "--device", "cuda"]
+    argv += ["--weights", "last", "--out", tmp_path / "out"]
+    load = mock.patch.object(diagnose, "load_run", return_value=loaded)
+    figures = mock.patch.object(diagnose, "save_figures", return_value=[])
+    cuda = mock.patch.object(torch.cuda, "is_available", return_value=True)
+    with load as load_run, figures, cuda, contextlib.redirect_stdout(io.StringIO()):
+        [result] = diagnose.main([str(a) for a in argv])
+    path, *how = load_run.call_args.args
+    agf_layer, gfsa_layer = result["layers"]
+    seen = dict(runs=path == tmp_path / "run", data_dir=how[0] == "d", split=how[1] == "train")
+    seen.update(batches=how[2] == 3 * 2, batch_size=how[3] == 2, device=how[4] == "cuda")
+    seen.update(weights=how[5] == "last", dense=len(agf_layer["n"]) == len(gfsa_layer["n"]) == 3)
+    seen.update(points=len(agf_layer["agf"]["g"]) == len(gfsa_layer["gfsa"]["lam"]) == 11)
+    seen.update(out=(tmp_path / "out" / "run" / "train" / "summary.txt").is_file())
+    assert set(seen) == _flags_of(diagnose.main, ["run"]), "every flag of diagnose.py has a row"
+    for name, ok in seen.items():
+        assert ok, f"diagnose.py {name}"
+
+
+def test_bench_every_flag_reaches_what_it_configures(tmp_path):
+    """Each flag of bench.py at another value reaches the rows, the timings, the slopes or the CSV
+    (the measuring itself stubbed); --device cuda needs a GPU."""
+    timed = mock.Mock(return_value=1.0)  # timed(fn, device[, repeats, warmup]) in ms
+    argv = "--what layer step --kinds agf primal --dtypes bfloat16 --compile --ns 8 4 --fit-min 4"
+    argv += f" --batch 3 --step-ns 16 --step-batch 2 --repeats 4 --warmup 1 --csv {tmp_path}/b.csv"
+    with mock.patch.multiple(bench, timed=timed, peak_mib=lambda *a: 1.0, plot=mock.DEFAULT):
+        with contextlib.redirect_stdout(io.StringIO()):
+            lines = bench.main(argv.split())
+    rows, calls = list(csv.DictReader(open(tmp_path / "b.csv"))), timed.call_args_list
+    layer, step = ([r for r in rows if r["what"] == what] for what in ("layer", "step"))
+    seen = dict(what=bool(layer and step), kinds={r["kind"] for r in rows} == {"agf", "primal"})
+    seen.update(dtypes={r["dtype"] for r in rows} == {"bfloat16"}, csv=len(rows) == 12)
+    seen.update(compile={r["mode"] for r in rows} == {"eager", "compiled"})
+    seen.update(ns=[r["N"] for r in layer if r["mode"] == "eager"] == ["8", "8", "4", "4"])
+    seen.update(fit_min=not lines[0].startswith("no log-log slopes"))
+    seen.update(batch={r["B"] for r in layer} == {"3"}, step_ns={r["N"] for r in step} == {"16"})
+    seen.update(step_batch={r["B"] for r in step} == {"2"}, device=True)  # cuda: a GPU's
+    seen.update(repeats={c.args[2:] for c in calls if len(c.args) > 2} == {(4, 1)})
+    seen.update(warmup=any(c.args[2:] == (4, 1) for c in calls))
+    assert set(seen) == _flags_of(bench.main, []), "every flag of bench.py has a row"
+    for name, ok in seen.items():
+        assert ok, f"bench.py --{name.replace('_', '-')}"
+
+
+def test_lra_data_command_line_flags_reach_prepare():
+    """python lra_data.py: each flag at another value reaches prepare's arguments; a
+    --download-url alone implies --download."""
+    prepare = mock.Mock(side_effect=_Reached)
+    some = "--task text --data-dir d --max-len 77 --data-seed 3 --listops-size 40"
+    some += " --listops-eval-size 9 --pathfinder easy --download-url x"
+    for argv in (some, "--download", ""):
+        with mock.patch.object(lra_data, "prepare", prepare), pytest.raises(_Reached):
+            lra_data.main(argv.split())
+    (args, got), (_, fetch), (_, plain) = prepare.call_args_list
+    listops = dict(lra_data.LISTOPS_PAPER, train=40, val=9, test=9)
+    seen = dict(task=args[0] == "text", data_dir=args[1] == "d", max_len=args[2] == 77)
+    seen.update(data_seed=got["seed"] == 3, listops_size=got["listops"] == listops)
+    seen.update(listops_eval_size=got["listops"] == listops, download_url=got["download"] == "x")
+    seen.update(pathfinder=got["pathfinder_dir"] == lra_data.PATHFINDER_DIRS["easy"])
+    seen.update(download=(fetch["download"], plain["download"]) == ("", None))
+    assert set(seen) == _flags_of(lra_data.main, []), "every flag of lra_data.py has a row"
+    for name, ok in seen.items():
+        assert ok, f"lra_data.py --{name.replace('_', '-')}"
 
 
 _BAD_FLAGS = [  # (flags, a fragment of the one sentence); each refused at parse time, exit 2
@@ -2624,29 +2861,41 @@ def test_train_uea_torch_radam_is_the_official_rectified_adam():
         assert torch.allclose(p_torch.detach(), p, rtol=0, atol=1e-12), t
 
 
-# What --task/--dataset, --attention, --preset build (official: LRA lra_config.py, agf AGF_LRA/
-# best_agf.sh, AGF_UEA/run_agf_best.sh, PrimalAttention LRA/*/bashes, TimeSeries/*/bashes; no
-# preset: the defaults): name C N; AGF basis K α β γ θ̃_0-frozen; Primal s η m = min(N, s ·
-# rank_multi); Primal+Trans s η m; batch, steps or epochs, lr, optimizer. LRA, then UEA (N = 500):
+# What --task/--dataset, --attention, --preset build: name C N; AGF basis K α β γ θ̃_0-frozen;
+# Primal s η m = min(N, s · rank_multi); Primal+Trans s η m; batch, steps or epochs, lr, warm-up
+# steps, evaluation every, optimizer. LRA, then UEA (N = 500). The official values, from:
+# - LRA C, batch, steps, lr, warm-up, evaluation: mlpen/Nystromformer LRA/code/lra_config.py (as
+#   yingyichen-cyy/PrimalAttention PrimalAttention_LRA/*/lra_config.py, jeongwhanchoi/agf
+#   AGF_LRA/lra_config.py); N: LRA's max_length (google-research/long-range-arena, Text's in
+#   lra_benchmarks/text_classification/configs/base_tc_config.py); quick: train_lra.QUICK, ours
+# - AGF: jeongwhanchoi/agf AGF_LRA/best_agf.sh, AGF_UEA/run_agf_best.sh (α β not given there:
+#   AGF_UEA/options.py's 1.0, 0.2; BasicMotions, no script: options.py's defaults)
+# - Primal s η rank_multi: yingyichen-cyy/PrimalAttention PrimalAttention_LRA/PrimalFormer/
+#   bashes/run_tasks.sh, PrimalAttention_LRA/Primal.+Trans./bashes/run_tasks.sh,
+#   PrimalAttention_TimeSeries/PrimalFormer/bashes/run_primalformer.sh,
+#   PrimalAttention_TimeSeries/Primal.+Trans./bashes/run_primal_trans.sh
+# - UEA batch 16, lr 1e-3, epochs (PEMS-SF 400), RAdam (SpokenArabicDigits Adam), evaluation every
+#   2 epochs (val_interval): jeongwhanchoi/agf AGF_UEA/options.py and run_agf_best.sh
+# - GFSA: no LRA or UEA scripts published: K = 2 (LRA), 3 (UEA), ours; not in the table
 _BUILT = """
-listops 10 2000 jacobi 5 2.0 -1.0 0.01 1 20 0.1 200 30 0.05 300 32 5000 1e-4 adamw
-listops-quick 10 100 jacobi 5 2.0 -1.0 0.01 1 20 0.1 100 30 0.05 100 32 1000 1e-3 adamw
-text 2 1000 jacobi 5 2.0 -2.0 0.01 1 20 0.05 200 30 0.1 300 32 20000 1e-4 adamw
-retrieval 2 4000 jacobi 5 2.0 -1.5 1e-4 1 30 0.0 300 20 0.05 200 32 30000 1e-4 adamw
-image 10 1024 jacobi 6 1.5 2.0 0.1 1 30 0.1 300 30 0.1 300 256 35000 1e-4 adamw
-pathfinder 2 1024 jacobi 4 1.5 -1.0 1e-4 1 30 0.1 300 20 0.05 200 256 62400 1e-4 adamw
+listops 10 2000 jacobi 5 2.0 -1.0 0.01 1 20 0.1 200 30 0.05 300 32 5000 1e-4 1000 50 adamw
+listops-quick 10 100 jacobi 5 2.0 -1.0 0.01 1 20 0.1 100 30 0.05 100 32 1000 1e-3 100 50 adamw
+text 2 1000 jacobi 5 2.0 -2.0 0.01 1 20 0.05 200 30 0.1 300 32 20000 1e-4 8000 500 adamw
+retrieval 2 4000 jacobi 5 2.0 -1.5 1e-4 1 30 0.0 300 20 0.05 200 32 30000 1e-4 800 300 adamw
+image 10 1024 jacobi 6 1.5 2.0 0.1 1 30 0.1 300 30 0.1 300 256 35000 1e-4 175 175 adamw
+pathfinder 2 1024 jacobi 4 1.5 -1.0 1e-4 1 30 0.1 300 20 0.05 200 256 62400 1e-4 312 312 adamw
 
-EthanolConcentration 2 500 jacobi 6 1.5 -1.5 0.1 1 30 0.1 300 40 0.2 400 16 100 1e-3 radam
-FaceDetection 2 500 jacobi 9 2.0 0.5 0.1 1 20 0.1 100 40 0.2 200 16 100 1e-3 radam
-Handwriting 2 500 jacobi 3 1.0 0.2 0.01 0 30 0.2 150 20 0.5 100 16 100 1e-3 radam
-Heartbeat 2 500 chebyshev 6 1.0 0.2 0.01 0 30 0.5 300 40 0.5 400 16 100 1e-3 radam
-JapaneseVowels 2 500 legendre 4 1.0 0.2 0.01 0 40 0.5 200 30 0.2 150 16 100 1e-3 radam
-PEMS-SF 2 500 jacobi 5 1.5 2.0 0.1 1 40 0.1 200 40 0.0 200 16 400 1e-3 radam
-SelfRegulationSCP1 2 500 jacobi 9 1.5 1.0 0.1 1 30 0.5 300 30 0.2 300 16 100 1e-3 radam
-SelfRegulationSCP2 2 500 jacobi 7 2.0 1.5 0.1 1 20 0.0 200 20 0.2 200 16 100 1e-3 radam
-SpokenArabicDigits 2 500 jacobi 4 1.0 0.0 0.5 1 20 0.1 100 30 0.2 150 16 100 1e-3 adam
-UWaveGestureLibrary 2 500 jacobi 10 2.0 1.5 0.1 1 20 0.0 200 40 0.1 400 16 100 1e-3 radam
-BasicMotions 2 500 legendre 4 1.0 0.2 0.01 0 40 0.5 200 40 0.5 200 16 100 1e-3 radam"""
+EthanolConcentration 2 500 jacobi 6 1.5 -1.5 0.1 1 30 0.1 300 40 0.2 400 16 100 1e-3 0 2 radam
+FaceDetection 2 500 jacobi 9 2.0 0.5 0.1 1 20 0.1 100 40 0.2 200 16 100 1e-3 0 2 radam
+Handwriting 2 500 jacobi 3 1.0 0.2 0.01 0 30 0.2 150 20 0.5 100 16 100 1e-3 0 2 radam
+Heartbeat 2 500 chebyshev 6 1.0 0.2 0.01 0 30 0.5 300 40 0.5 400 16 100 1e-3 0 2 radam
+JapaneseVowels 2 500 legendre 4 1.0 0.2 0.01 0 40 0.5 200 30 0.2 150 16 100 1e-3 0 2 radam
+PEMS-SF 2 500 jacobi 5 1.5 2.0 0.1 1 40 0.1 200 40 0.0 200 16 400 1e-3 0 2 radam
+SelfRegulationSCP1 2 500 jacobi 9 1.5 1.0 0.1 1 30 0.5 300 30 0.2 300 16 100 1e-3 0 2 radam
+SelfRegulationSCP2 2 500 jacobi 7 2.0 1.5 0.1 1 20 0.0 200 20 0.2 200 16 100 1e-3 0 2 radam
+SpokenArabicDigits 2 500 jacobi 4 1.0 0.0 0.5 1 20 0.1 100 30 0.2 150 16 100 1e-3 0 2 adam
+UWaveGestureLibrary 2 500 jacobi 10 2.0 1.5 0.1 1 20 0.0 200 40 0.1 400 16 100 1e-3 0 2 radam
+BasicMotions 2 500 legendre 4 1.0 0.2 0.01 0 40 0.5 200 40 0.5 200 16 100 1e-3 0 2 radam"""
 
 
 def _layer(a) -> tuple:  # what reaches a layer, read off the built module
@@ -2665,16 +2914,22 @@ def _layer(a) -> tuple:  # what reaches a layer, read off the built module
 @pytest.mark.parametrize("attention", KINDS)
 def test_train_lra_and_train_uea_flags_alone_build_the_promised_layers(script, attention):
     """Each row of _BUILT from its flags alone, UEA's with --preset quick too (D 64, H 2, d_ff 128,
-    10 epochs); quick with --dropout 0.2 (UEA: --attn-dropout 0.3). GFSA K = 2 or 3: ours."""
+    10 epochs); quick with --dropout 0.2 (UEA: --attn-dropout 0.3). GFSA K = 2 or 3: ours. The
+    default attention (LRA agf, UEA softmax) gets the same settings with no --attention."""
     lra, cpu, data = script == "train_lra.py", torch.device("cpu"), _uea_dummy_data(500)
     quick_flags = "--preset quick --dropout 0.2 --attn-dropout 0.3".split()[: 6 - 2 * lra]
     trans, rows = attention == "primal+trans", _BUILT.strip().split("\n\n")[not lra].split("\n")
     kinds = [ATTENTION[k] for k in (["softmax", "primal"] if trans else [attention] * 2)]
     for row, quick in ((r, q) for r in rows for q in (0, 1) if not lra or q == ("-q" in r)):
         name, C, N, basis, *v, optimizer = row.split()
-        K, a, b, g, frozen, s, eta, m, s2, eta2, m2, batch, length, lr = map(float, v)
+        K, a, b, g, frozen, s, eta, m, s2, eta2, m2, batch, length, lr, warmup, every = map(
+            float, v
+        )
         flags = ["--task" if lra else "--dataset", name.removesuffix("-quick"), "--attention"]
-        cfg = SCRIPTS[script][0].parse_config([*flags, attention, *quick_flags * quick])
+        module = SCRIPTS[script][0]
+        cfg = module.parse_config([*flags, attention, *quick_flags * quick])
+        if attention == module.TrainConfig.attention:  # the default: its preset without the flag
+            assert module.parse_config([*flags[:2], *quick_flags * quick]) == cfg, "no --attention"
         model, opt = (train_lra.build(cfg, cpu) if lra else train_uea.build(cfg, data, cpu))[:2]
         D, H, d_ff = (64, 2, 128) if lra or quick else (512, 8, 2048)
         p, pa = (0.2, 0.2 if lra else 0.3) if quick else (0.1, 0.1)  # blocks, attention weights
@@ -2690,6 +2945,7 @@ def test_train_lra_and_train_uea_flags_alone_build_the_promised_layers(script, a
         assert got == (float(N), float(C), name == "retrieval", lr), case
         got = (type(opt).__name__.lower(), cfg.batch_size, cfg.steps if lra else cfg.epochs)
         assert got == (optimizer, batch, 10 if quick and not lra else length), case
+        assert (getattr(cfg, "warmup", 0), cfg.eval_every) == (warmup, every), case
 
 
 @pytest.mark.parametrize("kind", KINDS, ids=_id)
