@@ -21,6 +21,7 @@ import contextlib
 import copy
 import csv
 import dataclasses
+import errno
 import functools
 import hashlib
 import http.server
@@ -64,6 +65,7 @@ sys.path.insert(0, str(HERE))
 import agf  # noqa: E402
 import bench  # noqa: E402
 import diagnose  # noqa: E402
+import download  # noqa: E402
 import lra_data  # noqa: E402
 import runs  # noqa: E402
 import train_lra  # noqa: E402
@@ -1751,13 +1753,18 @@ def test_lra_data_notes_unknown_listops_token_and_padding_far_beyond_the_inputs(
 
 @contextlib.contextmanager
 def _serve(folder: pathlib.Path):
-    """HTTP server of folder -> (URL, paths asked); /500; /slow/<f>: 0.3 s late; /cut/<f>: half"""
+    """HTTP server of folder -> (URL, paths asked); /500; /slow/<f>: 0.3 s late; /cut/<f>: half;
+    /loop/<f>: a redirect to itself"""
 
     class Handler(http.server.SimpleHTTPRequestHandler):
         def do_GET(self):
             asked.append(self.path)
             self.way, _, name = self.path[1:].partition("/")
             time.sleep(0.3 if self.way == "slow" else 0)
+            if self.way == "loop":  # a redirect to itself, for ever
+                self.send_response(302)
+                self.send_header("Location", self.path)
+                return self.end_headers()
             self.path = f"/{name}" if self.way in ("slow", "cut") else self.path
             return self.send_error(500) if self.way == "500" else super().do_GET()
 
@@ -1767,7 +1774,7 @@ def _serve(folder: pathlib.Path):
 
     asked, handler = [], functools.partial(Handler, directory=str(folder))
     with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
         yield f"http://127.0.0.1:{server.server_port}", asked
         server.shutdown()
 
@@ -2365,6 +2372,158 @@ def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
         assert "https://www.timeseriesclassification.com/dataset.php" in text
         assert f"{url_used}/{name}.zip" in text
         assert not [p.name for p in data_dir.rglob(".*")]  # no temporary file is left
+
+
+# ----------------------------------------------------------------------------------------------
+# download.py: its rules, as a table of folder states x archive shapes, and a fuzzer of archives
+
+_DL_FILES = {f"new_aan_pairs.{s}.tsv": f"1\t{s}\tb\tx\ty\n".encode() for s in ("eval", "test")}
+_DL_FILES = {"new_aan_pairs.train.tsv": b"0\tt\tb\tx\ty\n", **_DL_FILES}  # the marker first
+_DL_UEA = {"Toy_TRAIN.ts": b"@data\n1,2:a\n", "Toy_TEST.ts": b"@data\n3,4:b\n"}
+_DL_OTHER = [("lra_release/listops-1000/basic_train.tsv", b"other")]  # past the folder
+
+
+def _tar_bytes(members: list) -> bytes:
+    """A gzipped tar of [(name, bytes, or a TarInfo type for a member without data)], in order."""
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if isinstance(data, bytes):
+                info.size = len(data)
+            else:
+                info.type, info.linkname = data, "/etc/passwd"
+            tar.addfile(info, io.BytesIO(data) if isinstance(data, bytes) else None)
+    return out.getvalue()
+
+
+def _dl_shapes() -> dict:
+    """Each archive shape -> its bytes: tsv_data/ whole, in two places (as `tar -r` leaves it),
+    with a hostile member, cut short; the UEA files in a zip, and that zip cut short."""
+    files = [(f"lra_release/tsv_data/{name}", data) for name, data in _DL_FILES.items()]
+    evil = [("lra_release/tsv_data/../../evil", b"evil")]
+    shapes = {"whole": _tar_bytes(files + _DL_OTHER), "hostile": _tar_bytes(evil + files)}
+    shapes["split"] = _tar_bytes(files[:1] + _DL_OTHER + files[1:])
+    shapes["cut"] = shapes["whole"][: len(shapes["whole"]) // 2]
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w") as z:
+        for name, data in _DL_UEA.items():
+            z.writestr(f"Toy/{name.lower()}", data)  # named in another case
+    shapes["zip"] = zipped.getvalue()
+    shapes["zip-cut"] = shapes["zip"][:-30]
+    return shapes
+
+
+@contextlib.contextmanager
+def _dl_refused(folder: pathlib.Path, code: int):
+    """Writes under folder fail with OSError(code), as on a read-only or full disk (as root,
+    chmod stops nothing): mkdir, unlink, rmdir, replace, and download.py's open for writing."""
+
+    def guard(call):
+        def guarded(*paths, **kw):
+            inside = [p for p in paths[:2] if str(p).startswith(str(folder))]
+            if inside and (call is not open or "w" in str(paths[1:2])):
+                exists = call is os.mkdir and os.path.exists(inside[0])  # EEXIST goes first
+                raise OSError(errno.EEXIST if exists else code, os.strerror(code), str(inside[0]))
+            return call(*paths, **kw)
+
+        return guarded
+
+    with contextlib.ExitStack() as stack:
+        for name in ("mkdir", "unlink", "rmdir", "replace"):
+            stack.enter_context(mock.patch.object(os, name, guard(getattr(os, name))))
+        stack.enter_context(mock.patch.object(download, "open", guard(open), create=True))
+        yield
+
+
+def _dl_state(state: str, data: pathlib.Path, dest: pathlib.Path, files: dict):
+    """Set the folder state up -> a context manager of the faults it brings."""
+    names = dict(
+        complete=list(files), marker_missing=list(files)[1:], test_missing=["Toy_TRAIN.ts"]
+    )
+    for name in names.get(state.replace("-", "_"), []):  # the user's own versions
+        _write(dest / name, b"the user's own " + files[name])
+    if state == "user-file":
+        _write(dest / "notes.txt", "mine")
+    if state in ("file-as-folder", "data-dir-file"):
+        _write(dest if state == "file-as-folder" else data, "a file")
+    if state == "folder-as-file":
+        (dest / list(files)[1]).mkdir(parents=True)
+    if state == "read-only":  # the data folder exists, read-only
+        data.mkdir()
+    faults = {"read-only": (data, errno.EROFS), "read-only-parent": (data.parent, errno.EROFS)}
+    faults["full-disk"] = (data, errno.ENOSPC)
+    return _dl_refused(*faults[state]) if state in faults else contextlib.nullcontext()
+
+
+_DL_RULES = [  # folder state, archive shape -> kept (the user's files there) or the refusal
+    ("absent", "whole", ""),
+    ("absent", "split", ""),  # read on past the folder: the rest of it comes later
+    ("absent", "local-path", ""),  # a path without a scheme: a file:// URL
+    ("absent", "hostile", "the member 'lra_release/tsv_data/../../evil' has an absolute path"),
+    ("absent", "cut", "is no whole tar archive"),
+    ("absent", "wrong-md5", "is not the expected archive: its MD5 is"),
+    ("absent", "loop", "HTTP Error 302: The HTTP server returned a redirect error that would"),
+    ("absent", "no-scheme", "is no URL (no scheme) and no file: give http(s)://..., or a local"),
+    ("complete", "whole", "kept all"),  # nothing asked of the server
+    ("marker-missing", "whole", "kept the 2 file(s)"),  # the user's eval and test kept
+    ("marker-missing", "split", "kept the 2 file(s)"),
+    ("user-file", "whole", ""),  # notes.txt: not the archive's, left alone
+    ("file-as-folder", "whole", "tsv_data is a file, where"),
+    ("folder-as-file", "whole", "new_aan_pairs.eval.tsv is a folder, not a file: nothing was"),
+    ("data-dir-file", "whole", "data (File exists) to unpack"),
+    ("read-only", "whole", "(Read-only file system) to unpack"),
+    ("read-only-parent", "whole", "data (Read-only file system) to unpack"),
+    ("full-disk", "whole", "(No space left on device) to unpack"),
+    ("absent", "zip", ""),  # UEA: a zip's files found by name in any case
+    ("test-missing", "zip", "kept the 1 file(s)"),  # the user's TRAIN kept
+    ("absent", "zip-cut", "is no whole zip archive"),  # and no uea/ left behind
+]
+
+
+def _tree(root: pathlib.Path) -> dict:
+    """Every path under root -> its bytes (None: a folder)."""
+    paths = sorted(root.rglob("*"))
+    return {p.relative_to(root): None if p.is_dir() else p.read_bytes() for p in paths}
+
+
+@pytest.mark.parametrize("state, shape, said", _DL_RULES, ids=_id)
+def test_download_rules_folder_states_by_archive_shapes(tmp_path, capsys, state, shape, said):
+    """fetch into each folder state from each archive shape: the archive's files placed and the
+    user's kept byte for byte (said, named), or one sentence naming the URL; nothing else
+    changed: no .part, no folder made, no file outside the data folder."""
+    root, server, shapes = tmp_path / "root", tmp_path / "server", _dl_shapes()
+    root.mkdir()
+    data = root / "data"
+    for name, content in shapes.items():
+        _write(server / name, content)
+    zipped = shape.startswith("zip")
+    files, dest = (_DL_UEA, data / "uea" / "Toy") if zipped else (_DL_FILES, data / "tsv_data")
+    with _dl_state(state, data, dest, files), _serve(server) as (url, asked):
+        before = _tree(root)
+        ways = {"loop": f"{url}/loop/whole", "no-scheme": "whole", "wrong-md5": f"{url}/whole"}
+        where = {**ways, "local-path": str(server / "whole")}.get(shape, f"{url}/{shape}")
+        keep = "|".join(map(re.escape, files)) if zipped else ".*"
+        archive = download.Archive(where, "" if zipped else "tsv_data", keep, tuple(files))
+        archive = dataclasses.replace(archive, kind="zip" if zipped else "tar")
+        archive = dataclasses.replace(archive, md5="0" * 32 if shape == "wrong-md5" else None)
+        try:
+            download.fetch(archive, dest)
+            refused = None
+        except download.Failed as e:
+            refused = str(e)
+    err, after = capsys.readouterr().err, _tree(root)
+    assert not list(tmp_path.rglob("evil"))
+    if refused is not None or said == "kept all":  # nothing changed, nothing asked (complete)
+        assert refused is None or (said and said in refused and "\n" not in refused), refused
+        assert refused is None or where in refused
+        assert after == before and (asked == [] or said != "kept all")
+        return
+    assert said in err  # the user's files named, when kept ("" else)
+    assert f"downloading {where if '://' in where else (server / 'whole').as_uri()} (" in err
+    placed = {dest.relative_to(root) / name: content for name, content in files.items()}
+    folders = {folder: None for path in placed for folder in path.parents if folder.parts}
+    assert after == {**placed, **before, **folders}  # the user's files byte for byte
 
 
 # ----------------------------------------------------------------------------------------------
