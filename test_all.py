@@ -33,6 +33,7 @@ import math
 import os
 import pathlib
 import pickle
+import random
 import re
 import runpy
 import shlex
@@ -2384,7 +2385,7 @@ _DL_OTHER = [("lra_release/listops-1000/basic_train.tsv", b"other")]  # past the
 
 
 def _tar_bytes(members: list) -> bytes:
-    """A gzipped tar of [(name, bytes, or a TarInfo type for a member without data)], in order."""
+    """A gzipped tar of [(name, bytes; or a TarInfo type as str: a link, a device)], in order."""
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w:gz") as tar:
         for name, data in members:
@@ -2392,7 +2393,7 @@ def _tar_bytes(members: list) -> bytes:
             if isinstance(data, bytes):
                 info.size = len(data)
             else:
-                info.type, info.linkname = data, "/etc/passwd"
+                info.type, info.linkname = data.encode(), "/etc/passwd"
             tar.addfile(info, io.BytesIO(data) if isinstance(data, bytes) else None)
     return out.getvalue()
 
@@ -2524,6 +2525,94 @@ def test_download_rules_folder_states_by_archive_shapes(tmp_path, capsys, state,
     placed = {dest.relative_to(root) / name: content for name, content in files.items()}
     folders = {folder: None for path in placed for folder in path.parents if folder.parts}
     assert after == {**placed, **before, **folders}  # the user's files byte for byte
+
+
+def _dl_mutant(rng, kind: str) -> tuple:
+    """A seeded mutant of the valid archive of kind -> (its bytes, what was done)."""
+    folder, done = "Toy" if kind == "zip" else "lra_release/tsv_data", []
+    files = _DL_UEA if kind == "zip" else _DL_FILES
+    members = [(f"{folder}/{name}", data) for name, data in files.items()] + _DL_OTHER
+    ways = ["reorder", "split", "hostile", "case", "cut"]
+    if kind == "zip":  # a tar has no checksum of its data (the release publishes none): no flips
+        ways.append("flip")
+    for way in rng.sample(ways, rng.randint(1, 3)):
+        done.append(way)
+        at = rng.randrange(len(members))
+        if way == "reorder":
+            rng.shuffle(members)
+        if way == "split":  # the first needed file, then the rest of the folder after another
+            members = members[:1] + _DL_OTHER + [m for m in members[1:] if m not in _DL_OTHER]
+        if way == "hostile":  # a file of its own, or in a needed file's place
+            name = rng.choice(["evil", *files])
+            links = [tarfile.SYMTYPE, tarfile.CHRTYPE, tarfile.LNKTYPE]  # (a zip: a symlink)
+            evil = rng.choice([f"{folder}/../../{name}", f"/{folder}/{name}", *links])
+            at = rng.randint(0, len(members))  # before or after the file of its name
+            if isinstance(evil, str):
+                members.insert(at, (evil, b"evil"))
+            else:
+                members.insert(at, (f"{folder}/{name}", evil.decode()))
+        if way == "case":  # a file name in upper case (the folder's is kept)
+            path, _, name = members[at][0].rpartition("/")
+            members[at] = (f"{path}/{name.upper()}", members[at][1])
+    if kind == "zip":
+        out = io.BytesIO()
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a needed name twice: zipfile's "Duplicate name"
+            for name, data in members:
+                info = zipfile.ZipInfo(name)
+                if not isinstance(data, bytes):  # a symlink entry: its target as data
+                    info.external_attr, data = (stat.S_IFLNK | 0o777) << 16, b"/etc/passwd"
+                z.writestr(info, data)
+        archive = out.getvalue()
+    else:
+        archive = _tar_bytes(members)
+    if "cut" in done:
+        archive = archive[: rng.randrange(len(archive))]
+    if "flip" in done:
+        archive = bytearray(archive)
+        for at in rng.sample(range(len(archive)), 3):
+            archive[at] ^= 1 << rng.randrange(8)
+    return bytes(archive), done
+
+
+def test_download_fuzz_archives_are_read_as_the_valid_one_or_refused(tmp_path):
+    """Seeded mutants of a valid archive (the release streamed, a tar checked first by its size,
+    a UEA zip), into an absent folder or one holding some of the user's files: either the files
+    of the valid archive (the user's kept) or one sentence naming the URL; never a traceback, a
+    file outside the data folder, a user's file changed, anything half-written left."""
+    n, counts = int(os.environ.get("DOWNLOAD_FUZZ", "40")), {}  # mutants per kind
+    with _serve(tmp_path / "server") as (url, asked):
+        for kind, seed in itertools.product(["stream", "checked", "zip"], range(n)):
+            rng, root = random.Random(seed), tmp_path / kind / str(seed)
+            archive_bytes, done = _dl_mutant(rng, kind)
+            where = f"{url}/{kind}{seed}"
+            _write(tmp_path / "server" / f"{kind}{seed}", archive_bytes)
+            files = _DL_UEA if kind == "zip" else _DL_FILES
+            dest = root / "data" / ("uea/Toy" if kind == "zip" else "tsv_data")
+            user = {name: b"the user's " + files[name] for name in list(files)[1:] if seed % 2}
+            for name, content in user.items():
+                _write(dest / name, content)
+            keep = "|".join(map(re.escape, files)) if kind == "zip" else ".*"
+            size = len(archive_bytes) if kind == "checked" else None
+            archive = download.Archive(where, "tsv_data", keep, tuple(files), size=size)
+            if kind == "zip":
+                archive = download.Archive(where, "", keep, tuple(files), kind="zip")
+            try:
+                download.fetch(archive, dest, progress=False)
+                outcome = "read-equal"
+            except download.Failed as e:
+                outcome = "refused"
+                assert where in str(e) and "\n" not in str(e), (kind, seed, done, str(e))
+            got = {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+            want = {name: user.get(name, content) for name, content in files.items()}
+            if outcome == "refused":
+                want = user
+            rel = dest.relative_to(root)
+            assert got == {rel / name: content for name, content in want.items()}, (kind, done)
+            assert not list(tmp_path.rglob("evil")), (kind, done)
+            assert user or outcome == "read-equal" or not (root / "data").exists()  # no folder
+            counts[kind, outcome] = counts.get((kind, outcome), 0) + 1
+    assert len(counts) == 6, counts  # each kind: some mutants read, some refused
 
 
 # ----------------------------------------------------------------------------------------------
