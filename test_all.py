@@ -1928,6 +1928,13 @@ def test_lra_data_prepared_on_its_own_is_what_train_lra_reads(tmp_path):
     assert json.loads((folder / "generator.json").read_text())["shards"] == 16  # as written
     run = _cli("lra_data.py", "--task", "image", "--data-dir", str(tmp_path))
     assert run.returncode == 1 and run.stderr.startswith("lra_data.py: no data for task image")
+    assert "; train_lra.py's or lra_data.py's --download fetches https://" in run.stderr  # (not
+    args = dict(listops=_LRA_TINY_LISTOPS, download="http://x")  # diagnose.py's) ListOps in a
+    notes = lra_data.load_task("listops", tmp_path, 30, **args)[1]  # folder of its own: said
+    assert (
+        f"--download-url http://x is not used: {tmp_path / 'listops-tiny'} is generated"
+        in notes[-1]
+    )
 
 
 def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_path, monkeypatch):
@@ -1949,6 +1956,11 @@ def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_pat
         assert notes[-1] == f"{cache}: rebuilt, as {why}" and " cache " not in notes[0]
         assert np.array_equal(data["test"].x2, want)  # and the next load reads the new cache:
         assert " cache " in lra_data.load_task("retrieval", tmp_path, 4)[1][0]
+    cache.write_bytes(b"damaged")  # and cannot be rewritten: said once, not "rebuilt" as well
+    with mock.patch.object(lra_data.np, "savez", side_effect=OSError(30, "Read-only file system")):
+        notes = lra_data.load_task("retrieval", tmp_path, 4)[1]
+    unwritten = f"cannot write the cache {cache} (Read-only file system): the next run reads again"
+    assert [note for note in notes if str(cache) in note] == [unwritten]
     shutil.rmtree(cache.parent)
     cache.parent.write_text("")  # a file where the cache folder goes: it cannot be written
     data, notes = lra_data.load_task("retrieval", tmp_path, 4)
@@ -2687,6 +2699,32 @@ def _train_both(tmp: pathlib.Path, script: str, out: pathlib.Path, *more, printe
     with _one_thread(), contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
         runs.run(lambda cfg: box.append(module.main(cfg)), cfg, unit, errors)
     return box[0], printed.getvalue()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_runs_a_failed_download_is_one_sentence_and_leaves_no_run_folder(tmp_path, script):
+    """A --download-url (alone: it implies --download) into a read-only data folder, into a
+    --data-dir that is a file, or failing as no one expected: one sentence (or that error), and
+    no run folder holding only `lock`, nor an empty folder above it."""
+    module, unit = SCRIPTS[script]
+    out, data, url = tmp_path / "runs" / "run", tmp_path / "data", f"file://{tmp_path}/no"
+    flags = ["--task", "retrieval"] if script == "train_lra.py" else ["--dataset", "Toy"]
+    argv = [*flags, "--download-url", url, "--data-dir", str(data), "--out", str(out)]
+    errors = (lra_data.DataError, uea_data.DatasetNotFoundError)
+    for fault, said in [("read-only", "data (Read-only file system)"), ("file", "(File exists)")]:
+        if fault == "file":
+            _write(data, "a file")
+        faults = (
+            _dl_refused(data, errno.EROFS) if fault == "read-only" else contextlib.nullcontext()
+        )
+        with faults, pytest.raises(SystemExit) as stop, contextlib.redirect_stdout(io.StringIO()):
+            runs.run(module.main, module.parse_config(argv), unit, errors)
+        assert said in stop.value.code and "\n" not in stop.value.code and url in stop.value.code
+        assert not (tmp_path / "runs").exists()
+    with mock.patch.object(download, "fetch", side_effect=RuntimeError("unexpected")):
+        with pytest.raises(RuntimeError), contextlib.redirect_stdout(io.StringIO()):
+            runs.run(module.main, module.parse_config(argv), unit, errors)
+    assert not (tmp_path / "runs").exists()
 
 
 def _result_of(out: pathlib.Path) -> dict:
