@@ -182,7 +182,8 @@ def download_url(
         _check(reader, url, md5, size)
         os.replace(tmp, file)
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only folder: none was written
+            tmp.unlink(missing_ok=True)
 
 
 def extract(file, folder: pathlib.Path, archive: Archive) -> None:
@@ -201,7 +202,11 @@ def stream_tar(archive: Archive, folder: pathlib.Path, label: str | None = None)
     with urllib.request.urlopen(archive.url, timeout=60) as response:
         reader = _Reader(response, label, archive.url)
         inside = False  # a member below the folder has been seen
-        with tarfile.open(fileobj=reader, mode="r|*") as tar:
+        try:
+            tar = tarfile.open(fileobj=reader, mode="r|*")
+        except TypeError:  # gzip's header cut short: tarfile's stream mode calls ord(b"")
+            raise tarfile.ReadError("its gzip header is cut short") from None
+        with tar:
             for member in _tar_members(tar):
                 below = _path_below(member.name, archive)
                 if below is None and inside and all((folder / n).exists() for n in archive.need):

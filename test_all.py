@@ -2390,41 +2390,37 @@ def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
 # ----------------------------------------------------------------------------------------------
 # download.py: its rules, as a table of folder states x archive shapes, and a fuzzer of archives
 
-_DL_FILES = {f"new_aan_pairs.{s}.tsv": f"1\t{s}\tb\tx\ty\n".encode() for s in ("eval", "test")}
-_DL_FILES = {"new_aan_pairs.train.tsv": b"0\tt\tb\tx\ty\n", **_DL_FILES}  # the marker first
-_DL_UEA = {"Toy_TRAIN.ts": b"@data\n1,2:a\n", "Toy_TEST.ts": b"@data\n3,4:b\n"}
+_DL_FILES = {f"new_aan_pairs.{s}.tsv": s.encode() for s in ("train", "eval", "test")}  # marker 1st
+_DL_UEA = {"Toy_TRAIN.ts": b"train", "Toy_TEST.ts": b"test"}
 _DL_OTHER = [("lra_release/listops-1000/basic_train.tsv", b"other")]  # past the folder
 
 
-def _tar_bytes(members: list) -> bytes:
-    """A gzipped tar of [(name, bytes; or a TarInfo type as str: a link, a device)], in order."""
-    out = io.BytesIO()
+def _dl_members(zipped: bool) -> list:
+    """The valid archive's members: the UEA files (zip) or the release's tsv_data/, then more."""
+    folder, files = ("Toy", _DL_UEA) if zipped else ("lra_release/tsv_data", _DL_FILES)
+    return [(f"{folder}/{name}", data) for name, data in files.items()] + _DL_OTHER
+
+
+def _dl_archive(members: list, zipped: bool) -> bytes:
+    """A deflated zip or a gzipped tar of [(name, bytes; or a tar type as str: a link, a device;
+    in a zip, a symlink entry)], in that order."""
+    out, links = io.BytesIO(), (stat.S_IFLNK | 0o777) << 16  # a zip's Unix mode, as zip -y
+    if zipped:
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a name twice: zipfile's "Duplicate name"
+            for name, data in members:
+                info = zipfile.ZipInfo(name)
+                info.external_attr = links if isinstance(data, str) else 0
+                z.writestr(info, b"/etc/passwd" if isinstance(data, str) else data)
+        return out.getvalue()
     with tarfile.open(fileobj=out, mode="w:gz") as tar:
         for name, data in members:
             info = tarfile.TarInfo(name)
-            if isinstance(data, bytes):
-                info.size = len(data)
-            else:
-                info.type, info.linkname = data.encode(), "/etc/passwd"
-            tar.addfile(info, io.BytesIO(data) if isinstance(data, bytes) else None)
+            if isinstance(data, str):
+                info.type, info.linkname, data = data.encode(), "/etc/passwd", b""
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
     return out.getvalue()
-
-
-def _dl_shapes() -> dict:
-    """Each archive shape -> its bytes: tsv_data/ whole, in two places (as `tar -r` leaves it),
-    with a hostile member, cut short; the UEA files in a zip, and that zip cut short."""
-    files = [(f"lra_release/tsv_data/{name}", data) for name, data in _DL_FILES.items()]
-    evil = [("lra_release/tsv_data/../../evil", b"evil")]
-    shapes = {"whole": _tar_bytes(files + _DL_OTHER), "hostile": _tar_bytes(evil + files)}
-    shapes["split"] = _tar_bytes(files[:1] + _DL_OTHER + files[1:])
-    shapes["cut"] = shapes["whole"][: len(shapes["whole"]) // 2]
-    zipped = io.BytesIO()
-    with zipfile.ZipFile(zipped, "w") as z:
-        for name, data in _DL_UEA.items():
-            z.writestr(f"Toy/{name.lower()}", data)  # named in another case
-    shapes["zip"] = zipped.getvalue()
-    shapes["zip-cut"] = shapes["zip"][:-30]
-    return shapes
 
 
 @contextlib.contextmanager
@@ -2449,32 +2445,26 @@ def _dl_refused(folder: pathlib.Path, code: int):
         yield
 
 
-def _dl_state(state: str, data: pathlib.Path, dest: pathlib.Path, files: dict):
-    """Set the folder state up -> a context manager of the faults it brings."""
-    names = dict(
-        complete=list(files), marker_missing=list(files)[1:], test_missing=["Toy_TRAIN.ts"]
-    )
-    for name in names.get(state.replace("-", "_"), []):  # the user's own versions
-        _write(dest / name, b"the user's own " + files[name])
-    if state == "user-file":
-        _write(dest / "notes.txt", "mine")
-    if state in ("file-as-folder", "data-dir-file"):
-        _write(dest if state == "file-as-folder" else data, "a file")
-    if state == "folder-as-file":
-        (dest / list(files)[1]).mkdir(parents=True)
-    if state == "read-only":  # the data folder exists, read-only
-        data.mkdir()
-    faults = {"read-only": (data, errno.EROFS), "read-only-parent": (data.parent, errno.EROFS)}
-    faults["full-disk"] = (data, errno.ENOSPC)
-    return _dl_refused(*faults[state]) if state in faults else contextlib.nullcontext()
+def _dl_fetch(where: str, dest: pathlib.Path, zipped: bool, **checks) -> str | None:
+    """download.fetch of the UEA files (a zip) or the release's tsv_data/ -> None, or the
+    refusal (Failed)."""
+    files = _DL_UEA if zipped else _DL_FILES
+    keep = "|".join(map(re.escape, files)) if zipped else ".*"
+    folder, kind = ("", "zip") if zipped else ("tsv_data", "tar")
+    try:
+        download.fetch(download.Archive(where, folder, keep, tuple(files), kind, **checks), dest)
+    except download.Failed as e:
+        return str(e)
+    return None
 
 
-_DL_RULES = [  # folder state, archive shape -> kept (the user's files there) or the refusal
+_DL_RULES = [  # folder state, archive shape -> what is said: the user's files kept, or refused
     ("absent", "whole", ""),
     ("absent", "split", ""),  # read on past the folder: the rest of it comes later
     ("absent", "local-path", ""),  # a path without a scheme: a file:// URL
     ("absent", "hostile", "the member 'lra_release/tsv_data/../../evil' has an absolute path"),
     ("absent", "cut", "is no whole tar archive"),
+    ("absent", "cut-early", "is no whole tar archive (its gzip header is cut short)"),
     ("absent", "wrong-md5", "is not the expected archive: its MD5 is"),
     ("absent", "loop", "HTTP Error 302: The HTTP server returned a redirect error that would"),
     ("absent", "no-scheme", "is no URL (no scheme) and no file: give http(s)://..., or a local"),
@@ -2488,7 +2478,7 @@ _DL_RULES = [  # folder state, archive shape -> kept (the user's files there) or
     ("read-only", "whole", "(Read-only file system) to unpack"),
     ("read-only-parent", "whole", "data (Read-only file system) to unpack"),
     ("full-disk", "whole", "(No space left on device) to unpack"),
-    ("absent", "zip", ""),  # UEA: a zip's files found by name in any case
+    ("absent", "zip", ""),  # UEA: a zip's files found by name, in a folder of their own
     ("test-missing", "zip", "kept the 1 file(s)"),  # the user's TRAIN kept
     ("absent", "zip-cut", "is no whole zip archive"),  # and no uea/ left behind
 ]
@@ -2496,8 +2486,7 @@ _DL_RULES = [  # folder state, archive shape -> kept (the user's files there) or
 
 def _tree(root: pathlib.Path) -> dict:
     """Every path under root -> its bytes (None: a folder)."""
-    paths = sorted(root.rglob("*"))
-    return {p.relative_to(root): None if p.is_dir() else p.read_bytes() for p in paths}
+    return {p.relative_to(root): None if p.is_dir() else p.read_bytes() for p in root.rglob("*")}
 
 
 @pytest.mark.parametrize("state, shape, said", _DL_RULES, ids=_id)
@@ -2505,26 +2494,33 @@ def test_download_rules_folder_states_by_archive_shapes(tmp_path, capsys, state,
     """fetch into each folder state from each archive shape: the archive's files placed and the
     user's kept byte for byte (said, named), or one sentence naming the URL; nothing else
     changed: no .part, no folder made, no file outside the data folder."""
-    root, server, shapes = tmp_path / "root", tmp_path / "server", _dl_shapes()
-    root.mkdir()
-    data = root / "data"
-    for name, content in shapes.items():
+    root, server, zipped = tmp_path / "root", tmp_path / "server", shape.startswith("zip")
+    data, files = root / "data", _DL_UEA if zipped else _DL_FILES
+    dest = data / "uea" / "Toy" if zipped else data / "tsv_data"
+    whole, tar = _dl_archive(_dl_members(zipped), zipped), _dl_members(False)
+    shapes = {"split": _dl_archive(tar[:1] + _DL_OTHER + tar[1:3], False), "cut-early": whole[:3]}
+    shapes |= {"hostile": _dl_archive([("lra_release/tsv_data/../../evil", b"!"), *tar], False)}
+    for name, content in {**shapes, "whole": whole, "zip": whole, "cut": whole[:-40]}.items():
         _write(server / name, content)
-    zipped = shape.startswith("zip")
-    files, dest = (_DL_UEA, data / "uea" / "Toy") if zipped else (_DL_FILES, data / "tsv_data")
-    with _dl_state(state, data, dest, files), _serve(server) as (url, asked):
-        before = _tree(root)
+    _write(server / "zip-cut", whole[:-30])
+    root.mkdir()
+    kept = dict(complete=files, marker_missing=list(files)[1:], test_missing=["Toy_TRAIN.ts"])
+    for name in kept.get(state.replace("-", "_"), []):  # the user's own versions
+        _write(dest / name, b"the user's own " + files[name])
+    places = {"user-file": dest / "notes.txt", "file-as-folder": dest, "data-dir-file": data}
+    if state in places:
+        _write(places[state], "the user's")
+    if state in ("folder-as-file", "read-only"):
+        (dest / "new_aan_pairs.eval.tsv" if state == "folder-as-file" else data).mkdir(parents=True)
+    faults = {"read-only": (data, errno.EROFS), "read-only-parent": (root, errno.EROFS)}
+    faults["full-disk"] = (data, errno.ENOSPC)
+    refusals = _dl_refused(*faults[state]) if state in faults else contextlib.nullcontext()
+    before = _tree(root)
+    with refusals, _serve(server) as (url, asked):
         ways = {"loop": f"{url}/loop/whole", "no-scheme": "whole", "wrong-md5": f"{url}/whole"}
         where = {**ways, "local-path": str(server / "whole")}.get(shape, f"{url}/{shape}")
-        keep = "|".join(map(re.escape, files)) if zipped else ".*"
-        archive = download.Archive(where, "" if zipped else "tsv_data", keep, tuple(files))
-        archive = dataclasses.replace(archive, kind="zip" if zipped else "tar")
-        archive = dataclasses.replace(archive, md5="0" * 32 if shape == "wrong-md5" else None)
-        try:
-            download.fetch(archive, dest)
-            refused = None
-        except download.Failed as e:
-            refused = str(e)
+        md5 = "0" * 32 if shape == "wrong-md5" else None
+        refused = _dl_fetch(where, dest, zipped, md5=md5)
     err, after = capsys.readouterr().err, _tree(root)
     assert not list(tmp_path.rglob("evil"))
     if refused is not None or said == "kept all":  # nothing changed, nothing asked (complete)
@@ -2539,55 +2535,35 @@ def test_download_rules_folder_states_by_archive_shapes(tmp_path, capsys, state,
     assert after == {**placed, **before, **folders}  # the user's files byte for byte
 
 
-def _dl_mutant(rng, kind: str) -> tuple:
-    """A seeded mutant of the valid archive of kind -> (its bytes, what was done)."""
-    folder, done = "Toy" if kind == "zip" else "lra_release/tsv_data", []
-    files = _DL_UEA if kind == "zip" else _DL_FILES
-    members = [(f"{folder}/{name}", data) for name, data in files.items()] + _DL_OTHER
-    ways = ["reorder", "split", "hostile", "case", "cut"]
-    if kind == "zip":  # a tar has no checksum of its data (the release publishes none): no flips
-        ways.append("flip")
-    for way in rng.sample(ways, rng.randint(1, 3)):
+def _dl_mutant(rng, zipped: bool) -> tuple:
+    """A seeded mutant of the valid archive (a zip, else a tar) -> (its bytes, what was done)."""
+    members, done = _dl_members(zipped), []
+    files, folder = list(_DL_UEA if zipped else _DL_FILES), members[0][0].rpartition("/")[0]
+    ways = ["reorder", "split", "hostile", "case", "cut"]  # a tar has no checksum of its data
+    for way in rng.sample([*ways, "flip"] if zipped else ways, rng.randint(1, 3)):
         done.append(way)
         at = rng.randrange(len(members))
         if way == "reorder":
             rng.shuffle(members)
         if way == "split":  # the first needed file, then the rest of the folder after another
             members = members[:1] + _DL_OTHER + [m for m in members[1:] if m not in _DL_OTHER]
-        if way == "hostile":  # a file of its own, or in a needed file's place
-            name = rng.choice(["evil", *files])
-            links = [tarfile.SYMTYPE, tarfile.CHRTYPE, tarfile.LNKTYPE]  # (a zip: a symlink)
-            evil = rng.choice([f"{folder}/../../{name}", f"/{folder}/{name}", *links])
-            at = rng.randint(0, len(members))  # before or after the file of its name
-            if isinstance(evil, str):
-                members.insert(at, (evil, b"evil"))
-            else:
-                members.insert(at, (f"{folder}/{name}", evil.decode()))
+        if way == "hostile":  # a file of its own, or in a needed file's place, before or after
+            name, evil = rng.choice(["evil", *files]), rng.choice(["..", "/", "1", "2", "3"])
+            hostile = {"..": (f"{folder}/../../{name}", b"!"), "/": (f"/{folder}/{name}", b"!")}
+            hostile = hostile.get(evil, (f"{folder}/{name}", evil))  # a tar's hard link, symlink,
+            members.insert(rng.randint(0, len(members)), hostile)  # device; a zip's symlink
         if way == "case":  # a file name in upper case (the folder's is kept)
             path, _, name = members[at][0].rpartition("/")
             members[at] = (f"{path}/{name.upper()}", members[at][1])
-    if kind == "zip":
-        out = io.BytesIO()
-        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z, warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # a needed name twice: zipfile's "Duplicate name"
-            for name, data in members:
-                info = zipfile.ZipInfo(name)
-                if not isinstance(data, bytes):  # a symlink entry: its target as data
-                    info.external_attr, data = (stat.S_IFLNK | 0o777) << 16, b"/etc/passwd"
-                z.writestr(info, data)
-        archive = out.getvalue()
-    else:
-        archive = _tar_bytes(members)
+    archive = bytearray(_dl_archive(members, zipped))
     if "cut" in done:
         archive = archive[: rng.randrange(len(archive))]
-    if "flip" in done:
-        archive = bytearray(archive)
-        for at in rng.sample(range(len(archive)), 3):
-            archive[at] ^= 1 << rng.randrange(8)
+    for at in rng.sample(range(len(archive)), 3 if "flip" in done else 0):
+        archive[at] ^= 1 << rng.randrange(8)
     return bytes(archive), done
 
 
-def test_download_fuzz_archives_are_read_as_the_valid_one_or_refused(tmp_path):
+def test_download_fuzz_archives_are_read_as_the_valid_one_or_refused(tmp_path, capsys):
     """Seeded mutants of a valid archive (the release streamed, a tar checked first by its size,
     a UEA zip), into an absent folder or one holding some of the user's files: either the files
     of the valid archive (the user's kept) or one sentence naming the URL; never a traceback, a
@@ -2595,34 +2571,24 @@ def test_download_fuzz_archives_are_read_as_the_valid_one_or_refused(tmp_path):
     n, counts = int(os.environ.get("DOWNLOAD_FUZZ", "40")), {}  # mutants per kind
     with _serve(tmp_path / "server") as (url, asked):
         for kind, seed in itertools.product(["stream", "checked", "zip"], range(n)):
-            rng, root = random.Random(seed), tmp_path / kind / str(seed)
-            archive_bytes, done = _dl_mutant(rng, kind)
-            where = f"{url}/{kind}{seed}"
-            _write(tmp_path / "server" / f"{kind}{seed}", archive_bytes)
-            files = _DL_UEA if kind == "zip" else _DL_FILES
-            dest = root / "data" / ("uea/Toy" if kind == "zip" else "tsv_data")
+            rng, root, zipped = random.Random(seed), tmp_path / kind / str(seed), kind == "zip"
+            archive, done = _dl_mutant(rng, zipped)
+            where, files = f"{url}/{kind}{seed}", _DL_UEA if zipped else _DL_FILES
+            _write(tmp_path / "server" / f"{kind}{seed}", archive)
+            dest = root / "data" / ("uea/Toy" if zipped else "tsv_data")
             user = {name: b"the user's " + files[name] for name in list(files)[1:] if seed % 2}
             for name, content in user.items():
                 _write(dest / name, content)
-            keep = "|".join(map(re.escape, files)) if kind == "zip" else ".*"
-            size = len(archive_bytes) if kind == "checked" else None
-            archive = download.Archive(where, "tsv_data", keep, tuple(files), size=size)
-            if kind == "zip":
-                archive = download.Archive(where, "", keep, tuple(files), kind="zip")
-            try:
-                download.fetch(archive, dest, progress=False)
-                outcome = "read-equal"
-            except download.Failed as e:
-                outcome = "refused"
-                assert where in str(e) and "\n" not in str(e), (kind, seed, done, str(e))
-            got = {p.relative_to(root): p.read_bytes() for p in root.rglob("*") if p.is_file()}
-            want = {name: user.get(name, content) for name, content in files.items()}
-            if outcome == "refused":
-                want = user
-            rel = dest.relative_to(root)
-            assert got == {rel / name: content for name, content in want.items()}, (kind, done)
+            size = len(archive) if kind == "checked" else None
+            refused = _dl_fetch(where, dest, zipped, size=size)
+            capsys.readouterr()
+            assert refused is None or (where in refused and "\n" not in refused), refused
+            got = {p.relative_to(dest): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+            want = user if refused else {name: user.get(name, b) for name, b in files.items()}
+            assert got == {pathlib.Path(name): b for name, b in want.items()}, (kind, done)
             assert not list(tmp_path.rglob("evil")), (kind, done)
-            assert user or outcome == "read-equal" or not (root / "data").exists()  # no folder
+            assert user or not refused or not (root / "data").exists()  # no folder left
+            outcome = "refused" if refused else "read-equal"
             counts[kind, outcome] = counts.get((kind, outcome), 0) + 1
     assert len(counts) == 6, counts  # each kind: some mutants read, some refused
 
