@@ -279,7 +279,7 @@ def _place(part: pathlib.Path, dest: pathlib.Path, archive: Archive) -> None:
         return
     files = sorted(path.relative_to(part) for path in part.rglob("*") if not path.is_dir())
     files.sort(key=lambda path: path.parts[0] in archive.need)  # stable: the needed ones last
-    kept = [path for path in files if (dest / path).is_file()]
+    kept = {path for path in files if (dest / path).is_file()}
     for path in files:
         above = [dest / folder for folder in path.parents if folder.parts]
         clash = [there for there in above if there.exists() and not there.is_dir()]
@@ -293,7 +293,9 @@ def _place(part: pathlib.Path, dest: pathlib.Path, archive: Archive) -> None:
             (dest / path).parent.mkdir(parents=True, exist_ok=True)
             os.replace(part / path, dest / path)
     if kept:
-        names = ", ".join(str(path) for path in kept[:3]) + (", ..." if len(kept) > 3 else "")
+        names = ", ".join(str(path) for path in sorted(kept)[:3])
+        if len(kept) > 3:
+            names += ", ..."
         what = f"kept the {len(kept)} file(s) of {archive.url} already there ({names})"
         print(f"{dest}: {what}, unpacked the other {len(files) - len(kept)}", file=sys.stderr)
 
