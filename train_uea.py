@@ -43,7 +43,7 @@ class TrainConfig(runs.Settings):  # and --out --resume --overwrite --device --a
     preset: str = flag("paper", "paper (the official scripts' settings) | quick (small, CPU)")
     data_dir: str = flag("data/uea", "holds <Name>/<Name>_TRAIN.ts and <Name>_TEST.ts")
     download: bool = flag(False, "fetch <download-url>/<Name>.zip when the dataset is missing")
-    download_url: str = flag("", "where the zips are (default the archive's; implies --download)")
+    download_url: str = flag("", "where the zips are, if not the UEA archive (implies --download)")
     seed: int = flag(666, "seed of the weights, dropout and the batch order", 0, runs.SEEDS)
     # optimisation: the official scripts (constant lr: their lr_step 1e6 never decays)
     epochs: int = flag(100, "training epochs (may grow on --resume)", 1)
