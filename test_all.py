@@ -2497,7 +2497,7 @@ def test_download_rules_folder_states_by_archive_shapes(tmp_path, capsys, state,
     root, server, zipped = tmp_path / "root", tmp_path / "server", shape.startswith("zip")
     data, files = root / "data", _DL_UEA if zipped else _DL_FILES
     dest = data / "uea" / "Toy" if zipped else data / "tsv_data"
-    whole, tar = _dl_archive(_dl_members(zipped), zipped), _dl_members(False)
+    whole, tar = _dl_archive(_dl_members(zipped), zipped), _dl_members(False)  # whole: a zip or tar
     shapes = {"split": _dl_archive(tar[:1] + _DL_OTHER + tar[1:3], False), "cut-early": whole[:3]}
     shapes |= {"hostile": _dl_archive([("lra_release/tsv_data/../../evil", b"!"), *tar], False)}
     for name, content in {**shapes, "whole": whole, "zip": whole, "cut": whole[:-40]}.items():
