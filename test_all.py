@@ -1913,7 +1913,8 @@ def test_lra_data_cache_hit_equals_a_fresh_read(source, tmp_path):
 
 def test_lra_data_prepared_on_its_own_is_what_train_lra_reads(tmp_path):
     """python lra_data.py: fetch, read, check, write the prepared file, say so; train_lra.py with
-    the same flags (its paper preset) then reads that file alone. No data: one line, exit 1."""
+    the same flags (its paper preset) then reads that file alone. No data: one line, exit 1,
+    naming the scripts that have --download; a --download for a generated ListOps: said unused."""
     assert lra_data.MAX_LEN == {task: train_lra.TASKS[task]["max_len"] for task in lra_data.VOCAB}
     sizes = ["--data-dir", str(tmp_path), "--listops-size", "48", "--listops-eval-size", "12"]
     run = _cli("lra_data.py", *sizes, "--max-len", "30")
@@ -1928,13 +1929,11 @@ def test_lra_data_prepared_on_its_own_is_what_train_lra_reads(tmp_path):
     assert json.loads((folder / "generator.json").read_text())["shards"] == 16  # as written
     run = _cli("lra_data.py", "--task", "image", "--data-dir", str(tmp_path))
     assert run.returncode == 1 and run.stderr.startswith("lra_data.py: no data for task image")
-    assert "; train_lra.py's or lra_data.py's --download fetches https://" in run.stderr  # (not
-    args = dict(listops=_LRA_TINY_LISTOPS, download="http://x")  # diagnose.py's) ListOps in a
-    notes = lra_data.load_task("listops", tmp_path, 30, **args)[1]  # folder of its own: said
-    assert (
-        f"--download-url http://x is not used: {tmp_path / 'listops-tiny'} is generated"
-        in notes[-1]
-    )
+    assert "; train_lra.py's or lra_data.py's --download fetches https://" in run.stderr
+    options = dict(listops=_LRA_TINY_LISTOPS, download="http://x")  # a ListOps generated
+    notes = lra_data.load_task("listops", tmp_path, 30, **options)[1]
+    said = f"--download-url http://x is not used: {tmp_path / 'listops-tiny'} is generated"
+    assert said in notes[-1]
 
 
 def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_path, monkeypatch):
