@@ -97,15 +97,14 @@ def fetch(archive: Archive, dest, progress: bool = True) -> None:
     archive = dataclasses.replace(archive, url=_as_url(archive.url))
     part, whole = dest.parent / f".{dest.name}.part", dest.parent / f".{dest.name}.download"
     made = [path for path in (dest.parent, *dest.parent.parents) if not path.exists()]
-    lock, done = None, False
+    lock = None
     try:
         if dest.exists() and not dest.is_dir():
             raise FolderError(f"{dest} is a file, where {archive.url} goes as a folder: move it")
         dest.parent.mkdir(parents=True, exist_ok=True)
         lock = _lock(dest.parent)
         if all((dest / name).exists() for name in archive.need):
-            done = True
-            return  # there already, or another process has just fetched it
+            return  # there already, or another process has just fetched it (nothing was made)
         _remove(part, whole)  # left by a process killed on its way (we hold the lock)
         label = str(dest) if progress else None
         if archive.kind == "zip" or archive.md5 or archive.size:  # check first, then unpack
@@ -114,7 +113,7 @@ def fetch(archive: Archive, dest, progress: bool = True) -> None:
         else:  # nothing to check at the end: read as it arrives, up to the folder's end
             stream_tar(archive, part, label)
         _place(part, dest, archive)
-        done = True
+        made = []  # in place: the folders made stay
     except KeyboardInterrupt:
         print(f"\nthe download of {archive.url} was interrupted: nothing was kept", file=sys.stderr)
         raise
@@ -128,10 +127,9 @@ def fetch(archive: Archive, dest, progress: bool = True) -> None:
     finally:
         with contextlib.suppress(OSError):  # a read-only folder: nothing to remove there
             _remove(part, whole)
-        if not done:  # no folder that fetch made is left (data/, pathfinder32/, uea/)
-            for path in made:
-                with contextlib.suppress(OSError):
-                    path.rmdir()
+        for path in made:  # a failure leaves no folder it made (data/, pathfinder32/, uea/)
+            with contextlib.suppress(OSError):
+                path.rmdir()
         if lock is not None:
             os.close(lock)  # and with it the lock
 
