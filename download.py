@@ -4,15 +4,21 @@ in the steps of torchvision's download_url and extract_archive:
     download_url  one URL to one file: progress; size and MD5 checked; renamed into place
     extract       the wanted members of a tar or zip file on disk
     stream_tar    the same from a tar read as it arrives (the LRA release: GBs, no checksum),
-                  stopping past the folder asked for (a tar holds a folder's members together)
+                  stopping past the folder asked for once every file it needs is there (a
+                  folder in two places, as `tar -r` leaves it, is read on; later members win)
     fetch         one of these, under a lock, into a folder renamed into place; a failure
-                  (Ctrl-C, the network, a wrong MD5 or size, a full disk) leaves nothing
-                  half-written and is one sentence (Failed)
+                  (Ctrl-C, the network, a wrong MD5 or size, a full or read-only disk) leaves
+                  nothing half-written, no folder it made, and is one sentence (Failed)
+Into a folder that holds some of the archive's files already, fetch keeps them, byte for byte,
+unpacks the rest and says which it kept; a file where a folder goes (or the reverse) is refused.
 As under tarfile's "data" filter, a kept member whose path is absolute or holds '..', a link (a
 zip's symlink entry too) or a device is refused.
 Depends on: tqdm (used by uea_data.py for the UEA zips, lra_data.py for the LRA tasks' archives)
 """
 
+import contextlib
+import dataclasses
+import errno
 import functools
 import hashlib
 import http.client
@@ -23,8 +29,10 @@ import shutil
 import stat
 import sys
 import tarfile
+import urllib.error
 import urllib.request
 import zipfile
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -36,11 +44,23 @@ if sys.platform != "win32":  # Windows has no fcntl, and _lock no lock
 
 # URLError, HTTPError, a full disk: OSError; a cut stream: IncompleteRead or tarfile's ReadError
 FAILURES = (OSError, ValueError, tarfile.TarError, http.client.HTTPException, zipfile.BadZipFile)
+# what tarfile and zipfile raise on damaged bytes (zlib.error, EOFError: a cut or flipped zip;
+# NotImplementedError, RuntimeError: a zip's method or encryption flag flipped)
+DAMAGED = (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError)
+DAMAGED += (RuntimeError,)
+# errors of the data folder, not of the download (a read-only, full or misshapen folder)
+FOLDER_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+FOLDER_ERRNOS += (errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENOTEMPTY)
 
 
 class Failed(ValueError):
     """An archive that could not be fetched or is not what was asked for; the message, one
     sentence, names the URL and the fault."""
+
+
+class FolderError(Failed):
+    """The archive may be fine, but the data folder cannot take it (read-only, full, a file
+    where a folder goes); the message names the path and what to do."""
 
 
 @dataclass(frozen=True)
@@ -67,39 +87,82 @@ class Member(NamedTuple):
 
 
 def fetch(archive: Archive, dest, progress: bool = True) -> None:
-    """Unpack archive's wanted files into the folder dest, unless all of archive.need are there.
+    """Unpack archive's wanted files into the folder dest, unless all of archive.need are there;
+    files of the archive already in dest are kept (said on stderr), the others unpacked.
 
-    Raises Failed: one sentence, the URL and what failed; nothing half-written is left.
+    Raises Failed: one sentence, the URL and what failed; nothing half-written is left, nor a
+    folder that fetch made. A URL without a scheme is a local file (file://) where one is there.
     """
     dest = pathlib.Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    archive = dataclasses.replace(archive, url=_as_url(archive.url))
     part, whole = dest.parent / f".{dest.name}.part", dest.parent / f".{dest.name}.download"
-    lock = _lock(dest.parent)
+    made = [path for path in (dest.parent, *dest.parent.parents) if not path.exists()]
+    lock = None
     try:
+        if dest.exists() and not dest.is_dir():
+            raise FolderError(f"{dest} is a file, where {archive.url} goes as a folder: move it")
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        lock = _lock(dest.parent)
         if all((dest / name).exists() for name in archive.need):
-            return  # there already, or another process has just fetched it
+            return  # there already, or another process has just fetched it (nothing was made)
         _remove(part, whole)  # left by a process killed on its way (we hold the lock)
-        label = dest.name if progress else None
+        label = str(dest) if progress else None
         if archive.kind == "zip" or archive.md5 or archive.size:  # check first, then unpack
             download_url(archive.url, whole, md5=archive.md5, size=archive.size, label=label)
             extract(whole, part, archive)
         else:  # nothing to check at the end: read as it arrives, up to the folder's end
             stream_tar(archive, part, label)
         _place(part, dest, archive)
+        made = []  # in place: the folders made stay
     except KeyboardInterrupt:
         print(f"\nthe download of {archive.url} was interrupted: nothing was kept", file=sys.stderr)
         raise
     except Failed:
         raise
-    except (tarfile.TarError, zipfile.BadZipFile) as e:
-        what = f"is no whole {archive.kind} archive ({e}): cut short, or an error page?"
+    except DAMAGED as e:
+        what = f"is no whole {archive.kind} archive ({_line(e)}): cut short, or an error page?"
         raise Failed(f"{archive.url} {what}") from None
     except FAILURES as e:  # the network, the disk
-        raise Failed(f"could not download {archive.url} ({e})") from None
+        raise _failure(e, archive.url, dest) from None
     finally:
-        _remove(part, whole)
+        with contextlib.suppress(OSError):  # a read-only folder: nothing to remove there
+            _remove(part, whole)
+        for path in made:  # a failure leaves no folder it made (data/, pathfinder32/, uea/)
+            with contextlib.suppress(OSError):
+                path.rmdir()
         if lock is not None:
             os.close(lock)  # and with it the lock
+
+
+def _as_url(url: str) -> str:
+    """url, or the file:// URL of a local path given without a scheme; else Failed."""
+    if "://" in url:
+        return url
+    path = pathlib.Path(url).expanduser()
+    if not path.is_file():
+        how = f"give http(s)://..., or a local copy as file://{path.resolve()}"
+        raise Failed(f"{url} is no URL (no scheme) and no file: {how}")
+    return path.resolve().as_uri()
+
+
+def _failure(e: Exception, url: str, dest: pathlib.Path) -> Failed:
+    """The one sentence of an OSError or another failure: the folder's (FolderError: the path,
+    what to do) or the download's (the URL, urllib's message on one line)."""
+    disk = isinstance(e, OSError) and not isinstance(e, urllib.error.URLError)  # (HTTPError too)
+    if not disk or (e.errno not in FOLDER_ERRNOS and e.filename is None):
+        return Failed(f"could not download {url} ({_line(e)})")
+    path = e.filename or dest.parent
+    how = "make it writable, or choose another --data-dir"
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        how = "free some space there, or choose another --data-dir"
+    if e.errno in (errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENOTEMPTY):
+        how = "a file stands where a folder goes (or the reverse): move it away"
+    return FolderError(f"cannot write {path} ({e.strerror}) to unpack {url}: {how}")
+
+
+def _line(e: Exception) -> str:
+    """e's message on one line (urllib's redirect error spans three)."""
+    return " ".join(str(e).split())
 
 
 def download_url(
@@ -112,12 +175,13 @@ def download_url(
     tmp = file.with_name(f"{file.name}.part")
     try:
         with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
-            reader = _Reader(response, label)
+            reader = _Reader(response, label, url)
             shutil.copyfileobj(reader, out)
         _check(reader, url, md5, size)
         os.replace(tmp, file)
     finally:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):  # a read-only folder: none was written
+            tmp.unlink(missing_ok=True)
 
 
 def extract(file, folder: pathlib.Path, archive: Archive) -> None:
@@ -130,15 +194,20 @@ def extract(file, folder: pathlib.Path, archive: Archive) -> None:
 
 def stream_tar(archive: Archive, folder: pathlib.Path, label: str | None = None) -> None:
     """Read the tar at archive.url as it arrives and write its wanted members into folder;
-    reading stops at the first member past archive.folder (none past it: to the archive's end,
-    whose length is checked against the Content-Length)."""
+    reading stops at the first member past archive.folder once all of archive.need are there
+    (a folder that goes on later, as `tar -r` leaves it, is read on, later members winning as
+    under tar -x; none past it: to the archive's end, its length checked)."""
     with urllib.request.urlopen(archive.url, timeout=60) as response:
-        reader = _Reader(response, label)
+        reader = _Reader(response, label, archive.url)
         inside = False  # a member below the folder has been seen
-        with tarfile.open(fileobj=reader, mode="r|*") as tar:
+        try:
+            tar = tarfile.open(fileobj=reader, mode="r|*")
+        except TypeError:  # gzip's header cut short: tarfile's stream mode calls ord(b"")
+            raise tarfile.ReadError("its gzip header is cut short") from None
+        with tar:
             for member in _tar_members(tar):
                 below = _path_below(member.name, archive)
-                if below is None and inside:
+                if below is None and inside and all((folder / n).exists() for n in archive.need):
                     return  # past the folder: the rest of the archive is not read
                 if below is not None:
                     inside = True
@@ -196,25 +265,52 @@ def _write(member: Member, below: str | None, folder: pathlib.Path, archive: Arc
 
 
 def _place(part: pathlib.Path, dest: pathlib.Path, archive: Archive) -> None:
-    """Move the unpacked folder part to dest, once it holds every file archive.need names."""
+    """Move the unpacked folder part to dest, once it holds every file archive.need names: at
+    once where dest is absent, else file by file, the needed ones last, keeping (and naming) the
+    files already there; a file where a folder goes, or the reverse: FolderError, nothing moved."""
     missing = [name for name in archive.need if not (part / name).exists()]
     if missing:
         where = "/".join(name for name in (archive.folder, missing[0]) if name)
         raise Failed(f"{archive.url} holds no {where}")
-    if dest.exists():  # file by file into the folder there
-        shutil.copytree(part, dest, copy_function=os.replace, dirs_exist_ok=True)
-    else:  # the folder at once
+    if not dest.exists():
         os.replace(part, dest)
+        return
+    files = sorted(path.relative_to(part) for path in part.rglob("*") if not path.is_dir())
+    files.sort(key=lambda path: path.parts[0] in archive.need)  # stable: the needed ones last
+    kept = {path for path in files if (dest / path).is_file()}
+    for path in files:
+        above = [dest / folder for folder in path.parents if folder.parts]
+        clash = [there for there in above if there.exists() and not there.is_dir()]
+        if (dest / path).is_dir() or clash:
+            there = (clash or [dest / path])[0]
+            what = "a file, where the archive has a folder" if clash else "a folder, not a file"
+            how = f"move it away, then fetch {archive.url} again"
+            raise FolderError(f"{there} is {what}: nothing was unpacked into {dest}; {how}")
+    for path in files:
+        if path not in kept:
+            (dest / path).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(part / path, dest / path)
+    if kept:
+        names = ", ".join(str(path) for path in sorted(kept)[:3])
+        if len(kept) > 3:
+            names += ", ..."
+        what = f"kept the {len(kept)} file(s) of {archive.url} already there ({names})"
+        print(f"{dest}: {what}, unpacked the other {len(files) - len(kept)}", file=sys.stderr)
 
 
 class _Reader:
     """The response, counted and hashed as read; a bar on a terminal, else a line per tenth."""
 
-    def __init__(self, response, label: str | None):
-        self.response, self.label, self.md5, self.done = response, label, hashlib.md5(), 0
+    def __init__(self, response, label: str | None, url: str):
+        self.response, self.md5, self.done = response, hashlib.md5(), 0
         self.total = int(response.headers.get("Content-Length") or 0) or None
+        self.label = None if label is None else pathlib.Path(label).name
+        if label is not None:  # said first, on a terminal or in a log
+            size = "size unknown" if self.total is None else f"{self.total:,} bytes"
+            print(f"downloading {url} ({size}) into {label}", file=sys.stderr)
         tty = label is not None and sys.stderr.isatty()
-        self.bar = tqdm(total=self.total, unit="B", unit_scale=True, desc=label, disable=not tty)
+        bar = dict(unit="B", unit_scale=True, desc=self.label, disable=not tty)
+        self.bar = tqdm(total=self.total, **bar)
         self.lines = label is not None and not tty and self.total is not None
         self.said = 0  # tenths of the total said so far
 

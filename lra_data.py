@@ -14,6 +14,7 @@ Depends on: numpy, tqdm, download.py
 """
 
 import argparse
+import contextlib
 import csv
 import glob
 import hashlib
@@ -56,22 +57,26 @@ PATH_HARD = "pathfinder32/curv_contour_length_14"  # and the paper's "Path": Pat
 # lra_benchmarks/data/pathfinder.py: each difficulty folder is the TFDS split of this name
 PATHFINDER_SPLITS = dict(curv_baseline="easy", curv_contour_length_9="intermediate")
 PATHFINDER_SPLITS |= dict(curv_contour_length_14="hard")
-# Each task's standard folder under data_dir (ListOps, Pathfinder: the one asked for), a file that
-# shows it is there; for --download its archive, size in bytes and MD5 where published (torchtext
-# checks IMDB's, torchvision CIFAR-10's; the ~7.7 GB release, read as it arrives up to the folder's
-# end, has none), the files kept below the folder (default all), found by name anywhere in it.
+# Each task's standard folder under data_dir (ListOps, Pathfinder: the one asked for), the files
+# the reader needs there (the first shows the folder is there; a folder lacking any is fetched by
+# --download, the files there kept); for --download its archive, size in bytes and MD5 where
+# published (torchtext checks IMDB's, torchvision CIFAR-10's; the ~7.7 GB release, read as it
+# arrives up to the folder's end, has none), the files kept below the folder (default all),
+# found by name anywhere in it.
 RELEASE = "https://storage.googleapis.com/long-range-arena/lra_release.gz"  # a gzipped tar
 LRA = dict(url=RELEASE, size=None, md5=None)  # the release's tasks
 ARCHIVES = {
     "text": dict(url="https://ai.stanford.edu/~amaas/data/sentiment/aclImdb_v1.tar.gz", size=None,
-                 md5="7c2ac02c03563afcf9b574c7e56c153a", folder="aclImdb", need="train",
+                 md5="7c2ac02c03563afcf9b574c7e56c153a", folder="aclImdb", need=("train", "test"),
                  keep=r"(train|test)/(pos|neg)/[^/]+\.txt"),  # not unsup/, not the *.feat files
     "image": dict(url="https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz", size=170498071,
                   md5="c58f30108f718f92721af3b95e74349a", folder="cifar-10-batches-py",
-                  need="data_batch_1"),
-    "listops": dict(LRA, folder="listops-1000", need="basic_train.tsv"),
-    "retrieval": dict(LRA, folder="tsv_data", need="new_aan_pairs.train.tsv"),
-    "pathfinder": dict(LRA, folder=PATH_HARD, need="metadata"),
+                  need=(*(f"data_batch_{i}" for i in range(1, 6)), "test_batch")),
+    "listops": dict(LRA, folder="listops-1000",
+                    need=("basic_train.tsv", "basic_val.tsv", "basic_test.tsv")),
+    "retrieval": dict(LRA, folder="tsv_data",
+                      need=tuple(f"new_aan_pairs.{s}.tsv" for s in ("train", "eval", "test"))),
+    "pathfinder": dict(LRA, folder=PATH_HARD, need=("metadata", "imgs")),
 }  # fmt: skip
 PATHFINDER_DIRS = {name: f"pathfinder32/{folder}" for folder, name in PATHFINDER_SPLITS.items()}
 # What the readers do to each task's release files, said in the run's log
@@ -609,10 +614,16 @@ def prepare(
     # 3) else the source is read and checked, and the prepared file written
     if not from_file:
         splits, notes = read_source(task, source, max_len)
+    unwritten = []  # a note on a cache that could not be written: then it was not rebuilt
     if cache and not from_file:
-        notes = notes + write_prepared(file, key, splits, notes)
-    if why is not None:
+        unwritten = write_prepared(file, key, splits, notes)
+    if why is not None and not unwritten:
         notes = notes + [f"{file}: rebuilt, as {why}"]
+    notes = notes + unwritten
+    fetched = ARCHIVES["listops"]["folder"]  # ListOps in any other folder is generated alone
+    if download is not None and source.kind == "generated" and source.folder.name != fetched:
+        given = f"--download-url {download}" if download else "--download"
+        notes = notes + [f"{given} is not used: {source.folder} is generated, never fetched"]
     # 4) what was read, said first; padding far beyond the longest input, said last
     notes = [_summary(task, source, splits, max_len, file if from_file else None), *notes]
     if padding_note:
@@ -632,11 +643,12 @@ def find_source(task: str, root, listops: dict, seed: int, pathfinder_dir: str, 
     fetched first when neither is there. Raises DataError when there is none or it is incomplete."""
     asked = dict(listops=listops["folder"], pathfinder=pathfinder_dir)  # else the standard one
     folder = root / asked.get(task, ARCHIVES[task]["folder"])
-    marker = folder / ARCHIVES[task]["need"]
+    marker, *others = (folder / name for name in ARCHIVES[task]["need"])
     stem = pathfinder_dir.replace("/", "-") if task == "pathfinder" else task
     pickles = _find_pickles(root, stem)
     generated = task == "listops" and folder.name != ARCHIVES[task]["folder"]  # never fetched
-    if download is not None and not marker.exists() and pickles is None and not generated:
+    whole = all(path.exists() for path in (marker, *others))
+    if download is not None and not whole and pickles is None and not generated:
         download_task(task, root, download, pathfinder_dir)
     if task == "listops" and (marker.exists() or pickles is None):
         source = _listops_source(folder, listops, seed)
@@ -650,7 +662,8 @@ def find_source(task: str, root, listops: dict, seed: int, pathfinder_dir: str, 
     else:
         url, names = ARCHIVES[task]["url"], f"{root}/{stem}.{{train,dev,test}}.pickle"
         where = f"{marker} (from {url.split('//')[-1].rsplit('/', 1)[0]})"
-        what = f"expected {where} or the PyTorch-LRA pickles {names}; --download fetches {url}"
+        fetch = f"train_lra.py's or lra_data.py's --download fetches {url}"  # (not diagnose.py)
+        what = f"expected {where} or the PyTorch-LRA pickles {names}; {fetch}"
         raise DataError(f"no data for task {task}: {what}")
     missing = [path for path in source.files if not os.path.exists(path)]
     if missing:  # a new_aan_pairs.eval.tsv, say
@@ -766,8 +779,8 @@ def write_prepared(file: pathlib.Path, key: dict, splits: dict, notes: list) -> 
         np.savez(tmp, meta=json.dumps(meta), **arrays)
         os.replace(tmp, file)
     except OSError as e:  # a read-only data folder, a full disk: the run goes on without
-        if tmp.exists():  # (a file as lra-cache: no tmp was written)
-            tmp.unlink()
+        with contextlib.suppress(OSError):  # (a file as lra-cache: no tmp was written)
+            tmp.unlink(missing_ok=True)
         return [f"cannot write the cache {file} ({e.strerror}): the next run reads again"]
     return []
 
@@ -779,10 +792,12 @@ def download_task(task: str, data_dir, url: str = "", pathfinder_dir: str = PATH
     table = ARCHIVES[task]
     folder = pathfinder_dir if task == "pathfinder" else table["folder"]
     root, url = pathlib.Path(data_dir), url or table["url"]
-    keep, need = table.get("keep", ".*"), (table["need"],)
+    keep, need = table.get("keep", ".*"), table["need"]
     archive = download.Archive(url, folder, keep, need, md5=table["md5"], size=table["size"])
     try:
         download.fetch(archive, root / folder)
+    except download.FolderError as e:  # the archive was not at fault: no way by hand
+        raise DataError(str(e)) from None
     except download.Failed as e:
         by_hand = f"by hand: download {url} and unpack the {folder}/ in it as {root / folder}"
         raise DataError(f"{e}; {by_hand}") from None

@@ -116,11 +116,13 @@ def start(cfg, script: str, unit: str, total: int, may_change=()) -> tuple:
 
 def _open(cfg, out: pathlib.Path, script, unit, total, may_change):
     global _lock
-    try:  # one run at a time in a process: the lock file before, replaced, closes (unlocks)
+    _lock = None  # one run at a time in a process: the lock file before, replaced, closes
+    try:
         out.mkdir(parents=True, exist_ok=True)
-        _lock = open(out / "lock", "a")  # open until the process ends
+        held = open(out / "lock", "a")  # open until the process ends
         if fcntl is not None:
-            fcntl.flock(_lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _lock = held  # this process holds it: run() may remove it
     except BlockingIOError:  # another process holds it
         raise SystemExit(f"{out} is in use by another run: wait, or choose another --out") from None
     except OSError as e:  # a file named out, too: "File exists"
@@ -229,7 +231,8 @@ def finish(out: pathlib.Path, result: dict) -> dict:
 
 def run(main, cfg, unit: str, errors) -> None:
     """main(cfg), from the command line: Ctrl-C or a closed stdout (`| head`; exit status 130,
-    as a shell's Ctrl-C) and an error of the data (`errors`) end in one sentence, no traceback."""
+    as a shell's Ctrl-C) and an error of the data (`errors`) end in one sentence, no traceback.
+    However it ends, a run folder this process locked that holds only `lock` is removed."""
     out = pathlib.Path(cfg.out)
     try:
         main(cfg)
@@ -246,8 +249,10 @@ def run(main, cfg, unit: str, errors) -> None:
             sys.stderr.write(f"\n{why}{how}\n")
         raise SystemExit(130) from None
     except errors as e:
-        if RANK == 0 and out.is_dir() and os.listdir(out) == ["lock"]:  # a run that never began
-            (out / "lock").unlink()  # leaves no folder behind (nor empty folders above it)
-            with contextlib.suppress(OSError):
-                os.removedirs(out)
         raise SystemExit(f"error: {e}") from None
+    finally:  # a run that never began (a refused download, say) leaves no folder behind
+        held = _lock is not None and _lock.name == str(out / "lock")  # not another's lock
+        if RANK == 0 and held and out.is_dir() and os.listdir(out) == ["lock"]:
+            with contextlib.suppress(OSError):
+                (out / "lock").unlink()
+                os.removedirs(out)  # nor empty folders above it

@@ -21,6 +21,7 @@ import contextlib
 import copy
 import csv
 import dataclasses
+import errno
 import functools
 import hashlib
 import http.server
@@ -32,6 +33,7 @@ import math
 import os
 import pathlib
 import pickle
+import random
 import re
 import runpy
 import shlex
@@ -64,6 +66,7 @@ sys.path.insert(0, str(HERE))
 import agf  # noqa: E402
 import bench  # noqa: E402
 import diagnose  # noqa: E402
+import download  # noqa: E402
 import lra_data  # noqa: E402
 import runs  # noqa: E402
 import train_lra  # noqa: E402
@@ -1843,13 +1846,18 @@ def test_lra_data_notes_unknown_listops_token_and_padding_far_beyond_the_inputs(
 
 @contextlib.contextmanager
 def _serve(folder: pathlib.Path):
-    """HTTP server of folder -> (URL, paths asked); /500; /slow/<f>: 0.3 s late; /cut/<f>: half"""
+    """HTTP server of folder -> (URL, paths asked); /500; /slow/<f>: 0.3 s late; /cut/<f>: half;
+    /loop/<f>: a redirect to itself"""
 
     class Handler(http.server.SimpleHTTPRequestHandler):
         def do_GET(self):
             asked.append(self.path)
             self.way, _, name = self.path[1:].partition("/")
             time.sleep(0.3 if self.way == "slow" else 0)
+            if self.way == "loop":  # a redirect to itself, for ever
+                self.send_response(302)
+                self.send_header("Location", self.path)
+                return self.end_headers()
             self.path = f"/{name}" if self.way in ("slow", "cut") else self.path
             return self.send_error(500) if self.way == "500" else super().do_GET()
 
@@ -1859,7 +1867,7 @@ def _serve(folder: pathlib.Path):
 
     asked, handler = [], functools.partial(Handler, directory=str(folder))
     with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
         yield f"http://127.0.0.1:{server.server_port}", asked
         server.shutdown()
 
@@ -1924,9 +1932,10 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
                         lra_data.download_task(task, data, where)
             said = capsys.readouterr().err.strip().splitlines()[-1:]  # after the progress lines
             text = str(err.value) if err.type is lra_data.DataError else said[0]
-            assert str(what) in text and where in text and "\n" not in text.strip(), text
-            assert "by hand: download" in text or err.type is KeyboardInterrupt
-            assert not [p for p in data.rglob("*") if p.name != "pathfinder32"], (task, what)
+            what = getattr(what, "strerror", None) or str(what)  # a full disk: the folder's fault
+            assert what in text and where in text and "\n" not in text.strip(), text
+            assert "by hand: download" in text or err.type is KeyboardInterrupt or "space" in what
+            assert not list(data.rglob("*")), (task, what)  # nor an empty pathfinder32/
         for task, archive, max_len, folder in [
             ("text", "aclImdb_v1.tar.gz", 16, src / "aclImdb"),
             ("image", "cifar-10-python.tar.gz", 1024, src / "cifar-10-batches-py"),
@@ -1996,7 +2005,8 @@ def test_lra_data_cache_hit_equals_a_fresh_read(source, tmp_path):
 
 def test_lra_data_prepared_on_its_own_is_what_train_lra_reads(tmp_path):
     """python lra_data.py: fetch, read, check, write the prepared file, say so; train_lra.py with
-    the same flags (its paper preset) then reads that file alone. No data: one line, exit 1."""
+    the same flags (its paper preset) then reads that file alone. No data: one line, exit 1,
+    naming the scripts that have --download; a --download for a generated ListOps: said unused."""
     assert lra_data.MAX_LEN == {task: train_lra.TASKS[task]["max_len"] for task in lra_data.VOCAB}
     sizes = ["--data-dir", str(tmp_path), "--listops-size", "48", "--listops-eval-size", "12"]
     run = _cli("lra_data.py", *sizes, "--max-len", "30")
@@ -2011,6 +2021,11 @@ def test_lra_data_prepared_on_its_own_is_what_train_lra_reads(tmp_path):
     assert json.loads((folder / "generator.json").read_text())["shards"] == 16  # as written
     run = _cli("lra_data.py", "--task", "image", "--data-dir", str(tmp_path))
     assert run.returncode == 1 and run.stderr.startswith("lra_data.py: no data for task image")
+    assert "; train_lra.py's or lra_data.py's --download fetches https://" in run.stderr
+    options = dict(listops=_LRA_TINY_LISTOPS, download="http://x")  # a ListOps generated
+    notes = lra_data.load_task("listops", tmp_path, 30, **options)[1]
+    said = f"--download-url http://x is not used: {tmp_path / 'listops-tiny'} is generated"
+    assert said in notes[-1]
 
 
 def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_path, monkeypatch):
@@ -2032,6 +2047,11 @@ def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_pat
         assert notes[-1] == f"{cache}: rebuilt, as {why}" and " cache " not in notes[0]
         assert np.array_equal(data["test"].x2, want)  # and the next load reads the new cache:
         assert " cache " in lra_data.load_task("retrieval", tmp_path, 4)[1][0]
+    cache.write_bytes(b"damaged")  # and cannot be rewritten: said once, not "rebuilt" as well
+    with mock.patch.object(lra_data.np, "savez", side_effect=OSError(30, "Read-only file system")):
+        notes = lra_data.load_task("retrieval", tmp_path, 4)[1]
+    unwritten = f"cannot write the cache {cache} (Read-only file system): the next run reads again"
+    assert [note for note in notes if str(cache) in note] == [unwritten]
     shutil.rmtree(cache.parent)
     cache.parent.write_text("")  # a file where the cache folder goes: it cannot be written
     data, notes = lra_data.load_task("retrieval", tmp_path, 4)
@@ -2446,7 +2466,7 @@ def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
         ("Html", url, f"{url}/Html.zip is no whole zip archive"),
         ("Half", url, f"{url}/Half.zip holds no Half_TEST.ts"),
         ("Link", url, f"{url}/Link.zip: the member 'Link/Link_TRAIN.ts' is a link or a device"),
-        ("Nope", "not-a-url", "could not download not-a-url/Nope.zip"),
+        ("Nope", "not-a-url", "not-a-url/Nope.zip is no URL (no scheme) and no file: give http"),
     ]:
         with pytest.raises(DatasetNotFoundError) as err:
             uea_data.download_dataset(name, str(data_dir), url_used, progress=False)
@@ -2456,6 +2476,212 @@ def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
         assert "https://www.timeseriesclassification.com/dataset.php" in text
         assert f"{url_used}/{name}.zip" in text
         assert not [p.name for p in data_dir.rglob(".*")]  # no temporary file is left
+
+
+# ----------------------------------------------------------------------------------------------
+# download.py: its rules, as a table of folder states x archive shapes, and a fuzzer of archives
+
+_DL_FILES = {f"new_aan_pairs.{s}.tsv": s.encode() for s in ("train", "eval", "test")}  # marker 1st
+_DL_UEA = {"Toy_TRAIN.ts": b"train", "Toy_TEST.ts": b"test"}
+_DL_OTHER = [("lra_release/listops-1000/basic_train.tsv", b"other")]  # past the folder
+
+
+def _dl_members(zipped: bool) -> list:
+    """The valid archive's members: the UEA files (zip) or the release's tsv_data/, then more."""
+    folder, files = ("Toy", _DL_UEA) if zipped else ("lra_release/tsv_data", _DL_FILES)
+    return [(f"{folder}/{name}", data) for name, data in files.items()] + _DL_OTHER
+
+
+def _dl_archive(members: list, zipped: bool) -> bytes:
+    """A deflated zip or a gzipped tar of [(name, bytes; or a tar type as str: a link, a device;
+    in a zip, a symlink entry)], in that order."""
+    out, links = io.BytesIO(), (stat.S_IFLNK | 0o777) << 16  # a zip's Unix mode, as zip -y
+    if zipped:
+        with zipfile.ZipFile(out, "w", zipfile.ZIP_DEFLATED) as z, warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a name twice: zipfile's "Duplicate name"
+            for name, data in members:
+                info = zipfile.ZipInfo(name)
+                info.external_attr = links if isinstance(data, str) else 0
+                z.writestr(info, b"/etc/passwd" if isinstance(data, str) else data)
+        return out.getvalue()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            if isinstance(data, str):
+                info.type, info.linkname, data = data.encode(), "/etc/passwd", b""
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+@contextlib.contextmanager
+def _dl_refused(folder: pathlib.Path, code: int):
+    """Writes under folder fail with OSError(code), as on a read-only or full disk (as root,
+    chmod stops nothing): mkdir, unlink, rmdir, replace, and download.py's open for writing."""
+
+    def guard(call):
+        def guarded(*paths, **kw):
+            inside = [p for p in paths[:2] if str(p).startswith(str(folder))]
+            if inside and (call is not open or "w" in str(paths[1:2])):
+                exists = call is os.mkdir and os.path.exists(inside[0])  # EEXIST goes first
+                raise OSError(errno.EEXIST if exists else code, os.strerror(code), str(inside[0]))
+            return call(*paths, **kw)
+
+        return guarded
+
+    with contextlib.ExitStack() as stack:
+        for name in ("mkdir", "unlink", "rmdir", "replace"):
+            stack.enter_context(mock.patch.object(os, name, guard(getattr(os, name))))
+        stack.enter_context(mock.patch.object(download, "open", guard(open), create=True))
+        yield
+
+
+def _dl_fetch(where: str, dest: pathlib.Path, zipped: bool, **checks) -> str | None:
+    """download.fetch of the UEA files (a zip) or the release's tsv_data/ -> None, or the
+    refusal (Failed)."""
+    files = _DL_UEA if zipped else _DL_FILES
+    keep = "|".join(map(re.escape, files)) if zipped else ".*"
+    folder, kind = ("", "zip") if zipped else ("tsv_data", "tar")
+    try:
+        download.fetch(download.Archive(where, folder, keep, tuple(files), kind, **checks), dest)
+    except download.Failed as e:
+        return str(e)
+    return None
+
+
+_DL_RULES = [  # folder state, archive shape -> what is said: the user's files kept, or refused
+    ("absent", "whole", ""),
+    ("absent", "split", ""),  # read on past the folder: the rest of it comes later
+    ("absent", "local-path", ""),  # a path without a scheme: a file:// URL
+    ("absent", "hostile", "the member 'lra_release/tsv_data/../../evil' has an absolute path"),
+    ("absent", "cut", "is no whole tar archive"),
+    ("absent", "cut-early", "is no whole tar archive (its gzip header is cut short)"),
+    ("absent", "wrong-md5", "is not the expected archive: its MD5 is"),
+    ("absent", "loop", "HTTP Error 302: The HTTP server returned a redirect error that would"),
+    ("absent", "no-scheme", "is no URL (no scheme) and no file: give http(s)://..., or a local"),
+    ("complete", "whole", "kept all"),  # nothing asked of the server
+    ("marker-missing", "whole", "kept the 2 file(s)"),  # the user's eval and test kept
+    ("marker-missing", "split", "kept the 2 file(s)"),
+    ("user-file", "whole", ""),  # notes.txt: not the archive's, left alone
+    ("file-as-folder", "whole", "tsv_data is a file, where"),
+    ("folder-as-file", "whole", "new_aan_pairs.eval.tsv is a folder, not a file: nothing was"),
+    ("data-dir-file", "whole", "data (File exists) to unpack"),
+    ("read-only", "whole", "(Read-only file system) to unpack"),
+    ("read-only-parent", "whole", "data (Read-only file system) to unpack"),
+    ("full-disk", "whole", "(No space left on device) to unpack"),
+    ("absent", "zip", ""),  # UEA: a zip's files found by name, in a folder of their own
+    ("test-missing", "zip", "kept the 1 file(s)"),  # the user's TRAIN kept
+    ("absent", "zip-cut", "is no whole zip archive"),  # and no uea/ left behind
+]
+
+
+def _tree(root: pathlib.Path) -> dict:
+    """Every path under root -> its bytes (None: a folder)."""
+    return {p.relative_to(root): None if p.is_dir() else p.read_bytes() for p in root.rglob("*")}
+
+
+@pytest.mark.parametrize("state, shape, said", _DL_RULES, ids=_id)
+def test_download_rules_folder_states_by_archive_shapes(tmp_path, capsys, state, shape, said):
+    """fetch into each folder state from each archive shape: the archive's files placed and the
+    user's kept byte for byte (said, named), or one sentence naming the URL; nothing else
+    changed: no .part, no folder made, no file outside the data folder."""
+    root, server, zipped = tmp_path / "root", tmp_path / "server", shape.startswith("zip")
+    data, files = root / "data", _DL_UEA if zipped else _DL_FILES
+    dest = data / "uea" / "Toy" if zipped else data / "tsv_data"
+    whole, tar = _dl_archive(_dl_members(zipped), zipped), _dl_members(False)  # whole: a zip or tar
+    shapes = {"split": _dl_archive(tar[:1] + _DL_OTHER + tar[1:3], False), "cut-early": whole[:3]}
+    shapes |= {"hostile": _dl_archive([("lra_release/tsv_data/../../evil", b"!"), *tar], False)}
+    for name, content in {**shapes, "whole": whole, "zip": whole, "cut": whole[:-40]}.items():
+        _write(server / name, content)
+    _write(server / "zip-cut", whole[:-30])
+    root.mkdir()
+    kept = dict(complete=files, marker_missing=list(files)[1:], test_missing=["Toy_TRAIN.ts"])
+    for name in kept.get(state.replace("-", "_"), []):  # the user's own versions
+        _write(dest / name, b"the user's own " + files[name])
+    places = {"user-file": dest / "notes.txt", "file-as-folder": dest, "data-dir-file": data}
+    if state in places:
+        _write(places[state], "the user's")
+    if state in ("folder-as-file", "read-only"):
+        (dest / "new_aan_pairs.eval.tsv" if state == "folder-as-file" else data).mkdir(parents=True)
+    faults = {"read-only": (data, errno.EROFS), "read-only-parent": (root, errno.EROFS)}
+    faults["full-disk"] = (data, errno.ENOSPC)
+    refusals = _dl_refused(*faults[state]) if state in faults else contextlib.nullcontext()
+    before = _tree(root)
+    with refusals, _serve(server) as (url, asked):
+        ways = {"loop": f"{url}/loop/whole", "no-scheme": "whole", "wrong-md5": f"{url}/whole"}
+        where = {**ways, "local-path": str(server / "whole")}.get(shape, f"{url}/{shape}")
+        md5 = "0" * 32 if shape == "wrong-md5" else None
+        refused = _dl_fetch(where, dest, zipped, md5=md5)
+    err, after = capsys.readouterr().err, _tree(root)
+    assert not list(tmp_path.rglob("evil"))
+    if refused is not None or said == "kept all":  # nothing changed, nothing asked (complete)
+        assert refused is None or (said and said in refused and "\n" not in refused), refused
+        assert refused is None or where in refused
+        assert after == before and (asked == [] or said != "kept all")
+        return
+    assert said in err  # the user's files named, when kept ("" else)
+    assert f"downloading {where if '://' in where else (server / 'whole').as_uri()} (" in err
+    placed = {dest.relative_to(root) / name: content for name, content in files.items()}
+    folders = {folder: None for path in placed for folder in path.parents if folder.parts}
+    assert after == {**placed, **before, **folders}  # the user's files byte for byte
+
+
+def _dl_mutant(rng, zipped: bool) -> tuple:
+    """A seeded mutant of the valid archive (a zip, else a tar) -> (its bytes, what was done)."""
+    members, done = _dl_members(zipped), []
+    files, folder = list(_DL_UEA if zipped else _DL_FILES), members[0][0].rpartition("/")[0]
+    ways = ["reorder", "split", "hostile", "case", "cut"]  # a tar has no checksum of its data
+    for way in rng.sample([*ways, "flip"] if zipped else ways, rng.randint(1, 3)):
+        done.append(way)
+        at = rng.randrange(len(members))
+        if way == "reorder":
+            rng.shuffle(members)
+        if way == "split":  # the first needed file, then the rest of the folder after another
+            members = members[:1] + _DL_OTHER + [m for m in members[1:] if m not in _DL_OTHER]
+        if way == "hostile":  # a file of its own, or in a needed file's place, before or after
+            name, evil = rng.choice(["evil", *files]), rng.choice(["..", "/", "1", "2", "3"])
+            hostile = {"..": (f"{folder}/../../{name}", b"!"), "/": (f"/{folder}/{name}", b"!")}
+            hostile = hostile.get(evil, (f"{folder}/{name}", evil))  # a tar's hard link, symlink,
+            members.insert(rng.randint(0, len(members)), hostile)  # device; a zip's symlink
+        if way == "case":  # a file name in upper case (the folder's is kept)
+            path, _, name = members[at][0].rpartition("/")
+            members[at] = (f"{path}/{name.upper()}", members[at][1])
+    archive = bytearray(_dl_archive(members, zipped))
+    if "cut" in done:
+        archive = archive[: rng.randrange(len(archive))]
+    for at in rng.sample(range(len(archive)), 3 if "flip" in done else 0):
+        archive[at] ^= 1 << rng.randrange(8)
+    return bytes(archive), done
+
+
+def test_download_fuzz_archives_are_read_as_the_valid_one_or_refused(tmp_path, capsys):
+    """Seeded mutants of a valid archive (the release streamed, a tar checked first by its size,
+    a UEA zip), into an absent folder or one holding some of the user's files: either the files
+    of the valid archive (the user's kept) or one sentence naming the URL; never a traceback, a
+    file outside the data folder, a user's file changed, anything half-written left."""
+    n, counts = int(os.environ.get("DOWNLOAD_FUZZ", "40")), {}  # mutants per kind
+    with _serve(tmp_path / "server") as (url, asked):
+        for kind, seed in itertools.product(["stream", "checked", "zip"], range(n)):
+            rng, root, zipped = random.Random(seed), tmp_path / kind / str(seed), kind == "zip"
+            archive, done = _dl_mutant(rng, zipped)
+            where, files = f"{url}/{kind}{seed}", _DL_UEA if zipped else _DL_FILES
+            _write(tmp_path / "server" / f"{kind}{seed}", archive)
+            dest = root / "data" / ("uea/Toy" if zipped else "tsv_data")
+            user = {name: b"the user's " + files[name] for name in list(files)[1:] if seed % 2}
+            for name, content in user.items():
+                _write(dest / name, content)
+            size = len(archive) if kind == "checked" else None
+            refused = _dl_fetch(where, dest, zipped, size=size)
+            capsys.readouterr()
+            assert refused is None or (where in refused and "\n" not in refused), refused
+            got = {p.relative_to(dest): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+            want = user if refused else {name: user.get(name, b) for name, b in files.items()}
+            assert got == {pathlib.Path(name): b for name, b in want.items()}, (kind, done)
+            assert not list(tmp_path.rglob("evil")), (kind, done)
+            assert user or not refused or not (root / "data").exists()  # no folder left
+            outcome = "refused" if refused else "read-equal"
+            counts[kind, outcome] = counts.get((kind, outcome), 0) + 1
+    assert len(counts) == 6, counts  # each kind: some mutants read, some refused
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2530,6 +2756,32 @@ def _train_both(tmp: pathlib.Path, script: str, out: pathlib.Path, *more, printe
     with _one_thread(), contextlib.redirect_stdout(printed), contextlib.redirect_stderr(printed):
         runs.run(lambda cfg: box.append(module.main(cfg)), cfg, unit, errors)
     return box[0], printed.getvalue()
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_runs_a_failed_download_is_one_sentence_and_leaves_no_run_folder(tmp_path, script):
+    """A --download-url (alone: it implies --download) into a read-only data folder, into a
+    --data-dir that is a file, or failing as no one expected: one sentence (or that error), and
+    no run folder holding only `lock`, nor an empty folder above it."""
+    module, unit = SCRIPTS[script]
+    out, data, url = tmp_path / "runs" / "run", tmp_path / "data", f"file://{tmp_path}/no"
+    flags = ["--task", "retrieval"] if script == "train_lra.py" else ["--dataset", "Toy"]
+    argv = [*flags, "--download-url", url, "--data-dir", str(data), "--out", str(out)]
+    errors = (lra_data.DataError, uea_data.DatasetNotFoundError)
+    for fault, said in [("read-only", "data (Read-only file system)"), ("file", "(File exists)")]:
+        if fault == "file":
+            _write(data, "a file")
+        faults = (
+            _dl_refused(data, errno.EROFS) if fault == "read-only" else contextlib.nullcontext()
+        )
+        with faults, pytest.raises(SystemExit) as stop, contextlib.redirect_stdout(io.StringIO()):
+            runs.run(module.main, module.parse_config(argv), unit, errors)
+        assert said in stop.value.code and "\n" not in stop.value.code and url in stop.value.code
+        assert not (tmp_path / "runs").exists()
+    with mock.patch.object(download, "fetch", side_effect=RuntimeError("unexpected")):
+        with pytest.raises(RuntimeError), contextlib.redirect_stdout(io.StringIO()):
+            runs.run(module.main, module.parse_config(argv), unit, errors)
+    assert not (tmp_path / "runs").exists()
 
 
 def _result_of(out: pathlib.Path) -> dict:

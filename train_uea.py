@@ -43,7 +43,7 @@ class TrainConfig(runs.Settings):  # and --out --resume --overwrite --device --a
     preset: str = flag("paper", "paper (the official scripts' settings) | quick (small, CPU)")
     data_dir: str = flag("data/uea", "holds <Name>/<Name>_TRAIN.ts and <Name>_TEST.ts")
     download: bool = flag(False, "fetch <download-url>/<Name>.zip when the dataset is missing")
-    download_url: str = flag(uea_data.ARCHIVE_ZIPS, "where the per-dataset zips are")
+    download_url: str = flag("", "where the zips are, if not the UEA archive (implies --download)")
     seed: int = flag(666, "seed of the weights, dropout and the batch order", 0, runs.SEEDS)
     # optimisation: the official scripts (constant lr: their lr_step 1e6 never decays)
     epochs: int = flag(100, "training epochs (may grow on --resume)", 1)
@@ -83,7 +83,7 @@ def main(cfg: TrainConfig) -> dict:
     # 1) the run folder, locked and checked before anything is read or written (--resume may
     # add epochs); then the processes: under torchrun one per GPU or CPU share
     rank, world, device, autocast, ckpt = runs.start(
-        cfg, "train_uea.py", "epoch", cfg.epochs, may_change=("epochs", "download")
+        cfg, "train_uea.py", "epoch", cfg.epochs, may_change=("epochs", "download", "download_url")
     )
     ddp, master, cuda = "RANK" in os.environ, rank == 0, device.type == "cuda"
     say = tqdm.write if master else (lambda *_: None)  # rank 0 alone prints and writes
@@ -93,8 +93,9 @@ def main(cfg: TrainConfig) -> dict:
         say(f"{cfg.dataset} has no preset from the papers' scripts: the defaults above are used")
 
     # 2) data: TRAIN statistics, zero padding, padding masks; rank 0 downloads, if asked to
-    if cfg.download and master:  # fetches the dataset only when its files are missing
-        uea_data.download_dataset(cfg.dataset, cfg.data_dir, cfg.download_url)
+    if (cfg.download or cfg.download_url) and master:  # only when its files are missing
+        base = cfg.download_url or uea_data.ARCHIVE_ZIPS  # a --download-url implies --download
+        uea_data.download_dataset(cfg.dataset, cfg.data_dir, base)
     if ddp:
         dist.barrier()  # the others wait for the files
     data_args = dict(data_dir=cfg.data_dir, name=cfg.dataset, max_len=cfg.max_len)

@@ -252,14 +252,16 @@ def missing_dataset_message(data_dir: str, name: str, base_url: str, download: b
 
 def download_dataset(name: str, data_dir: str, base_url: str, progress: bool = True):
     """Fetch <base_url>/<Name>.zip and unpack <Name>_TRAIN.ts / _TEST.ts (wherever they stand
-    in the zip, named in any case) into <data-dir>/<Name>/, when either is missing; download.py
-    writes nothing else."""
+    in the zip, named in any case) into <data-dir>/<Name>/, when either is missing (one there is
+    kept, and said); download.py writes nothing else."""
     paths = dataset_paths(data_dir, name)
     url, names = f"{base_url.rstrip('/')}/{name}.zip", [p.name for p in paths]
     keep = "|".join(map(re.escape, names))  # no folder: found by file name alone
     archive = download.Archive(url, keep=keep, need=tuple(names), kind="zip")
     try:
         download.fetch(archive, paths[0].parent, progress)
+    except download.FolderError as e:  # the zip was not at fault: no way by hand
+        raise DatasetNotFoundError(str(e)) from None
     except download.Failed as e:
         by_hand = missing_dataset_message(data_dir, name, base_url, download=False)
         raise DatasetNotFoundError(f"{e}\n{by_hand}") from None
