@@ -16,6 +16,7 @@ files skip when they are not at UEA_DIR; the CUDA ones, without a GPU.
 """
 
 import argparse
+import collections
 import concurrent.futures
 import contextlib
 import copy
@@ -1442,15 +1443,17 @@ def _lra_write_png(path: pathlib.Path, image: np.ndarray, color_type=0, filters=
     return _write(path, png)
 
 
-def _lra_pathfinder(folder: pathlib.Path, n: int, side: int = 4) -> dict:
+def _lra_pathfinder(folder: pathlib.Path, n: int, side: int = 4, images=None) -> dict:
     """A Pathfinder release folder: image i in imgs/<i % 11>, listed in metadata/<i % 11>.npy; an
     empty PNG listed in 1.npy, which ends blank; 2.npy's last line lacks its newline (left out)
-    -> {TFDS key "<f0>_<f1>_<line>": (image or None if empty, label)} of the lines that count."""
-    rng, listed, keys = np.random.default_rng(2), {}, {}
+    -> {TFDS key "<f0>_<f1>_<line>": (image or None if empty, label)} of the lines that count;
+    images (a dict): filled with {path: image or None}."""
+    rng, listed, keys, images = np.random.default_rng(2), {}, {}, {} if images is None else images
+    images[str(folder / "imgs" / "1" / "sample_empty.png")] = None
     for i in range(n):
         k, label = i % 11, int(rng.integers(2))
         image = rng.integers(0, 256, (side, side), dtype=np.uint8)
-        _lra_write_png(folder / "imgs" / str(k) / f"sample_{i}.png", image)
+        images[str(_lra_write_png(folder / "imgs" / str(k) / f"sample_{i}.png", image))] = image
         listed.setdefault(k, []).append((f"imgs/{k} sample_{i}.png {i} {label} 1.0 14 4", image))
     _write(folder / "imgs" / "1" / "sample_empty.png", b"")  # counted, then dropped
     listed[1].append(("imgs/1 sample_empty.png 99 1 1.0 14 4\n", None))
@@ -1661,11 +1664,11 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("pathfinder", "imgs/0 sample_0.png 0\n", "0.npy:1: expected 'imgs/<k> sample_<i>.png i"),
     ("pathfinder", "\nimgs/0 sample_0.png 0 2\n", "0.npy:2: expected 'imgs/<k> sample_<i>.png"),
     ("pathfinder", "imgs/1 sample_empty.png 9 1\n", "the metadata names no image that is not"),
-    ("pathfinder", _lra_npy(np.array(["imgs/0 sample_0.png 0 1"])), "0.npy: binary; the release"),
+    ("pathfinder", _lra_npy(np.array(["imgs/0 sample_0.png 0 1"])), "0.npy:1: byte 0x93 is not"),
     ("pathfinder", "", "0.npy: empty; the release's metadata files each list many images"),
     ("pathfinder", "imgs/0 sample_0.png 0 1\nimgs/2 sample_2.png 2 0\n", "no image in the val"),
     ("pathfinder", None, "no metadata/*.npy in"),
-    ("pathfinder", 9, ".png: 16 pixels, but max_len is 9"),
+    ("pathfinder", 9, ".png: 4x4 pixels, but max_len 9 asks for square images"),
     ("pickle:listops", b"not a pickle", "@: not a PyTorch-LRA pickle (list of dicts)"),
     ("pickle:listops", [{"input_ids_0": [3]}], "@: not a PyTorch-LRA pickle"),  # no label
     ("pickle:retrieval", [{"input_ids_0": [3], "label": 1}], "@: not a PyTorch-LRA pickle"),
@@ -1674,12 +1677,12 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("pickle:listops", [([5], 10)], "@: a label that is not a class 0..9 of task listops"),
     ("pickle:listops", [([5], 1), ([5], -1)], "@: a label that is not a class"),
     ("pickle:text", [([5], "one")], "@: a label that is not a class 0..1 of task text"),
-    ("pickle:listops", [([5], 1), ([65536 + 5], 1)], "@: input_ids_0 outside [0, 17) for task"),
-    ("pickle:listops", [([-1], 1)], "@: input_ids_0 outside [0, 17)"),
-    ("pickle:image", [([256], 1)], "@: input_ids_0 outside [0, 256)"),
-    ("pickle:listops", [(["a"], 1)], "@: input_ids_0 holds something other than token ids"),
-    ("pickle:retrieval", [([5], [300], 1)], "@: input_ids_1 outside [0, 257)"),
-    ("pickle:retrieval", [([5], "ab", 1)], "@: input_ids_1 holds something other than token ids"),
+    ("pickle:listops", [([5], 1), ([65536 + 5], 1)], "@: input_ids_0 of item 1 holds something"),
+    ("pickle:listops", [([-1], 1)], "@: input_ids_0 of item 0 holds something other than token"),
+    ("pickle:image", [([256], 1)], "other than token ids in [0, 256) of task image in a row"),
+    ("pickle:listops", [(["a"], 1)], "@: input_ids_0 of item 0 holds something other than token"),
+    ("pickle:retrieval", [([5], [300], 1)], "@: input_ids_1 of item 0 holds something other"),
+    ("pickle:retrieval", [([5], "ab", 1)], "@: input_ids_1 of item 0 holds something other than"),
     ("pickle:listops", [([0, 0], 1)], "@: no example has a real token"),
     ("load_task", dict(task="lisops", max_len=8), "unknown task 'lisops'"),
     ("load_task", dict(task="listops", max_len=0), "max_len must be a positive integer, got 0"),
@@ -2079,6 +2082,367 @@ def test_uea_data_reader_errors_name_file_line_and_problem(rows, options, where,
     assert str(err.value).startswith(f"{path}:{line}: " if line else f"{path}: "), str(err.value)
     assert what in str(err.value) and "\n" not in str(err.value)
     assert err.value.path == str(path) and err.value.line_no == line
+
+
+# ----------------------------------------------------------------------------------------------
+# every reader, fuzzed: a seeded mutant of a valid input is read exactly as a plain reading of
+# the same bytes here reads it, or refused in one sentence naming a path under its folder
+
+FUZZ_MUTANTS = int(os.environ.get("FUZZ_MUTANTS", "60"))  # per reader; more for a long run
+_FUZZ_BYTES = [b"\t", b"\n", b"\r", b'"', b"\xc2\xb2", b"\xe9", b"\0", b"?", b":", b",", b"#"]
+_FUZZ_BYTES += [b" ", b"\x0c", b"\xc2\x85", b"\xef\xbb\xbf", b"]", b"(", b"9", b"-", b".", b"1"]
+
+
+def _pick(rng: np.random.Generator, options: list):
+    return options[int(rng.integers(len(options)))]
+
+
+def _mutate(data: bytes, rng: np.random.Generator) -> bytes:
+    """1 to 3 seeded changes: flip a bit, insert random or chosen bytes, delete some, cut the
+    end, re-encode (latin-1, UTF-16), change the line ends, add a byte-order mark."""
+    for _ in range(int(rng.integers(1, 4))):
+        i, kind = int(rng.integers(len(data) + 1)), int(rng.integers(8))
+        if kind == 0 and i < len(data):
+            data = data[:i] + bytes([data[i] ^ (1 << int(rng.integers(8)))]) + data[i + 1 :]
+        elif kind in (1, 2):
+            new = rng.bytes(int(rng.integers(1, 4))) if kind == 1 else _pick(rng, _FUZZ_BYTES)
+            data = data[:i] + new + data[i:]
+        elif kind == 3:
+            data = data[:i] + data[i + int(rng.integers(1, 5)) :]
+        elif kind == 4:
+            data = data[:i]
+        elif kind == 5:
+            data = data.decode("utf-8", "replace").encode(
+                _pick(rng, ["latin-1", "utf-16"]), "replace"
+            )
+        elif kind == 6:
+            ends = [(b"\r\n", b"\n"), (b"\n", b"\r\n"), (b"\n", b"\r")]
+            data = data.replace(*_pick(rng, ends))
+        else:
+            data = b"\xef\xbb\xbf" + data
+    return data
+
+
+def _mutate_file(path: pathlib.Path, rng: np.random.Generator) -> None:
+    path.write_bytes(_mutate(path.read_bytes(), rng))
+
+
+def _odd_entry(folder: pathlib.Path, name: str, rng: np.random.Generator) -> None:
+    """Beside (or instead of) folder/name: an AppleDouble file, a folder named like a file, a
+    link to a file or to nothing."""
+    kind, path = int(rng.integers(5)), folder / name
+    if kind == 0:
+        _write(folder / f"._{name}", b"\0\x05\x16\x07\0\x02\0\0Mac OS X" + rng.bytes(20))
+    elif kind in (1, 2):  # 1: a folder named like a file; 2: the file replaced by a folder
+        if kind == 2:
+            path.unlink()
+        (folder / (name if kind == 2 else f"9{name}")).mkdir()
+    else:  # a link beside the file: to it, or to nothing
+        (folder / f"8{name}").symlink_to(path if kind == 3 else folder / "nothing")
+
+
+def _split_rows(split: lra_data.Split) -> list:
+    """A Split as [(ids, label)] or [(ids, ids2, label)], real tokens only."""
+    docs = [(split.x, split.lengths)]
+    if split.x2 is not None:
+        docs.append((split.x2, split.lengths2))
+    rows = [[tuple(x[i, : n[i]].tolist()) for x, n in docs] for i in range(len(split.y))]
+    return [(*row, int(y)) for row, y in zip(rows, split.y, strict=True)]
+
+
+def _whole(value, high: int) -> int:
+    """A plain check of one label or id: a number (int, bool, float, numpy's), whole, 0..high-1."""
+    assert isinstance(value, (int, float, np.bool_, np.integer, np.floating))
+    assert float(value).is_integer()
+    assert 0 <= value < high
+    return int(value)
+
+
+_VOCAB = {**{str(d): d + 1 for d in range(10)}, "[MIN": 11, "[MAX": 12, "[MED": 13, "[SM": 14}
+
+
+def _listops_by_hand(path: pathlib.Path, max_len: int) -> list:
+    """Strict UTF-8, lines on \\n (a \\r before it dropped), the header, then expression TAB
+    digit; parentheses dropped, words by _VOCAB ("]" = "X" = 15, 16 else); no token: left out."""
+    text = path.read_bytes().decode("utf-8")
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    assert lines[0] == "Source\tTarget"
+    rows = []
+    for line in filter(None, lines[1:]):
+        expression, label = line.split("\t")
+        assert re.fullmatch("[0-9]", label)
+        words = expression.replace("(", "").replace(")", "").split()
+        ids = [{**_VOCAB, "X": 15}.get(word.replace("]", "X"), 16) for word in words]
+        rows += [(tuple(ids[:max_len]), int(label))] if ids else []
+    assert rows
+    return rows
+
+
+def _aan_by_hand(path: pathlib.Path, max_len: int) -> list:
+    """Bytes, lines on \\n (a \\r before it dropped), 5 tab-separated fields, the label a number
+    0 or 1, each text cut to 10000 bytes, ids bytes + 1; a pair with an empty text left out."""
+    rows = []
+    for line in path.read_bytes().split(b"\n"):
+        fields = line.removesuffix(b"\r").split(b"\t")
+        if fields != [b""]:
+            label, _, _, text1, text2 = fields
+            assert float(label) in (0, 1)
+            ids = [tuple(byte + 1 for byte in text[:10000][:max_len]) for text in (text1, text2)]
+            rows += [(*ids, int(float(label)))] if all(ids) else []
+    assert rows
+    return rows
+
+
+def _imdb_by_hand(folder: pathlib.Path, max_len: int) -> tuple:
+    """{train, test: [(ids, label)]} of the <split>/{neg,pos}/*.txt not starting with '.' in
+    name order, each stripped of ASCII whitespace, ids bytes + 1, and the files read."""
+    splits, read = {}, []
+    for split, (label, polarity) in itertools.product(("train", "test"), enumerate(("neg", "pos"))):
+        names = sorted(os.listdir(folder / split / polarity))
+        names = [name for name in names if name.endswith(".txt") and name[0] != "."]
+        assert names  # a folder or a link to nothing: read_bytes fails
+        texts = [(folder / split / polarity / name).read_bytes().strip() for name in names]
+        read += [str(folder / split / polarity / name) for name in names]
+        rows = [(tuple(byte + 1 for byte in text[:max_len]), label) for text in texts if text]
+        splits[split] = splits.get(split, []) + rows
+    assert all(splits.values())
+    return splits, read
+
+
+def _cifar_by_hand(folder: pathlib.Path) -> dict:
+    """Each batch read plainly (a dict, data uint8 (n, 3072), n labels 0..9 in a list or an
+    array (n,) or (n, 1)), written again in the plain form (a list of ints) and read."""
+    for file in sorted(folder.iterdir()):
+        batch = pickle.loads(file.read_bytes(), encoding="bytes")
+        data, labels = batch[b"data"], batch[b"labels"]
+        assert isinstance(data, np.ndarray) and data.dtype == np.uint8 and len(data)
+        assert data.shape == (len(data), 3072)
+        if isinstance(labels, np.ndarray):
+            assert labels.shape in ((len(data),), (len(data), 1))
+            labels = list(labels.reshape(-1))
+        plain = {b"data": data, b"labels": [_whole(label, 10) for label in labels]}
+        assert len(plain[b"labels"]) == len(data)
+        _write(folder.parent / "plain" / file.name, pickle.dumps(plain))
+    return _cifar_rows(folder.parent / "plain")
+
+
+def _cifar_rows(folder: pathlib.Path) -> dict:
+    return {name: _split_rows(s) for name, s in lra_data.read_cifar(folder, 1024).items()}
+
+
+def _cifar_mutate(folder: pathlib.Path, rng: np.random.Generator) -> None:
+    """A batch's bytes, or its labels (a container, a dtype, a shape, a value) or data changed."""
+    file = folder / _pick(rng, [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"])
+    if rng.integers(3) == 0:
+        return _mutate_file(file, rng)
+    batch, kind = pickle.loads(file.read_bytes(), encoding="bytes"), int(rng.integers(5))
+    data, labels = batch[b"data"], batch[b"labels"]
+    if kind == 0:
+        dtype = _pick(rng, [np.int8, np.uint8, np.int64, np.float32, np.float64, bool])
+        labels = np.array(labels, dtype).reshape(_pick(rng, [(-1,), (-1, 1), (1, -1)]))
+    elif kind == 1:
+        labels[rng.integers(5)] = _pick(
+            rng, [10, -1, 2.5, 3.0, "3", None, True, 2**70, np.int16(4)]
+        )
+    elif kind == 2:
+        data = data.astype(_pick(rng, [np.int16, np.float32, np.int64]))
+    elif kind == 3:
+        data = data.reshape(_pick(rng, [(5, 32, 32, 3), (5, 3, 1024), (15, 1024), (1, 15360)]))
+    else:
+        data = data[: rng.integers(5)]  # fewer images than labels, or none
+    file.write_bytes(pickle.dumps({b"data": data, b"labels": labels}))
+
+
+def _pathfinder_by_hand(folder: pathlib.Path, images: dict) -> list:
+    """metadata/*.npy not starting with '.', as strict UTF-8 lines ("imgs/<k> sample_<i>.png i
+    label ...", the last, unended, left out; blank ones skipped), each naming an image written
+    here; in TFDS order (MD5 of "hard" + key), cut at 80 % and 90 %; empty PNGs then dropped."""
+    metas = sorted(p for p in (folder / "metadata").iterdir() if p.name[0] != ".")
+    lines = []
+    for meta in [p for p in metas if p.name.endswith(".npy")]:
+        text = meta.read_bytes().decode("utf-8")
+        for n, line in enumerate(text.split("\n")[:-1], start=1):
+            if line.strip():
+                f0, f1, _, label = line.split(" ")[:4]
+                assert label in ("0", "1") and os.path.isfile(folder / f0 / f1)
+                lines.append((f"{f0}_{f1}_{n}", images[str(folder / f0 / f1)], int(label)))
+    order = sorted(lines, key=lambda line: hashlib.md5(f"hard{line[0]}".encode()).hexdigest())
+    cuts = [0, round(len(order) * 80 / 100), round(len(order) * 90 / 100), len(order)]
+    parts = [order[a:b] for a, b in itertools.pairwise(cuts)]
+    splits = [
+        [(tuple(image.reshape(-1).tolist()), y) for _, image, y in part if image is not None]
+        for part in parts
+    ]
+    assert all(splits)
+    return splits
+
+
+def _pathfinder_mutate(folder: pathlib.Path, rng: np.random.Generator) -> None:
+    """A metadata file's bytes; an odd entry among the metadata or in place of a listed PNG."""
+    kind = int(rng.integers(4))
+    if kind == 0:
+        return _odd_entry(folder / "metadata", "0.npy", rng)
+    if kind == 1:
+        return _odd_entry(folder / "imgs" / "0", "sample_0.png", rng)
+    _mutate_file(folder / "metadata" / _pick(rng, ["0.npy", "1.npy", "2.npy"]), rng)
+
+
+def _pickle_by_hand(path: pathlib.Path, max_len: int) -> list:
+    """A ListOps PyTorch-LRA pickle read plainly: a list of dicts; input_ids_0 a row of whole
+    numbers 0..16, cut to max_len, its zeros at the end padding; label a whole number 0..9 (or
+    a row of one); an item with no real token left out."""
+    rows = []
+    for item in pickle.loads(path.read_bytes()):
+        ids, (label,) = item["input_ids_0"], np.ravel(item["label"])
+        assert np.ndim(ids) == 1
+        row = [_whole(value, 17) for value in ids][:max_len]
+        while row and row[-1] == 0:
+            row.pop()
+        rows += [(tuple(row), _whole(label, 10))] if row else []
+    assert rows
+    return rows
+
+
+def _pickle_mutate(path: pathlib.Path, rng: np.random.Generator) -> None:
+    """The pickle's bytes, or an item's ids or label: another value, container, dtype, shape."""
+    if rng.integers(3) == 0:
+        return _mutate_file(path, rng)
+    items = pickle.loads(path.read_bytes())
+    item = items[int(rng.integers(len(items)))]
+    values = [10, -1, 2.5, 3.0, "1", None, [1], np.int8(1), True, 2**70, np.nan, [3, 0], [[1, 2]]]
+    values += [np.arange(3).astype(_pick(rng, [np.float32, np.uint8, np.int16, str, object]))]
+    item[_pick(rng, ["input_ids_0", "label"])] = _pick(rng, values)
+    path.write_bytes(pickle.dumps(items))
+
+
+def _ts_plain(path: pathlib.Path) -> list:
+    """A .ts file read plainly: lines as Python's text mode splits them, '#' comments and blank
+    lines skipped; after @data, cases 'v,v:v,v:label' with a label that @classLabel lists, '?'
+    filled linearly in time, the ends by the nearest value -> [(steps (L, F), label)]."""
+    text = path.read_bytes().decode("utf-8", "replace").removeprefix("\ufeff")
+    lines = [line.strip() for line in re.split("\r\n|\r|\n", text)]
+    lines = [line for line in lines if line and line[0] != "#"]
+    start = [line.lower() for line in lines].index("@data") + 1
+    [names] = [line.split()[2:] for line in lines[:start] if line.lower().startswith("@classlabel")]
+    cases = []
+    for line in lines[start:]:
+        *channels, label = line.split(":")
+        assert label.strip() in names
+        filled = []
+        for channel in channels:
+            values = [math.nan if v.strip() == "?" else float(v) for v in channel.split(",")]
+            known = [i for i, v in enumerate(values) if v == v]  # not NaN
+            for i in set(range(len(values))) - set(known):
+                left = max([k for k in known if k < i], default=min(known))
+                right = min([k for k in known if k > i], default=max(known))
+                slope = (values[right] - values[left]) / max(right - left, 1)
+                values[i] = (
+                    slope * (i - left) + values[left]
+                    if left < i < right
+                    else values[left if left < i else right]
+                )
+            filled.append(values)
+        cases.append(([list(step) for step in zip(*filled, strict=True)], label.strip()))
+    return cases
+
+
+def _ts_rows(path: pathlib.Path) -> list:
+    ts = read_ts(path, require_labels=True)
+    return [(s.tolist(), ts.class_names[y]) for s, y in zip(ts.series, ts.labels, strict=True)]
+
+
+_TS = _toy_ts(["1,2,3:4,5,6:down", "7,8:1.5,-2:up", "# note", "0.5,?,2,?:?,3,4,5:up"])[0]
+_PATHFINDER_IMAGES = {}  # path -> image, as written
+_FUZZ = {  # reader -> (write a valid input under folder, mutate it, read it, read it by hand)
+    "listops": (
+        lambda f: lra_data.write_listops(f, dict(_LRA_TINY_LISTOPS, seed=0), progress=False),
+        lambda f, rng: _mutate_file(f / "basic_val.tsv", rng),
+        lambda f: _split_rows(lra_data.read_listops_tsv(f / "basic_val.tsv", 60)[0]),
+        lambda f: _listops_by_hand(f / "basic_val.tsv", 60),
+    ),
+    "aan": (
+        _lra_aan,
+        lambda f, rng: _mutate_file(f / "tsv_data" / "new_aan_pairs.train.tsv", rng),
+        lambda f: _split_rows(lra_data.read_aan_tsv(f / "tsv_data/new_aan_pairs.train.tsv", 4)[0]),
+        lambda f: _aan_by_hand(f / "tsv_data" / "new_aan_pairs.train.tsv", 4),
+    ),
+    "imdb": (
+        lambda f: _lra_imdb(f, {"neg": ["bad film", " dull\r\n"], "pos": ["good", "fine"]}),
+        lambda f, rng: (
+            _mutate_file(f / "aclImdb/train/neg/1_7.txt", rng)
+            if rng.integers(2)
+            else _odd_entry(f / "aclImdb" / _pick(rng, ["train/neg", "test/pos"]), "0_7.txt", rng)
+        ),
+        lambda f: (
+            {
+                s: _split_rows(split)
+                for s, split in lra_data.read_imdb(f / "aclImdb", 6)[0].items()
+                if s != "val"
+            },
+            list(map(str, lra_data._release_files("text", f / "aclImdb"))),
+        ),
+        lambda f: _imdb_by_hand(f / "aclImdb", 6),
+    ),
+    "cifar": (_lra_cifar, _cifar_mutate, _cifar_rows, _cifar_by_hand),
+    "pathfinder": (
+        lambda f: _lra_pathfinder(f / "curv_contour_length_14", 22, images=_PATHFINDER_IMAGES),
+        lambda f, rng: _pathfinder_mutate(f / "curv_contour_length_14", rng),
+        lambda f: [
+            _split_rows(s)
+            for s in lra_data.read_pathfinder(f / "curv_contour_length_14", 16)[0].values()
+        ],
+        lambda f: _pathfinder_by_hand(f / "curv_contour_length_14", _PATHFINDER_IMAGES),
+    ),
+    "pickle": (
+        lambda f: _lra_pickles(
+            f, "listops", [{"input_ids_0": [5, 6, 0, 7, 0], "label": i} for i in range(3)]
+        ),
+        lambda f, rng: _pickle_mutate(f / "listops.train.pickle", rng),
+        lambda f: _split_rows(
+            lra_data.read_lra_pickle(f / "listops.train.pickle", "listops", 4)[0]
+        ),
+        lambda f: _pickle_by_hand(f / "listops.train.pickle", 4),
+    ),
+    "uea": (
+        lambda f: _write(f / "Toy_TRAIN.ts", _TS),
+        lambda f, rng: _mutate_file(f / "Toy_TRAIN.ts", rng),
+        lambda f: _ts_rows(f / "Toy_TRAIN.ts"),
+        lambda f: _ts_plain(f / "Toy_TRAIN.ts"),
+    ),
+}
+
+
+@pytest.mark.parametrize("reader", _FUZZ)
+def test_readers_fuzzed_read_as_by_hand_or_refuse_in_one_sentence(reader, tmp_path):
+    """FUZZ_MUTANTS seeded mutants: the reader's result equals the plain reading here, or it
+    raises its module's error, one line naming a path under the mutant's folder; never another
+    exception, never other data. The outcomes are counted (pytest -s shows them)."""
+    write, mutate, read, by_hand = _FUZZ[reader]
+    outcomes = collections.Counter()
+    for seed in range(FUZZ_MUTANTS):
+        folder = tmp_path / str(seed)
+        write(folder)
+        mutate(folder, np.random.default_rng(seed))
+        try:
+            got = read(folder)
+        except (lra_data.DataError, TsFormatError) as e:
+            assert str(folder) in str(e) and "\n" not in str(e), (seed, str(e))
+            try:  # counted apart: refused by the reader alone (stricter than by hand)
+                by_hand(folder)
+                outcomes["refused, read by hand"] += 1
+            except Exception:
+                outcomes["refused"] += 1
+            continue
+        except Exception as e:  # never another exception
+            pytest.fail(f"{reader}, seed {seed}: {e!r}")
+        try:
+            want = by_hand(folder)
+        except Exception as e:  # the plain reading refuses: a silent misreading
+            want = f"refused by hand ({e!r})"
+        assert got == want, (reader, seed)
+        outcomes["read as by hand"] += 1
+    print(reader, dict(outcomes))
+    assert outcomes["read as by hand"] and outcomes["refused"] + outcomes["refused, read by hand"]
 
 
 # ----------------------------------------------------------------------------------------------

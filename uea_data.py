@@ -86,7 +86,7 @@ def read_ts(path, require_labels: bool = False) -> TsFile:
             labels.append(_parse_label(label, class_names, header, path, line_no))
             line_numbers.append(line_no)
         elif line.startswith("@"):  # aeon tolerates free text before @data; so do we
-            tag, value = (line[1:].split(maxsplit=1) + [""])[:2]
+            tag, value = (line[1:].split(maxsplit=1) + ["", ""])[:2]  # "@" alone: tag ""
             in_data = _parse_tag(tag.lower(), value.strip(), header, class_names, path, line_no)
             if in_data:
                 if require_labels and not class_names:
