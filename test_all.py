@@ -2297,7 +2297,7 @@ def _cifar_by_hand(f: pathlib.Path) -> dict:
         assert data.shape == (len(data), 3072) and len(labels) == len(data)
         plain = {b"data": data, b"labels": [_whole(label, 10) for label in labels]}
         _write(f.parent / f"{f.name}-plain" / file.name, pickle.dumps(plain))
-    return _fuzz_read("cifar", f.parent / f"{f.name}-plain")
+    return _FUZZ_READ["cifar"](f.parent / f"{f.name}-plain")
 
 
 _PATHFINDER_IMAGES = {}  # path -> image (None: empty), as _lra_pathfinder wrote them
@@ -2338,62 +2338,54 @@ def _pickle_by_hand(f: pathlib.Path) -> list:
     return [row for row in rows if row[0]]
 
 
-def _fuzz_write(reader: str, f: pathlib.Path) -> None:
-    """A valid input of reader's under f, written by the helpers of its table-driven tests."""
-    if reader == "listops":
-        lra_data.write_listops(f, dict(_LRA_TINY_LISTOPS, seed=0), progress=False)
-    elif reader == "aan":
-        _lra_aan(f)
-    elif reader == "uea":
-        _write(f / "Toy_TRAIN.ts", _TS)
-    elif reader == "imdb":
-        _lra_imdb(f, {"neg": ["bad film", " dull\r\n"], "pos": ["good", "fine"]})
-    elif reader == "cifar":
-        _lra_cifar(f)
-    elif reader == "pathfinder":
-        _lra_pathfinder(f / lra_data.PATH_HARD, 22, images=_PATHFINDER_IMAGES)
-    else:
-        _lra_pickles(f, "listops", [dict(input_ids_0=[5, 6, 0, 7, 0], label=i) for i in range(3)])
-
-
-def _fuzz_read(reader: str, f: pathlib.Path):
-    """The reader's result on f, in the terms of the plain readings."""
-    if reader in ("listops", "aan", "pickle"):
-        read = dict(listops=lra_data.read_listops_tsv, aan=lra_data.read_aan_tsv)
-        read = read.get(reader, functools.partial(lra_data.read_lra_pickle, task="listops"))
-        return _split_rows(read(f / _FUZZ[reader][0], max_len=dict(listops=60).get(reader, 4))[0])
-    if reader == "imdb":
-        splits = lra_data.read_imdb(f / "aclImdb", 6)[0]
-        read = list(map(str, lra_data._release_files("text", f / "aclImdb")))  # the cache's key
-        return {name: _split_rows(splits[name]) for name in ("train", "test")}, read
-    if reader == "cifar":
-        return {name: _split_rows(s) for name, s in lra_data.read_cifar(f, 1024).items()}
-    if reader == "pathfinder":
-        splits = lra_data.read_pathfinder(f / lra_data.PATH_HARD, 16)[0]
-        return [_split_rows(splits[name]) for name in lra_data.SPLITS]
-    ts = read_ts(f / "Toy_TRAIN.ts", require_labels=True)
-    return _ts_listed(ts.series, [ts.class_names[y] for y in ts.labels])
+def _imdb_read(f: pathlib.Path) -> tuple:
+    splits = lra_data.read_imdb(f / "aclImdb", 6)[0]
+    read = list(map(str, lra_data._release_files("text", f / "aclImdb")))  # the cache's key
+    return {name: _split_rows(splits[name]) for name in ("train", "test")}, read
 
 
 def _ts_listed(cases: list, labels: list) -> list:
     return [(case.tolist(), label) for case, label in zip(cases, labels, strict=True)]
 
 
+def _ts_read(path: pathlib.Path) -> list:
+    ts = read_ts(path, require_labels=True)
+    return _ts_listed(ts.series, [ts.class_names[y] for y in ts.labels])
+
+
 _TS = _toy_ts(["1,2,3:4,5,6:down", "7,8:1.5,-2:up", "# note", "0.5,?,2,?:?,3,4,5:up"])[0]
-_PF = lra_data.PATH_HARD
+_PF, _ITEMS = lra_data.PATH_HARD, [dict(input_ids_0=[5, 6, 0, 7, 0], label=i) for i in range(3)]
+_PF_ODD = [f"{_PF}/metadata/0.npy", f"{_PF}/imgs/0/sample_0.png"]  # an odd entry beside, or as
 _FUZZ = {  # reader -> (the file mutated, files for an odd entry, objects changed, read by hand)
     "listops": ("basic_val.tsv", [], None, _listops_by_hand),
     "aan": ("tsv_data/new_aan_pairs.train.tsv", [], None, _aan_by_hand),
     "imdb": ("aclImdb/train/neg/1_7.txt", ["aclImdb/test/pos/0_7.txt"], None, _imdb_by_hand),
     "cifar": ("data_batch_2", [], _cifar_change, _cifar_by_hand),
-    "pathfinder": (
-        f"{_PF}/metadata/1.npy",
-        [f"{_PF}/metadata/0.npy", f"{_PF}/imgs/0/sample_0.png"],
-        None,
-        _pathfinder_by_hand,
-    ),
+    "pathfinder": (f"{_PF}/metadata/1.npy", _PF_ODD, None, _pathfinder_by_hand),
     "pickle": ("listops.train.pickle", [], _pickle_change, _pickle_by_hand),
     "uea": ("Toy_TRAIN.ts", [], None, lambda f: _ts_listed(*_ts_by_hand(f / "Toy_TRAIN.ts"))),
+}
+_FUZZ_WRITE = {  # a valid input, written by the helpers of the table-driven tests
+    "listops": lambda f: lra_data.write_listops(f, dict(_LRA_TINY_LISTOPS, seed=0), False),
+    "aan": _lra_aan,
+    "imdb": lambda f: _lra_imdb(f, {"neg": ["bad film", " dull\r\n"], "pos": ["good", "fine"]}),
+    "cifar": _lra_cifar,
+    "pathfinder": lambda f: _lra_pathfinder(f / _PF, 22, images=_PATHFINDER_IMAGES),
+    "pickle": lambda f: _lra_pickles(f, "listops", _ITEMS),
+    "uea": lambda f: _write(f / "Toy_TRAIN.ts", _TS),
+}
+_FUZZ_READ = {  # the reader's result, in the terms of the plain readings
+    "listops": lambda f: _split_rows(lra_data.read_listops_tsv(f / "basic_val.tsv", 60)[0]),
+    "aan": lambda f: _split_rows(lra_data.read_aan_tsv(f / _FUZZ["aan"][0], 4)[0]),
+    "imdb": _imdb_read,
+    "cifar": lambda f: {n: _split_rows(s) for n, s in lra_data.read_cifar(f, 1024).items()},
+    "pathfinder": lambda f: [
+        _split_rows(s) for s in lra_data.read_pathfinder(f / _PF, 16)[0].values()
+    ],
+    "pickle": lambda f: _split_rows(
+        lra_data.read_lra_pickle(f / _FUZZ["pickle"][0], "listops", 4)[0]
+    ),
+    "uea": lambda f: _ts_read(f / "Toy_TRAIN.ts"),
 }
 
 
@@ -2407,7 +2399,7 @@ def test_readers_fuzzed_read_as_by_hand_or_refuse_in_one_sentence(reader, tmp_pa
     outcomes = collections.Counter()
     for seed in range(FUZZ_MUTANTS):
         folder, rng = tmp_path / str(seed), np.random.default_rng(seed)
-        _fuzz_write(reader, folder)
+        _FUZZ_WRITE[reader](folder)
         kind = int(rng.integers(3))
         if kind == 0 and odd:
             _odd_entry(folder / _pick(rng, odd), rng)
@@ -2416,7 +2408,7 @@ def test_readers_fuzzed_read_as_by_hand_or_refuse_in_one_sentence(reader, tmp_pa
         else:
             _mutate(folder / file, rng)
         try:
-            got = _fuzz_read(reader, folder)
+            got = _FUZZ_READ[reader](folder)
         except (lra_data.DataError, TsFormatError) as e:
             assert str(folder) in str(e) and "\n" not in str(e), (seed, str(e))
             try:  # counted apart: refused by the reader alone (stricter than by hand)
