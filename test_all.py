@@ -2103,6 +2103,7 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     ([_OK], dict(labels="up down up"), "@classLabel", "@classLabel repeats a label"),
     ([_OK], dict(extra=["@classLabel maybe"]), "@classLabel maybe", "must be 'true <labels"),
     ([_OK], dict(extra=["@dimensions two"]), "@dimensions two", "@dimensions must be a positive"),
+    ([_OK], dict(extra=["@dimensions \u00b22"]), "@dimensions", "@dimensions must be a positive"),
     ([_OK], dict(extra=["@seriesLength 0"]), "@seriesLength", "@serieslength must be a positive"),
     *[
         ([_OK], dict(extra=[f"@{tag} maybe"]), f"@{tag} maybe", f"@{tag.lower()} must be true or")

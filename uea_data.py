@@ -128,7 +128,7 @@ def _parse_tag(tag: str, value: str, header: dict, class_names: list, path, line
         # Decision: refuse rather than drop the time stamps (irregular sampling would be lost
         # silently); none of the UEA classification datasets uses them.
         raise TsFormatError(path, line_no, "@timeStamps true: timestamps not supported")
-    if tag in ("dimensions", "serieslength") and not (value.isdigit() and int(value) > 0):
+    if tag in ("dimensions", "serieslength") and not re.fullmatch("0*[1-9][0-9]*", value):
         raise TsFormatError(path, line_no, f"@{tag} must be a positive integer, got {value!r}")
     if tag == "classlabel":
         words = value.split()
