@@ -2046,7 +2046,7 @@ def _rows(rng, words: list, length: int = 3) -> list:
 def test_uea_data_reader_values_labels_missing_steps_and_unlabelled_files(tmp_path):
     """An equal-length file: values, header-order labels, tags case-insensitive; '?' filled
     linearly per channel, ends by the nearest; files without class labels; regression targets."""
-    rows = ["1,2,3:4,5,6:down", "# a comment", "  ", "7,8,9:1.5,-2,3e-1:up"]  # 2 cases
+    rows = ["1,2,3:4,5,6:down", "# a comment\x0c7:7:up", "  ", "7,8,9:1.5,-2,3e-1:up"]  # 2 cases
     text = _toy_ts(rows, equal="true", length=3)[0].replace("@problemName", "@PROBLEMNAME")
     # a non-UTF-8 comment byte (latin-1 é), as in some archive files
     path = _write(tmp_path / "Toy_TRAIN.ts", text.encode().replace(b"# toy", b"# caf\xe9 toy"))

@@ -73,7 +73,10 @@ def read_ts(path, require_labels: bool = False) -> TsFile:
     if b"\0" in data:  # text never holds NUL; zip, gzip, UTF-16 text and other binaries do
         raise TsFormatError(path, None, "NUL bytes: a binary or UTF-16 file, not .ts text")
     # Archive comments may hold non-UTF-8 bytes (a latin-1 µ): replace them; refuse them below.
-    for line_no, raw in enumerate(data.decode("utf-8", "replace").splitlines(), start=1):
+    # Lines end as in Python's text mode (\n, \r\n, \r), not str.splitlines' (also \f, \x85):
+    # "# note\f1,2:up" is a comment, as the official loader reads it.
+    text = data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+    for line_no, raw in enumerate(text.split("\n"), start=1):
         line = raw.strip().lstrip("\ufeff")
         if not line or line.startswith("#"):
             continue
