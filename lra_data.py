@@ -445,11 +445,11 @@ def read_cifar(folder: pathlib.Path, max_len: int = 1024) -> dict:
             data, labels = np.asarray(batch[b"data"]), batch[b"labels"]
         except (pickle.UnpicklingError, KeyError, TypeError, ValueError) as e:
             raise DataError(f"{file}: not a CIFAR-10 python batch ({e!r})") from None
+        if not data.size:  # one empty batch would silently drop a fifth of the images
+            raise DataError(f"{file}: an empty batch, no image")
         if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:  # (n, 32, 32, 3)
             what = "uint8 (n, 3072): 1024 red, green, then blue values"
             raise DataError(f"{file}: data is {data.dtype} {data.shape}; CIFAR-10 holds {what}")
-        if not len(data):  # one empty batch would silently drop a fifth of the images
-            raise DataError(f"{file}: an empty batch, no image")
         labels = _class_labels(labels, len(data), 10)  # a crash after all training, else
         if labels is None:
             raise DataError(f"{file}: a label that is not a class 0..9, or not one per image")
