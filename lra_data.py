@@ -79,7 +79,7 @@ DONE = dict(listops="words to ids 1..15, 16 for any other", text="bytes + 1; val
 DONE |= dict(retrieval="bytes + 1, each text first cut to 10,000 bytes, as officially")
 DONE |= dict(image="grey as tf.image.rgb_to_grayscale; TFDS order, train cut at 90 %")
 DONE |= dict(pathfinder="the {} difficulty; TFDS order, cut at 80 % and 90 %", pickles="as read")
-CACHE_VERSION = 1  # of the readers' rules: raise it when they change, and every cache is rebuilt
+CACHE_VERSION = 2  # of the readers' rules: raise it when they change, and every cache is rebuilt
 
 
 class DataError(ValueError):
@@ -353,8 +353,10 @@ def read_aan_tsv(path: pathlib.Path, max_len: int) -> tuple:
         if len(fields) != 5:
             what = "5 tab-separated columns 'label id1 id2 text1 text2'"
             raise DataError(f"{where}: expected {what}, got {len(fields)}")
-        try:  # the official reader parses the label as a float, then casts it to int
-            labels.append(float(fields[0]))  # NOTE: 0.5 is refused, not read as 0
+        # The official reader parses the label as a float, then casts it to int.
+        # NOTE: differs from lra_benchmarks/matching/input_pipeline.py: 0.5 is refused, not 0
+        try:
+            labels.append(float(fields[0]))
         except ValueError:
             labels.append(None)  # not a number: on line 1, a header?
         if labels[-1] not in (0, 1):  # a word on line 1: a header, which the release lacks
@@ -432,7 +434,8 @@ def read_cifar(folder: pathlib.Path, max_len: int = 1024) -> dict:
 
     The splits of lra_benchmarks/image/input_pipeline.py, with TFDS's keys (an image's index in
     data_batch_1..5, or in test_batch) in TFDS's order (tfds_split): the 5,000 validation images
-    are TFDS's, not the last of data_batch_5.
+    are TFDS's, not the last of data_batch_5. Labels: a list, or an array (n,) or (n, 1) (as
+    keras.datasets.cifar10 gives them) of whole numbers 0..9.
     """
     if max_len != 1024:  # as read_pathfinder: an image is as long as its pixels, never cut
         raise DataError(f"{folder}: CIFAR-10 images have 1024 pixels, but max_len is {max_len}")
@@ -599,7 +602,7 @@ def read_lra_pickle(path: pathlib.Path, task: str, max_len: int) -> tuple:
     labels = _class_labels(columns["label"], len(items), N_CLASSES[task])
     if labels is None:
         what = f"a label that is not a class 0..{N_CLASSES[task] - 1} of task {task}"
-        raise DataError(f"{path}: {what}") from None
+        raise DataError(f"{path}: {what}")
     split = Split(*documents[:2], labels, *documents[2:], cut=cut)
     return _drop_empty(split, [f"{path}, item {i}" for i in range(len(items))], path)
 

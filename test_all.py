@@ -1986,13 +1986,14 @@ def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_pat
     cache = tmp_path / "lra-cache/tsv_data-4.npz"
     train = tmp_path / "tsv_data/new_aan_pairs.train.tsv"
     want = lra_data.load_task("retrieval", tmp_path, 4)[0]["test"].x2  # writes the cache
-    bad, version = "it was damaged (BadZipFile)", "the readers changed (version 1, now 2)"
+    bad, new = "it was damaged (BadZipFile)", lra_data.CACHE_VERSION + 1
+    version = f"the readers changed (version {new - 1}, now {new})"
     for change, why in [
         (lambda: os.utime(train, ns=(0, 0)), f"{train} changed"),  # the same bytes, another time
         (lambda: cache.write_bytes(cache.read_bytes()[:-100]), bad),
         # a letter of its key (UTF-32): the CRC does not match
         (lambda: cache.write_bytes(cache.read_bytes().replace(b"v\0\0\0e", b"V\0\0\0e", 1)), bad),
-        (lambda: monkeypatch.setattr(lra_data, "CACHE_VERSION", 2), version),
+        (lambda: monkeypatch.setattr(lra_data, "CACHE_VERSION", new), version),
     ]:
         change()
         data, notes = lra_data.load_task("retrieval", tmp_path, 4)
