@@ -2081,6 +2081,7 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     ([_OK, "1,2:up"], dict(dims=None), 1, "1 dimension(s), not 2 (case 1)"),
     (["1,2:3,4:up"], dict(dims=None, extra=["@univariate true"]), 0, "2 dimension(s), not 1"),
     ([_OK, "1,2:3,4:left"], {}, 1, "unknown class label 'left'; @classLabel lists ['up', 'down']"),
+    ([_OK, "1,2:3,4:?"], {}, 1, "unknown class label '?'"),  # '?' marks missing values, not labels
     # a data line without its class label: the last field is read as the label
     ([_OK, "1,2:3,4"], {}, 1, "the class label is missing ('3,4' holds values)"),
     (["1,2:3,4"], dict(dims=None), 0, "the class label is missing ('3,4' holds values)"),
@@ -2120,6 +2121,7 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     (_toy_ts([_OK])[0].encode("utf-16"), None, None, _NUL),
     # latin-1 bytes in a label (not a comment): refused at the first line that holds one
     (_LATIN1, None, "@classLabel", "bytes that are not UTF-8 text (a binary file?)"),
+    (_toy_ts([_OK, "5,6:7,8\xe9:up"])[0].encode("latin-1"), None, "5,6", "bytes that are not UTF"),
     ([_OK], dict(labels=None), None, "this file has no labels (@classLabel false); a classif"),
     ([_OK], dict(labels=False), None, "this file has no labels (no @classLabel line); a class"),
     (["1,2:3,4:0.5"], dict(labels=False, extra=_TARGETS), None, _REGRESSION),
