@@ -2310,7 +2310,8 @@ _PATHFINDER_IMAGES = {}  # path -> image (None: empty), as _lra_pathfinder wrote
 def _pathfinder_by_hand(f: pathlib.Path) -> list:
     """metadata/*.npy not starting with '.', strict UTF-8 lines ("imgs/<k> sample_<i>.png i
     label ...", blank ones skipped, the last, unended, left out), each naming an image written
-    here; in TFDS order (MD5 of "hard" + key), cut at 80 % and 90 %; empty PNGs then dropped."""
+    here (its pixels as written: zlib's checksum guards them); in TFDS order (MD5 of "hard" +
+    key), cut at 80 % and 90 %; empty PNGs then dropped."""
     folder, lines = f / lra_data.PATH_HARD, []
     metas = sorted(p for p in (folder / "metadata").iterdir() if p.name[0] != ".")
     for meta in [p for p in metas if p.name.endswith(".npy")]:
@@ -2319,7 +2320,8 @@ def _pathfinder_by_hand(f: pathlib.Path) -> list:
             if line.strip():
                 f0, f1, _, label = line.split(" ")[:4]
                 assert label in ("0", "1") and os.path.isfile(folder / f0 / f1)
-                image = _PATHFINDER_IMAGES[str(folder / f0 / f1)]
+                empty = os.path.getsize(folder / f0 / f1) == 0  # a file of 0 bytes: no image
+                image = None if empty else _PATHFINDER_IMAGES[str(folder / f0 / f1)]
                 lines.append((f"{f0}_{f1}_{n}", image, int(label)))
     order = sorted(lines, key=lambda line: hashlib.md5(f"hard{line[0]}".encode()).hexdigest())
     cuts = [0, round(len(order) * 80 / 100), round(len(order) * 90 / 100), len(order)]
@@ -2359,13 +2361,13 @@ def _ts_read(path: pathlib.Path) -> list:
 
 _TS = _toy_ts(["1,2,3:4,5,6:down", "7,8:1.5,-2:up", "# note", "0.5,?,2,?:?,3,4,5:up"])[0]
 _PF, _ITEMS = lra_data.PATH_HARD, [dict(input_ids_0=[5, 6, 0, 7, 0], label=i) for i in range(3)]
-_PF_ODD = [f"{_PF}/metadata/0.npy", f"{_PF}/imgs/0/sample_0.png"]  # an odd entry beside, or as
+_PF_ODD = [f"{_PF}/metadata/0.npy", f"{_PF}/imgs/0/sample_0.png"]  # mutated, an odd entry beside
 _FUZZ = {  # reader -> (the file mutated, files for an odd entry, objects changed, read by hand)
     "listops": ("basic_val.tsv", [], None, _listops_by_hand),
     "aan": ("tsv_data/new_aan_pairs.train.tsv", [], None, _aan_by_hand),
     "imdb": ("aclImdb/train/neg/1_7.txt", ["aclImdb/test/pos/0_7.txt"], None, _imdb_by_hand),
     "cifar": ("data_batch_2", [], _cifar_change, _cifar_by_hand),
-    "pathfinder": (f"{_PF}/metadata/1.npy", _PF_ODD, None, _pathfinder_by_hand),
+    "pathfinder": (_PF_ODD, _PF_ODD, None, _pathfinder_by_hand),  # a PNG: its pixels or none
     "pickle": ("listops.train.pickle", [], _pickle_change, _pickle_by_hand),
     "uea": ("Toy_TRAIN.ts", [], None, lambda f: _ts_listed(*_ts_by_hand(f / "Toy_TRAIN.ts"))),
 }
@@ -2409,8 +2411,8 @@ def test_readers_fuzzed_read_as_by_hand_or_refuse_in_one_sentence(reader, tmp_pa
             _odd_entry(folder / _pick(rng, odd), rng)
         elif kind == 1 and change is not None:
             change(folder / file, rng)
-        else:
-            _mutate(folder / file, rng)
+        else:  # pathfinder: the metadata or a PNG
+            _mutate(folder / (_pick(rng, file) if reader == "pathfinder" else file), rng)
         try:
             got = _FUZZ_READ[reader](folder)
         except (lra_data.DataError, TsFormatError) as e:
