@@ -2362,14 +2362,14 @@ def _ts_read(path: pathlib.Path) -> list:
 _TS = _toy_ts(["1,2,3:4,5,6:down", "7,8:1.5,-2:up", "# note", "0.5,?,2,?:?,3,4,5:up"])[0]
 _PF, _ITEMS = lra_data.PATH_HARD, [dict(input_ids_0=[5, 6, 0, 7, 0], label=i) for i in range(3)]
 _PF_ODD = [f"{_PF}/metadata/0.npy", f"{_PF}/imgs/0/sample_0.png"]  # mutated, an odd entry beside
-_FUZZ = {  # reader -> (the file mutated, files for an odd entry, objects changed, read by hand)
-    "listops": ("basic_val.tsv", [], None, _listops_by_hand),
-    "aan": ("tsv_data/new_aan_pairs.train.tsv", [], None, _aan_by_hand),
-    "imdb": ("aclImdb/train/neg/1_7.txt", ["aclImdb/test/pos/0_7.txt"], None, _imdb_by_hand),
-    "cifar": ("data_batch_2", [], _cifar_change, _cifar_by_hand),
-    "pathfinder": (_PF_ODD, _PF_ODD, None, _pathfinder_by_hand),  # a PNG: its pixels or none
-    "pickle": ("listops.train.pickle", [], _pickle_change, _pickle_by_hand),
-    "uea": ("Toy_TRAIN.ts", [], None, lambda f: _ts_listed(*_ts_by_hand(f / "Toy_TRAIN.ts"))),
+_FUZZ = {  # reader -> (files mutated, files for an odd entry, objects changed, read by hand)
+    "listops": (["basic_val.tsv"], [], None, _listops_by_hand),
+    "aan": (["tsv_data/new_aan_pairs.train.tsv"], [], None, _aan_by_hand),
+    "imdb": (["aclImdb/train/neg/1_7.txt"], ["aclImdb/test/pos/0_7.txt"], None, _imdb_by_hand),
+    "cifar": (["data_batch_2"], [], _cifar_change, _cifar_by_hand),
+    "pathfinder": (_PF_ODD, _PF_ODD, None, _pathfinder_by_hand),
+    "pickle": (["listops.train.pickle"], [], _pickle_change, _pickle_by_hand),
+    "uea": (["Toy_TRAIN.ts"], [], None, lambda f: _ts_listed(*_ts_by_hand(f / "Toy_TRAIN.ts"))),
 }
 _FUZZ_WRITE = {  # a valid input, written by the helpers of the table-driven tests
     "listops": lambda f: lra_data.write_listops(f, dict(_LRA_TINY_LISTOPS, seed=0), False),
@@ -2382,14 +2382,16 @@ _FUZZ_WRITE = {  # a valid input, written by the helpers of the table-driven tes
 }
 _FUZZ_READ = {  # the reader's result, in the terms of the plain readings
     "listops": lambda f: _split_rows(lra_data.read_listops_tsv(f / "basic_val.tsv", 60)[0]),
-    "aan": lambda f: _split_rows(lra_data.read_aan_tsv(f / _FUZZ["aan"][0], 4)[0]),
+    "aan": lambda f: _split_rows(
+        lra_data.read_aan_tsv(f / "tsv_data/new_aan_pairs.train.tsv", 4)[0]
+    ),
     "imdb": _imdb_read,
     "cifar": lambda f: {n: _split_rows(s) for n, s in lra_data.read_cifar(f, 1024).items()},
     "pathfinder": lambda f: [
         _split_rows(s) for s in lra_data.read_pathfinder(f / _PF, 16)[0].values()
     ],
     "pickle": lambda f: _split_rows(
-        lra_data.read_lra_pickle(f / _FUZZ["pickle"][0], "listops", 4)[0]
+        lra_data.read_lra_pickle(f / "listops.train.pickle", "listops", 4)[0]
     ),
     "uea": lambda f: _ts_read(f / "Toy_TRAIN.ts"),
 }
@@ -2401,7 +2403,7 @@ def test_readers_fuzzed_read_as_by_hand_or_refuse_in_one_sentence(reader, tmp_pa
     result equals the plain reading here, or it raises its module's error, one line naming a
     path under the mutant's folder; never another exception, never other data. Outcomes are
     counted (pytest -s shows them)."""
-    file, odd, change, by_hand = _FUZZ[reader]
+    files, odd, change, by_hand = _FUZZ[reader]
     outcomes = collections.Counter()
     for seed in range(FUZZ_MUTANTS):
         folder, rng = tmp_path / str(seed), np.random.default_rng(seed)
@@ -2410,9 +2412,9 @@ def test_readers_fuzzed_read_as_by_hand_or_refuse_in_one_sentence(reader, tmp_pa
         if kind == 0 and odd:
             _odd_entry(folder / _pick(rng, odd), rng)
         elif kind == 1 and change is not None:
-            change(folder / file, rng)
-        else:  # pathfinder: the metadata or a PNG
-            _mutate(folder / (_pick(rng, file) if reader == "pathfinder" else file), rng)
+            change(folder / files[0], rng)
+        else:
+            _mutate(folder / _pick(rng, files), rng)
         try:
             got = _FUZZ_READ[reader](folder)
         except (lra_data.DataError, TsFormatError) as e:
