@@ -16,7 +16,6 @@ Depends on: numpy, tqdm, download.py
 import argparse
 import contextlib
 import csv
-import glob
 import hashlib
 import json
 import multiprocessing
@@ -24,6 +23,7 @@ import os
 import pathlib
 import pickle
 import random
+import re
 import signal
 import statistics
 import struct
@@ -84,7 +84,7 @@ DONE = dict(listops="words to ids 1..15, 16 for any other", text="bytes + 1; val
 DONE |= dict(retrieval="bytes + 1, each text first cut to 10,000 bytes, as officially")
 DONE |= dict(image="grey as tf.image.rgb_to_grayscale; TFDS order, train cut at 90 %")
 DONE |= dict(pathfinder="the {} difficulty; TFDS order, cut at 80 % and 90 %", pickles="as read")
-CACHE_VERSION = 1  # of the readers' rules: raise it when they change, and every cache is rebuilt
+CACHE_VERSION = 2  # of the readers' rules: raise it when they change, and every cache is rebuilt
 
 
 class DataError(ValueError):
@@ -248,6 +248,38 @@ def _drop_empty(split: Split, places: list, source: str) -> tuple:
     return Split(split.x[keep], split.lengths[keep], split.y[keep], *arrays, split.cut), [note]
 
 
+def _text(path: pathlib.Path) -> str:
+    """A text file's content decoded as UTF-8; a byte that is not: DataError naming the line."""
+    data = _read(path)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise DataError(f"{path}:{line}: byte {data[e.start]:#x} is not UTF-8 text") from None
+
+
+def _read(path: pathlib.Path) -> bytes:
+    """A file's bytes; a folder, no permission, a broken link: DataError naming it."""
+    try:
+        return pathlib.Path(path).read_bytes()
+    except OSError as e:
+        raise DataError(f"{path}: cannot be read ({e.strerror or e})") from None
+
+
+def _listing(folder: pathlib.Path, suffix: str) -> list:
+    """The files folder/*<suffix> a reader reads, sorted: hidden ones (macOS's ._<name>) never;
+    an entry of that name that is no regular file (a folder, a broken link): DataError."""
+    try:
+        entries = list(os.scandir(folder))
+    except OSError:  # no such folder: the reader says what it expected
+        return []
+    names = [e for e in entries if e.name.endswith(suffix) and not e.name.startswith(".")]
+    odd = [e.path for e in names if not e.is_file()]  # a link to a file is read
+    if odd:
+        raise DataError(f"{min(odd)}: not a regular file, but named like the {suffix} files read")
+    return sorted(e.path for e in names)
+
+
 def read_listops_tsv(path: pathlib.Path, max_len: int) -> tuple:
     """basic_{train,val,test}.tsv: header Source<TAB>Target, then expression<TAB>label 0..9.
 
@@ -257,23 +289,23 @@ def read_listops_tsv(path: pathlib.Path, max_len: int) -> tuple:
         word around its operator instead, "[MAX" and "X" = "]"; we do not imitate that.)
     """
     sequences, labels, places, unknown = [], [], [], []  # unknown: (line, word) per bad line
-    with open(path, newline="") as f:
-        reader = csv.reader(f, delimiter="\t")
-        for row in reader:
-            where = f"{path}:{reader.line_num}"
-            if reader.line_num == 1 and row != ["Source", "Target"]:
-                raise DataError(f"{where}: expected the header 'Source<TAB>Target', got {row}")
-            if not row or reader.line_num == 1:  # a blank line, the header
-                continue
-            if len(row) != 2 or not row[1].strip().isdigit() or int(row[1]) > 9:
-                raise DataError(f"{where}: expected 'expression<TAB>label 0..9', got {row}"[:300])
-            words = listops_words(row[0])
-            bad = [word for word in words if word not in LISTOPS_IDS]
-            if bad:
-                unknown.append((reader.line_num, bad[0]))
-            sequences.append([LISTOPS_IDS.get(word, LISTOPS_OOV) for word in words])
-            labels.append(int(row[1]))
-            places.append(where)
+    # Lines split on "\n" (a "\r" before it dropped), fields on tabs: the release quotes nothing,
+    # so no csv (its quoting reads a stray '"' as the start of a field up to the file's end).
+    for line_num, line in enumerate(_text(path).split("\n"), start=1):
+        row, where = line.removesuffix("\r").split("\t"), f"{path}:{line_num}"
+        if line_num == 1 and row != ["Source", "Target"]:
+            raise DataError(f"{where}: expected the header 'Source<TAB>Target', got {row}"[:300])
+        if row == [""] or line_num == 1:  # a blank line, the header
+            continue
+        if len(row) != 2 or not re.fullmatch("[0-9]", row[1]):  # ASCII: "²" is no label
+            raise DataError(f"{where}: expected 'expression<TAB>label 0..9', got {row}"[:300])
+        words = listops_words(row[0])
+        bad = [word for word in words if word not in LISTOPS_IDS]
+        if bad:
+            unknown.append((line_num, bad[0]))
+        sequences.append([LISTOPS_IDS.get(word, LISTOPS_OOV) for word in words])
+        labels.append(int(row[1]))
+        places.append(where)
     x, lengths, cut = pack(sequences, max_len)
     split, notes = _drop_empty(Split(x, lengths, np.array(labels, np.int64), cut=cut), places, path)
     if unknown:  # the vocabulary as the file writes it: "X" is "]"
@@ -287,6 +319,7 @@ def read_listops_tsv(path: pathlib.Path, max_len: int) -> tuple:
 def read_imdb(folder: pathlib.Path, max_len: int) -> tuple:
     """aclImdb/{train,test}/{neg,pos}/*.txt -> bytes + 1; neg = 0, pos = 1 (tfds ClassLabel).
 
+    Hidden files (macOS's ._<name>.txt) are not reviews: never read (_listing).
     As tfds imdb_reviews: a review is its file's raw bytes, stripped of ASCII whitespace at
     either end (bytes.strip); nothing is decoded, so line ends stay and any bytes are read.
 
@@ -296,11 +329,11 @@ def read_imdb(folder: pathlib.Path, max_len: int) -> tuple:
     """
     splits, notes = {}, []
     for name in ("train", "test"):
-        neg, pos = (sorted((folder / name / p).glob("*.txt")) for p in ("neg", "pos"))
+        neg, pos = (_listing(folder / name / p, ".txt") for p in ("neg", "pos"))
         if not neg or not pos:
             raise DataError(f"no *.txt files in {folder / name}/neg or {folder / name}/pos")
         files = tqdm(neg + pos, desc=f"reading {name}", leave=False, disable=None)
-        texts = [np.frombuffer(f.read_bytes().strip(), np.uint8) for f in files]  # tfds imdb.py
+        texts = [np.frombuffer(_read(f).strip(), np.uint8) for f in files]  # tfds imdb.py
         x, lengths, cut = pack(texts, max_len, 1)
         split = Split(x, lengths, np.array([0] * len(neg) + [1] * len(pos), np.int64), cut=cut)
         splits[name], skipped = _drop_empty(split, neg + pos, folder / name)
@@ -315,32 +348,58 @@ def read_aan_tsv(path: pathlib.Path, max_len: int) -> tuple:
         (Split with x2 and lengths2, notes): a pair with an empty text is skipped, with a note.
     """
     docs1, docs2, labels, places = [], [], [], []
-    with open(path, "rb") as f:  # bytes: the texts are encoded byte by byte anyway
-        for line_num, line in enumerate(f, start=1):
-            where, fields = f"{path}:{line_num}", line.rstrip(b"\r\n").split(b"\t")
-            if fields == [b""]:  # a blank line
-                continue
-            if line.startswith(b"\xef\xbb\xbf"):
-                raise DataError(f"{where}: starts with a byte-order mark, which the release lacks")
-            if len(fields) != 5:
-                what = "5 tab-separated columns 'label id1 id2 text1 text2'"
-                raise DataError(f"{where}: expected {what}, got {len(fields)}")
-            try:  # the official reader parses the label as a float, then casts it to int
-                labels.append(int(float(fields[0])))
-            except (ValueError, OverflowError):
-                labels.append(None)  # not a number: on line 1, a header?
-            if labels[-1] not in (0, 1):  # a word on line 1: a header, which the release lacks
-                what = f"the label {fields[0].decode('latin-1')!r} is not 0 or 1"
-                if labels[-1] is None and line_num == 1:
-                    what += " (a header?)"
-                raise DataError(f"{where}: {what}")
-            # lra_benchmarks/matching/input_pipeline.py: each text cut to 10000 bytes, then max_len
-            docs1.append(np.frombuffer(fields[3][:10000], np.uint8))
-            docs2.append(np.frombuffer(fields[4][:10000], np.uint8))
-            places.append(where)
+    lines = _read(path).split(b"\n")  # bytes: the texts are encoded byte by byte anyway
+    for line_num, line in enumerate(lines, start=1):
+        where, fields = f"{path}:{line_num}", line.removesuffix(b"\r").split(b"\t")
+        if fields == [b""]:  # a blank line
+            continue
+        if line.startswith(b"\xef\xbb\xbf"):
+            raise DataError(f"{where}: starts with a byte-order mark, which the release lacks")
+        if len(fields) != 5:
+            what = "5 tab-separated columns 'label id1 id2 text1 text2'"
+            raise DataError(f"{where}: expected {what}, got {len(fields)}")
+        # The official reader parses the label as a float, then casts it to int.
+        # NOTE: differs from lra_benchmarks/matching/input_pipeline.py: 0.5 is refused, not 0
+        try:
+            labels.append(float(fields[0]))
+        except ValueError:
+            labels.append(None)  # not a number: on line 1, a header?
+        if labels[-1] not in (0, 1):  # a word on line 1: a header, which the release lacks
+            what = f"the label {fields[0].decode('latin-1')!r} is not 0 or 1"
+            if labels[-1] is None and line_num == 1:
+                what += " (a header?)"
+            raise DataError(f"{where}: {what}")
+        # lra_benchmarks/matching/input_pipeline.py: each text cut to 10000 bytes, then max_len
+        docs1.append(np.frombuffer(fields[3][:10000], np.uint8))
+        docs2.append(np.frombuffer(fields[4][:10000], np.uint8))
+        places.append(where)
     (x, lengths, cut), (x2, lengths2, cut2) = pack(docs1, max_len, 1), pack(docs2, max_len, 1)
     split = Split(x, lengths, np.array(labels, dtype=np.int64), x2, lengths2, cut + cut2)
     return _drop_empty(split, places, path)
+
+
+def _whole_numbers(values, high: int) -> np.ndarray | None:
+    """values (a list, an array of any dtype and shape) as int64 when each is a whole number in
+    [0, high) (an integer, a float such as 3.0, a bool as Python's 0 and 1); else None (strings,
+    None, NaN, 2.5, -1)."""
+    try:
+        array = np.asarray(values)
+    except (ValueError, TypeError):  # a ragged list
+        return None
+    if array.dtype.kind not in "biuf":
+        return None
+    with np.errstate(invalid="ignore"):  # NaN compares False: refused
+        whole = (array >= 0) & (array < high) & (array % 1 == 0)
+    return array.astype(np.int64) if whole.all() else None
+
+
+def _class_labels(values, n: int, n_classes: int) -> np.ndarray | None:
+    """n class indices 0..n_classes - 1, shaped (n,) or (n, 1) (keras' layout) -> (n,) int64;
+    else None."""
+    labels = _whole_numbers(values, n_classes)
+    if labels is not None and labels.shape == (n, 1):
+        labels = labels[:, 0]
+    return labels if labels is not None and labels.shape == (n,) else None
 
 
 def tfds_split(split: str, keys: list, percents: tuple = ()) -> list:
@@ -364,33 +423,46 @@ def rgb_to_gray(rgb: np.ndarray) -> np.ndarray:
     return (gray * np.float32(255.5)).astype(np.int16)
 
 
+def _unpickle(path: pathlib.Path, **options):
+    """path's pickled object; a damaged pickle: pickle.UnpicklingError naming what was raised
+    (the pickle module's documentation: "including (but not necessarily limited to)
+    AttributeError, EOFError, ImportError, and IndexError")."""
+    data = _read(path)
+    try:
+        return pickle.loads(data, **options)
+    except Exception as e:  # any: a pickle names what to call
+        raise pickle.UnpicklingError(f"{type(e).__name__}: {e}"[:200]) from None
+
+
 def read_cifar(folder: pathlib.Path, max_len: int = 1024) -> dict:
     """cifar-10-batches-py -> 1024 gray pixels, all real; train[:90%], train[90%:], test.
 
     The splits of lra_benchmarks/image/input_pipeline.py, with TFDS's keys (an image's index in
     data_batch_1..5, or in test_batch) in TFDS's order (tfds_split): the 5,000 validation images
-    are TFDS's, not the last of data_batch_5.
+    are TFDS's, not the last of data_batch_5. Labels: a list, or an array (n,) or (n, 1) (as
+    keras.datasets.cifar10 gives them) of whole numbers 0..9.
     """
     if max_len != 1024:  # as read_pathfinder: an image is as long as its pixels, never cut
         raise DataError(f"{folder}: CIFAR-10 images have 1024 pixels, but max_len is {max_len}")
     xs, ys = [], []  # data_batch_1..5, test_batch
     for file in _release_files("image", folder):
         try:
-            batch = pickle.loads(file.read_bytes(), encoding="bytes")
+            batch = _unpickle(file, encoding="bytes")
             if not isinstance(batch, dict):
                 raise TypeError(f"a pickled {type(batch).__name__}, not a dict")
-            data, labels = np.asarray(batch[b"data"]), np.asarray(batch[b"labels"])
-        except (OSError, pickle.UnpicklingError, KeyError, TypeError, EOFError, ValueError) as e:
+            data, labels = np.asarray(batch[b"data"]), batch[b"labels"]
+        except (pickle.UnpicklingError, KeyError, TypeError, ValueError) as e:
             raise DataError(f"{file}: not a CIFAR-10 python batch ({e!r})") from None
-        if not len(labels):  # one empty batch would silently drop a fifth of the images
+        if not data.size:  # one empty batch would silently drop a fifth of the images
             raise DataError(f"{file}: an empty batch, no image")
-        if data.dtype != np.uint8 or data.shape != (len(labels), 3072):  # (n, 32, 32, 3), floats
+        if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072:  # (n, 32, 32, 3)
             what = "uint8 (n, 3072): 1024 red, green, then blue values"
             raise DataError(f"{file}: data is {data.dtype} {data.shape}; CIFAR-10 holds {what}")
-        if labels.dtype.kind not in "iu" or labels.min() < 0 or labels.max() > 9:  # a crash
-            raise DataError(f"{file}: a label that is not a class 0..9")  # after all training
+        labels = _class_labels(labels, len(data), 10)  # a crash after all training, else
+        if labels is None:
+            raise DataError(f"{file}: a label that is not a class 0..9, or not one per image")
         xs.append(rgb_to_gray(data.reshape(-1, 3, 1024)))  # (n, 1024)
-        ys.append(labels.astype(np.int64))
+        ys.append(labels)
     x, y = np.concatenate(xs[:5]), np.concatenate(ys[:5])  # (50000, 1024), (50000,)
     train, val = tfds_split("train", [str(i) for i in range(len(x))], (90,))  # [:90%], [90%:]
     (test,) = tfds_split("test", [str(i) for i in range(len(ys[5]))])
@@ -400,7 +472,7 @@ def read_cifar(folder: pathlib.Path, max_len: int = 1024) -> dict:
 
 def read_png_gray(path: pathlib.Path) -> np.ndarray:
     """An 8-bit grayscale non-interlaced PNG -> (h, w) uint8, with zlib alone (no PIL)."""
-    data, pos, chunks = path.read_bytes(), 8, {}
+    data, pos, chunks = _read(path), 8, {}
     while pos + 8 <= len(data) and b"IEND" not in chunks:  # each: length, type, body, CRC
         size, chunk_type = struct.unpack(">I4s", data[pos : pos + 8])
         body = data[pos + 8 : pos + 8 + size]
@@ -447,15 +519,12 @@ def read_pathfinder(folder: pathlib.Path, max_len: int) -> tuple:
     """
     if folder.name not in PATHFINDER_SPLITS:  # the difficulty's name picks the split's order
         raise DataError(f"{folder}: a Pathfinder folder is one of {list(PATHFINDER_SPLITS)}")
-    metas = sorted((folder / "metadata").glob("*.npy"))
+    metas = _listing(folder / "metadata", ".npy")
     if not metas:
         raise DataError(f"no metadata/*.npy in {folder}")
     keys, examples, notes = [], [], []  # examples: (png, label) per key
     for meta in metas:
-        try:  # the official reader: text.split("\n")[:-1]
-            lines = meta.read_bytes().decode().split("\n")
-        except UnicodeDecodeError:  # numpy.save's files, say, which the suffix invites
-            raise DataError(f"{meta}: binary; the release's metadata files are text") from None
+        lines = _text(meta).split("\n")  # the official reader: text.split("\n")[:-1]
         if not "".join(lines).strip():  # reading on would silently drop its share of the data
             raise DataError(f"{meta}: empty; the release's metadata files each list many images")
         if lines[-1]:
@@ -465,15 +534,17 @@ def read_pathfinder(folder: pathlib.Path, max_len: int) -> tuple:
             fields, where = line.split(" "), f"{meta}:{line_num}"
             if not line.strip():  # a blank line (the official reader fails on it)
                 continue
-            if len(fields) < 4 or fields[3] not in ("0", "1"):
+            ok = len(fields) > 3 and fields[3] in ("0", "1")  # plain names: no ../, no ._x
+            ok = ok and re.fullmatch(r"imgs/[^/.\0][^/\0]*", fields[0])
+            if not ok or not re.fullmatch(r"[^/.\0][^/\0]*\.png", fields[1]):
                 raise DataError(f"{where}: expected 'imgs/<k> sample_<i>.png i label'")
             png = folder / fields[0] / fields[1]
-            if not png.exists():
-                raise DataError(f"{where}: image {png} does not exist")
+            if not os.path.isfile(png):  # no file, a folder, a broken link
+                raise DataError(f"{where}: image {png} does not exist (as a regular file)")
             keys.append(f"{fields[0]}_{fields[1]}_{line_num}")
             examples.append((png, int(fields[3])))
     parts = tfds_split(PATHFINDER_SPLITS[folder.name], keys, (80, 90))  # [:80%], [80%:90%], ...
-    splits, empty = {}, []
+    splits, empty, side = {}, [], round(max_len**0.5)  # Pathfinder's images are square
     for name, part in zip(SPLITS, parts, strict=True):
         images, labels = [], []
         for i in tqdm(part, desc=f"reading Pathfinder {name}", leave=False, disable=None):
@@ -481,9 +552,10 @@ def read_pathfinder(folder: pathlib.Path, max_len: int) -> tuple:
             if png.stat().st_size == 0:
                 empty.append(png)
                 continue
-            images.append(read_png_gray(png).reshape(-1))
-            if len(images[-1]) != max_len:
-                raise DataError(f"{png}: {len(images[-1])} pixels, but max_len is {max_len}")
+            images.append(read_png_gray(png))
+            if images[-1].shape != (side, side) or side * side != max_len:
+                what = f"{images[-1].shape[1]}x{images[-1].shape[0]} pixels"
+                raise DataError(f"{png}: {what}, but max_len {max_len} asks for square images")
             labels.append(label)
         x = np.array(images, dtype=np.int16).reshape(len(images), max_len)  # all real tokens
         splits[name] = Split(x, np.full(len(x), max_len, np.int64), np.array(labels, np.int64))
@@ -506,23 +578,24 @@ def read_lra_pickle(path: pathlib.Path, task: str, max_len: int) -> tuple:
     """
     keys = ["input_ids_0", "input_ids_1"] if task == "retrieval" else ["input_ids_0"]
     try:
-        items = pickle.loads(path.read_bytes())
+        items = _unpickle(path)
         if not isinstance(items, list):  # a pickled ndarray, say
             raise TypeError(f"a pickled {type(items).__name__}")
         columns = {key: [item[key] for item in items] for key in ["label", *keys]}
-    except (OSError, pickle.UnpicklingError, EOFError, KeyError, TypeError, IndexError) as e:
+    except (pickle.UnpicklingError, KeyError, TypeError, IndexError) as e:
         raise DataError(f"{path}: not a PyTorch-LRA pickle (list of dicts): {e!r}") from None
     if not items:
         raise DataError(f"{path}: an empty list, no example")
     documents, cut = [], 0  # ids, lengths of input_ids_0 (, of input_ids_1); inputs cut
     image = task in ("image", "pathfinder")
     for key in keys:
-        try:  # rows cut to max_len and padded each on its own (pack): any lengths
-            rows = [np.asarray(a, dtype=np.int64).reshape(-1) for a in columns[key]]
-        except (TypeError, ValueError) as e:
-            raise DataError(f"{path}: {key} holds something other than token ids ({e})") from None
-        if any(len(row) and (row.min() < 0 or row.max() >= VOCAB[task]) for row in rows):
-            raise DataError(f"{path}: {key} outside [0, {VOCAB[task]}) for task {task}")
+        rows = []  # rows cut to max_len and padded each on its own (pack): any lengths
+        for i, ids in enumerate(columns[key]):
+            row = _whole_numbers(ids, VOCAB[task])  # image tasks: an (h, w) image, or its row
+            if row is None or not (row.ndim == 1 or (image and row.ndim == 2)):
+                what = f"token ids in [0, {VOCAB[task]}) of task {task} in a row"
+                raise DataError(f"{path}: {key} of item {i} holds something other than {what}")
+            rows.append(row.reshape(-1))
         x, row_lengths, cut_rows = pack(rows, max_len)  # token rows: real ids cut, not padding
         cut += cut_rows if image else sum(len(np.trim_zeros(row, "b")) > max_len for row in rows)
         # The pickles pad token sequences with 0 themselves: real tokens end at the last non-0.
@@ -530,13 +603,11 @@ def read_lra_pickle(path: pathlib.Path, task: str, max_len: int) -> tuple:
         nonzero = x != 0
         lengths = np.where(nonzero.any(1), max_len - np.argmax(nonzero[:, ::-1], axis=1), 0)
         documents += [x, row_lengths if image else lengths]
-    try:  # one class index per item; a wrong one would only fail inside the loss, on a GPU
-        labels = np.asarray(columns["label"], np.int64).reshape(len(items))
-        if labels.min() < 0 or labels.max() >= N_CLASSES[task]:
-            raise ValueError
-    except (TypeError, ValueError):
+    # one class index per item; a wrong one would only fail inside the loss, on a GPU
+    labels = _class_labels(columns["label"], len(items), N_CLASSES[task])
+    if labels is None:
         what = f"a label that is not a class 0..{N_CLASSES[task] - 1} of task {task}"
-        raise DataError(f"{path}: {what}") from None
+        raise DataError(f"{path}: {what}")
     split = Split(*documents[:2], labels, *documents[2:], cut=cut)
     return _drop_empty(split, [f"{path}, item {i}" for i in range(len(items))], path)
 
@@ -808,15 +879,14 @@ def _release_files(task: str, folder: pathlib.Path) -> list:
     are quicker); Pathfinder: the metadata and the image folders (whose times change when an
     image is added, removed or renamed)."""
     if task == "text":
-        where = glob.escape(str(folder))
-        parts = [f"{where}/{s}/{p}/*.txt" for s in ("train", "test") for p in ("neg", "pos")]
-        return [file for part in parts for file in sorted(glob.glob(part))]
+        parts = [folder / s / p for s in ("train", "test") for p in ("neg", "pos")]
+        return [file for part in parts for file in _listing(part, ".txt")]
     if task == "retrieval":  # the LRA "eval" file is our val
         return [folder / f"new_aan_pairs.{name}.tsv" for name in ("train", "eval", "test")]
     if task == "image":
         return [folder / f"data_batch_{i}" for i in range(1, 6)] + [folder / "test_batch"]
-    images = [path for path in sorted((folder / "imgs").glob("*")) if path.is_dir()]
-    return sorted((folder / "metadata").glob("*.npy")) + images
+    images = [path for path in sorted((folder / "imgs").glob("[!.]*")) if path.is_dir()]
+    return _listing(folder / "metadata", ".npy") + images
 
 
 def _listops_source(folder: pathlib.Path, listops: dict, seed: int) -> Source:

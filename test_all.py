@@ -16,6 +16,7 @@ files skip when they are not at UEA_DIR; the CUDA ones, without a GPU.
 """
 
 import argparse
+import collections
 import concurrent.futures
 import contextlib
 import copy
@@ -1539,15 +1540,17 @@ def _lra_write_png(path: pathlib.Path, image: np.ndarray, color_type=0, filters=
     return _write(path, png)
 
 
-def _lra_pathfinder(folder: pathlib.Path, n: int, side: int = 4) -> dict:
+def _lra_pathfinder(folder: pathlib.Path, n: int, side: int = 4, images=None) -> dict:
     """A Pathfinder release folder: image i in imgs/<i % 11>, listed in metadata/<i % 11>.npy; an
     empty PNG listed in 1.npy, which ends blank; 2.npy's last line lacks its newline (left out)
-    -> {TFDS key "<f0>_<f1>_<line>": (image or None if empty, label)} of the lines that count."""
-    rng, listed, keys = np.random.default_rng(2), {}, {}
+    -> {TFDS key "<f0>_<f1>_<line>": (image or None if empty, label)} of the lines that count;
+    images (a dict): filled with {path: image or None}."""
+    rng, listed, keys, images = np.random.default_rng(2), {}, {}, {} if images is None else images
+    images[str(folder / "imgs" / "1" / "sample_empty.png")] = None
     for i in range(n):
         k, label = i % 11, int(rng.integers(2))
         image = rng.integers(0, 256, (side, side), dtype=np.uint8)
-        _lra_write_png(folder / "imgs" / str(k) / f"sample_{i}.png", image)
+        images[str(_lra_write_png(folder / "imgs" / str(k) / f"sample_{i}.png", image))] = image
         listed.setdefault(k, []).append((f"imgs/{k} sample_{i}.png {i} {label} 1.0 14 4", image))
     _write(folder / "imgs" / "1" / "sample_empty.png", b"")  # counted, then dropped
     listed[1].append(("imgs/1 sample_empty.png 99 1 1.0 14 4\n", None))
@@ -1683,7 +1686,9 @@ def _lra_read(kind: str, content, tmp_path: pathlib.Path):
     if kind == "imdb":  # content: one more negative training review (None: no positive one)
         positive = [] if content is None else ["good", "fine"]
         folder = _lra_imdb(tmp_path, {"neg": ["bad"], "pos": positive})
-        if content is not None:
+        if callable(content):  # content(folder of the negative training reviews)
+            content(folder / "train" / "neg")
+        elif content is not None:
             _write(folder / "train" / "neg" / "9_7.txt", content)
         splits, notes = lra_data.read_imdb(folder, 8)
         return splits["train"], notes
@@ -1703,7 +1708,9 @@ def _lra_read(kind: str, content, tmp_path: pathlib.Path):
     if kind == "pathfinder":  # content: metadata/0.npy, the only one (None: none; int: max_len)
         tmp_path = tmp_path / "curv_baseline"
         _lra_pathfinder(tmp_path, 12)
-        if not isinstance(content, int):
+        if callable(content):  # content(the Pathfinder folder)
+            content(tmp_path)
+        elif not isinstance(content, int):
             for meta in (tmp_path / "metadata").glob("*.npy"):
                 meta.unlink()
             if content is not None:
@@ -1733,6 +1740,13 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("listops", "Source\tTarget\n[MAX 1 ]\t1\t2\n", "@:2: expected 'expression<TAB>label"),
     ("listops", "Source\tTarget\n( )\t4\n", "@: no example has a real token (the first: @:2)"),
     ("listops", "Source\tTarget\r\n", "@: no example"),  # a split with no example
+    (
+        "listops",
+        "Source\tTarget\n[MAX 1 2 ]\t\u00b2\n",
+        "@:2: expected 'expression<TAB>label 0..9'",
+    ),
+    ("listops", b"Source\tTarget\n[MAX 1 \xe9 ]\t2\n", "@:2: byte 0xe9 is not UTF-8 text"),
+    ("aan", b"0.5\ta\tb\tt1\tt2\n", "@:1: the label '0.5' is not 0 or 1"),
     ("aan", b"1\ta\tb\tt1\tt2\n1\ta\tb\tonly four\n", "@:2: expected 5 tab-separated columns"),
     ("aan", b"1\ta\tb\tt1\tt2\n2\ta\tb\tt1\tt2\n", "@:2: the label '2' is not 0 or 1"),
     ("aan", b"label\tid1\tid2\ttext1\ttext2\n", "@:1: the label 'label' is not 0 or 1 (a header?)"),
@@ -1741,6 +1755,8 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("aan", b"", "@: no example"),
     ("aan", b"1\ta\tb\t\tt2\n0\ta\tb\tt1\t\n", "@: no example has a real token (the first: @:1)"),
     ("imdb", None, "no *.txt files in "),
+    ("imdb", lambda neg: (neg / "9_7.txt").mkdir(), "9_7.txt: not a regular file, but named like"),
+    ("imdb", lambda neg: (neg / "9_7.txt").symlink_to(neg / "gone"), "9_7.txt: not a regular"),
     ("png", b"hello, not a png at all", "@: not an 8-bit grayscale non-interlaced PNG"),
     ("png", "rgb", "@: not an 8-bit grayscale"),  # color type 2
     ("png", "filter 5", "@: row 0 has the unknown filter type 5"),
@@ -1750,6 +1766,11 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("cifar", _lra_npy(np.full((4, 3072), 0.5), [0] * 4), "data is float64 (4, 3072); CIFAR"),
     ("cifar", _lra_npy(np.zeros((4, 3072), np.uint8), [0, 1, 2, 10]), "3: a label that is not a"),
     ("cifar", _lra_npy(np.zeros((0, 3072), np.uint8), []), "data_batch_3: an empty batch"),
+    ("cifar", _lra_npy(np.zeros((4, 3072), np.uint8), np.zeros((4, 2), int)), "3: a label that"),
+    ("cifar", _lra_npy(np.zeros((4, 3072), np.uint8), [0, 1, 2.5, 3]), "3: a label that is not"),
+    ("cifar", _lra_npy(np.zeros((4, 3072), np.uint8), "0123"), "3: a label that is not a class"),
+    ("cifar", _lra_npy(np.zeros((4, 3072), np.uint8), [0, 1, 2]), "0..9, or not one per image"),
+    ("cifar", b"cos\nnothing\n.", "data_batch_3: not a CIFAR-10 python batch"),  # AttributeError
     ("cifar", pickle.dumps(np.zeros((4, 3072), np.uint8)), "a pickled ndarray, not a dict"),
     ("cifar", pickle.dumps({b"data": np.zeros((4, 3072), np.uint8)}), "not a CIFAR-10 python"),
     ("cifar", 1000, "cifar-10-batches-py: CIFAR-10 images have 1024 pixels, but max_len is 1000"),
@@ -1758,25 +1779,36 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("pathfinder", "imgs/0 sample_0.png 0\n", "0.npy:1: expected 'imgs/<k> sample_<i>.png i"),
     ("pathfinder", "\nimgs/0 sample_0.png 0 2\n", "0.npy:2: expected 'imgs/<k> sample_<i>.png"),
     ("pathfinder", "imgs/1 sample_empty.png 9 1\n", "the metadata names no image that is not"),
-    ("pathfinder", _lra_npy(np.array(["imgs/0 sample_0.png 0 1"])), "0.npy: binary; the release"),
+    ("pathfinder", _lra_npy(np.array(["imgs/0 sample_0.png 0 1"])), "0.npy:1: byte 0x93 is not"),
     ("pathfinder", "", "0.npy: empty; the release's metadata files each list many images"),
     ("pathfinder", "imgs/0 sample_0.png 0 1\nimgs/2 sample_2.png 2 0\n", "no image in the val"),
     ("pathfinder", None, "no metadata/*.npy in"),
-    ("pathfinder", 9, ".png: 16 pixels, but max_len is 9"),
+    ("pathfinder", "imgs/../../0 sample_0.png 0 1\n", "0.npy:1: expected 'imgs/<k> sample_<i>.png"),
+    ("pathfinder", lambda pf: (pf / "metadata/x.npy").mkdir(), "x.npy: not a regular file"),
+    (
+        "pathfinder",
+        lambda pf: _lra_write_png(pf / "imgs/0/sample_0.png", np.zeros((2, 8), np.uint8)),
+        "8x2",
+    ),
+    ("pathfinder", 9, ".png: 4x4 pixels, but max_len 9 asks for square images"),
     ("pickle:listops", b"not a pickle", "@: not a PyTorch-LRA pickle (list of dicts)"),
     ("pickle:listops", [{"input_ids_0": [3]}], "@: not a PyTorch-LRA pickle"),  # no label
     ("pickle:retrieval", [{"input_ids_0": [3], "label": 1}], "@: not a PyTorch-LRA pickle"),
     ("pickle:listops", [], "@: an empty list, no example"),
+    ("pickle:listops", b"cos\nnothing\n.", "@: not a PyTorch-LRA pickle (list of dicts)"),
+    ("pickle:listops", [([5], 2.5)], "@: a label that is not a class 0..9 of task listops"),
+    ("pickle:listops", [([5.5], 1)], "@: input_ids_0 of item 0 holds something other than"),
+    ("pickle:image", [(np.zeros((2, 2, 2)), 1)], "@: input_ids_0 of item 0 holds something"),
     ("pickle:image", np.zeros((2, 16)), "@: not a PyTorch-LRA pickle (list of dicts): TypeError("),
     ("pickle:listops", [([5], 10)], "@: a label that is not a class 0..9 of task listops"),
     ("pickle:listops", [([5], 1), ([5], -1)], "@: a label that is not a class"),
     ("pickle:text", [([5], "one")], "@: a label that is not a class 0..1 of task text"),
-    ("pickle:listops", [([5], 1), ([65536 + 5], 1)], "@: input_ids_0 outside [0, 17) for task"),
-    ("pickle:listops", [([-1], 1)], "@: input_ids_0 outside [0, 17)"),
-    ("pickle:image", [([256], 1)], "@: input_ids_0 outside [0, 256)"),
-    ("pickle:listops", [(["a"], 1)], "@: input_ids_0 holds something other than token ids"),
-    ("pickle:retrieval", [([5], [300], 1)], "@: input_ids_1 outside [0, 257)"),
-    ("pickle:retrieval", [([5], "ab", 1)], "@: input_ids_1 holds something other than token ids"),
+    ("pickle:listops", [([5], 1), ([65536 + 5], 1)], "@: input_ids_0 of item 1 holds something"),
+    ("pickle:listops", [([-1], 1)], "@: input_ids_0 of item 0 holds something other than token"),
+    ("pickle:image", [([256], 1)], "other than token ids in [0, 256) of task image in a row"),
+    ("pickle:listops", [(["a"], 1)], "@: input_ids_0 of item 0 holds something other than token"),
+    ("pickle:retrieval", [([5], [300], 1)], "@: input_ids_1 of item 0 holds something other"),
+    ("pickle:retrieval", [([5], "ab", 1)], "@: input_ids_1 of item 0 holds something other than"),
     ("pickle:listops", [([0, 0], 1)], "@: no example has a real token"),
     ("load_task", dict(task="lisops", max_len=8), "unknown task 'lisops'"),
     ("load_task", dict(task="listops", max_len=0), "max_len must be a positive integer, got 0"),
@@ -1821,6 +1853,33 @@ def test_lra_data_tokenless_examples_are_skipped(kind, content, labels, lengths,
     file = tmp_path / {"listops": "bad.tsv", "aan": "bad.tsv"}.get(kind, "bad.pickle")
     assert f"skipped 1 of {len(labels) + 1} examples with no real token (the first: " in note
     assert first.replace("@", str(file)) in note and note.endswith("nothing to attend to")
+
+
+def test_lra_data_readers_take_what_csv_keras_and_macos_leave(tmp_path):
+    """A stray '"' and an expression over csv's 131,072-character field limit are read as
+    written; CIFAR labels as keras' (n, 1) array read as the list; macOS's ._<name>.txt beside
+    the reviews is no review, and the cache's key lists exactly the files read."""
+    long = " ".join(["( [MAX 1 2 ]"] * 15000)  # 180,000 characters, 60,000 tokens
+    path = _write(tmp_path / "a.tsv", f'Source\tTarget\n"( [MIN 3 ]\t3\n{long}\t2\n')
+    split, [note] = lra_data.read_listops_tsv(path, 60000)
+    assert split.lengths.tolist() == [4, 60000] and split.x[0, :4].tolist() == [16, 11, 4, 15]
+    assert note.startswith(f"{path}:2: '\"' is not a ListOps token") and split.y.tolist() == [3, 2]
+    folder = tmp_path / "cifar-10-batches-py"
+    _lra_cifar(folder)
+    want = lra_data.read_cifar(folder)
+    for file in folder.iterdir():
+        batch = pickle.loads(file.read_bytes())
+        batch[b"labels"] = np.array(batch[b"labels"], np.uint8)[:, None]  # (n, 1)
+        file.write_bytes(pickle.dumps(batch))
+    for name, split in lra_data.read_cifar(folder).items():
+        assert np.array_equal(split.x, want[name].x) and split.y.tolist() == want[name].y.tolist()
+    imdb = _lra_imdb(tmp_path, {"neg": ["bad"], "pos": ["good"]})
+    _write(imdb / "train" / "neg" / "._0_7.txt", b"\0\x05\x16\x07\0\x02\0\0Mac OS X")
+    assert lra_data.read_imdb(imdb, 8)[0]["train"].y.tolist() == [0, 1]
+    files = [pathlib.Path(p).relative_to(imdb) for p in lra_data._release_files("text", imdb)]
+    assert [str(p) for p in files] == [
+        f"{s}/{p}/0_7.txt" for s in ("train", "test") for p in ("neg", "pos")
+    ]
 
 
 def test_lra_data_notes_unknown_listops_token_and_padding_far_beyond_the_inputs(tmp_path):
@@ -2036,13 +2095,14 @@ def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_pat
     cache = tmp_path / "lra-cache/tsv_data-4.npz"
     train = tmp_path / "tsv_data/new_aan_pairs.train.tsv"
     want = lra_data.load_task("retrieval", tmp_path, 4)[0]["test"].x2  # writes the cache
-    bad, version = "it was damaged (BadZipFile)", "the readers changed (version 1, now 2)"
+    bad, new = "it was damaged (BadZipFile)", lra_data.CACHE_VERSION + 1
+    version = f"the readers changed (version {new - 1}, now {new})"
     for change, why in [
         (lambda: os.utime(train, ns=(0, 0)), f"{train} changed"),  # the same bytes, another time
         (lambda: cache.write_bytes(cache.read_bytes()[:-100]), bad),
         # a letter of its key (UTF-32): the CRC does not match
         (lambda: cache.write_bytes(cache.read_bytes().replace(b"v\0\0\0e", b"V\0\0\0e", 1)), bad),
-        (lambda: monkeypatch.setattr(lra_data, "CACHE_VERSION", 2), version),
+        (lambda: monkeypatch.setattr(lra_data, "CACHE_VERSION", new), version),
     ]:
         change()
         data, notes = lra_data.load_task("retrieval", tmp_path, 4)
@@ -2101,7 +2161,7 @@ def _rows(rng, words: list, length: int = 3) -> list:
 def test_uea_data_reader_values_labels_missing_steps_and_unlabelled_files(tmp_path):
     """An equal-length file: values, header-order labels, tags case-insensitive; '?' filled
     linearly per channel, ends by the nearest; files without class labels; regression targets."""
-    rows = ["1,2,3:4,5,6:down", "# a comment", "  ", "7,8,9:1.5,-2,3e-1:up"]  # 2 cases
+    rows = ["1,2,3:4,5,6:down", "# a comment\x0c7:7:up", "  ", "7,8,9:1.5,-2,3e-1:up"]  # 2 cases
     text = _toy_ts(rows, equal="true", length=3)[0].replace("@problemName", "@PROBLEMNAME")
     # a non-UTF-8 comment byte (latin-1 é), as in some archive files
     path = _write(tmp_path / "Toy_TRAIN.ts", text.encode().replace(b"# toy", b"# caf\xe9 toy"))
@@ -2135,6 +2195,7 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     ([_OK, "1,2:up"], dict(dims=None), 1, "1 dimension(s), not 2 (case 1)"),
     (["1,2:3,4:up"], dict(dims=None, extra=["@univariate true"]), 0, "2 dimension(s), not 1"),
     ([_OK, "1,2:3,4:left"], {}, 1, "unknown class label 'left'; @classLabel lists ['up', 'down']"),
+    ([_OK, "1,2:3,4:?"], {}, 1, "unknown class label '?'"),  # '?' marks missing values, not labels
     # a data line without its class label: the last field is read as the label
     ([_OK, "1,2:3,4"], {}, 1, "the class label is missing ('3,4' holds values)"),
     (["1,2:3,4"], dict(dims=None), 0, "the class label is missing ('3,4' holds values)"),
@@ -2158,6 +2219,7 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     ([_OK], dict(labels="up down up"), "@classLabel", "@classLabel repeats a label"),
     ([_OK], dict(extra=["@classLabel maybe"]), "@classLabel maybe", "must be 'true <labels"),
     ([_OK], dict(extra=["@dimensions two"]), "@dimensions two", "@dimensions must be a positive"),
+    ([_OK], dict(extra=["@dimensions \u00b22"]), "@dimensions", "@dimensions must be a positive"),
     ([_OK], dict(extra=["@seriesLength 0"]), "@seriesLength", "@serieslength must be a positive"),
     *[
         ([_OK], dict(extra=[f"@{tag} maybe"]), f"@{tag} maybe", f"@{tag.lower()} must be true or")
@@ -2167,11 +2229,13 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     (b"@problemName X\n@classLabel true a b\n", None, None, "no @data line (is this a .ts file?)"),
     ([], {}, None, "no cases after @data"),
     (b"", None, None, "empty file"),
+    (b"@\n@data\n1:up\n", None, "@", "unknown header tag @"),  # "@" alone
     (b"  \n\n \t\n", None, None, "empty file"),
     (b"PK\x03\x04\x14\x00\x00\x00\x08\x00zip", None, None, _NUL),
     (_toy_ts([_OK])[0].encode("utf-16"), None, None, _NUL),
     # latin-1 bytes in a label (not a comment): refused at the first line that holds one
     (_LATIN1, None, "@classLabel", "bytes that are not UTF-8 text (a binary file?)"),
+    (_toy_ts([_OK, "5,6:7,8\xe9:up"])[0].encode("latin-1"), None, "5,6", "bytes that are not UTF"),
     ([_OK], dict(labels=None), None, "this file has no labels (@classLabel false); a classif"),
     ([_OK], dict(labels=False), None, "this file has no labels (no @classLabel line); a class"),
     (["1,2:3,4:0.5"], dict(labels=False, extra=_TARGETS), None, _REGRESSION),
@@ -2193,6 +2257,298 @@ def test_uea_data_reader_errors_name_file_line_and_problem(rows, options, where,
     assert str(err.value).startswith(f"{path}:{line}: " if line else f"{path}: "), str(err.value)
     assert what in str(err.value) and "\n" not in str(err.value)
     assert err.value.path == str(path) and err.value.line_no == line
+
+
+# ----------------------------------------------------------------------------------------------
+# every reader, fuzzed: a seeded mutant of a valid input is read exactly as a plain reading of
+# the same bytes here reads it, or refused in one sentence naming a path under its folder
+
+FUZZ_MUTANTS = int(os.environ.get("FUZZ_MUTANTS", "200"))  # per reader; more for a long run
+_FUZZ_BYTES = [b"\t", b"\n", b"\r", b'"', b"\xc2\xb2", b"\xe9", b"\0", b"?", b":", b",", b"#"]
+_FUZZ_BYTES += [b" ", b"\x0c", b"\xc2\x85", b"\xef\xbb\xbf", b"]", b"(", b"9", b"-", b".", b"1"]
+_FUZZ_FIELDS = [b"\xc2\xb2", b"", b"10", b"-1", b"0.5", b"?", b"1e0", b"nan", b"\xe9", b'"', b"X"]
+
+
+def _pick(rng: np.random.Generator, options: list):
+    return options[int(rng.integers(len(options)))]
+
+
+def _mutate(path: pathlib.Path, rng: np.random.Generator) -> None:
+    """1 to 3 seeded changes of a file: flip a bit, insert random or chosen bytes, delete some,
+    cut the end, re-encode (latin-1, UTF-16), change the line ends, replace a field by chosen
+    bytes, add a byte-order mark."""
+    data = path.read_bytes()
+    for _ in range(int(rng.integers(1, 4))):
+        i, kind = int(rng.integers(len(data) + 1)), int(rng.integers(10))
+        if kind == 0 and i < len(data):
+            data = data[:i] + bytes([data[i] ^ (1 << int(rng.integers(8)))]) + data[i + 1 :]
+        elif kind in (1, 2):
+            new = rng.bytes(int(rng.integers(1, 4))) if kind == 1 else _pick(rng, _FUZZ_BYTES)
+            data = data[:i] + new + data[i:]
+        elif kind in (3, 4):  # delete 1 to 4 bytes, or all from i on
+            data = data[:i] + data[i + int(rng.integers(1, 5)) :] if kind == 3 else data[:i]
+        elif kind == 5:
+            text = data.decode("utf-8", "replace")
+            data = text.encode(_pick(rng, ["latin-1", "utf-16"]), "replace")
+        elif kind == 6:
+            data = data.replace(*_pick(rng, [(b"\r\n", b"\n"), (b"\n", b"\r\n"), (b"\n", b"\r")]))
+        elif kind in (7, 8):  # fields: between tabs, commas, colons, line ends
+            tokens = re.split(rb"([\t\n,:])", data)
+            tokens[2 * int(rng.integers((len(tokens) + 1) // 2))] = _pick(rng, _FUZZ_FIELDS)
+            data = b"".join(tokens)
+        else:
+            data = b"\xef\xbb\xbf" + data
+    path.write_bytes(data)
+
+
+def _odd_entry(path: pathlib.Path, rng: np.random.Generator) -> None:
+    """Beside or instead of the file path: an AppleDouble file, a folder named like a file, a
+    link to a file or to nothing."""
+    kind, folder, name = int(rng.integers(5)), path.parent, path.name
+    if kind == 0:
+        _write(folder / f"._{name}", b"\0\x05\x16\x07\0\x02\0\0Mac OS X" + rng.bytes(20))
+    elif kind in (1, 2):  # 1: a folder beside the file; 2: the file replaced by a folder
+        if kind == 2:
+            path.unlink()
+        (folder / (name if kind == 2 else f"9{name}")).mkdir()
+    else:
+        (folder / f"8{name}").symlink_to(path if kind == 3 else folder / "nothing")
+
+
+def _cifar_change(file: pathlib.Path, rng: np.random.Generator) -> None:
+    """A batch's labels (container, dtype, shape, a value) or data (dtype, shape, count)."""
+    batch, kind = pickle.loads(file.read_bytes(), encoding="bytes"), int(rng.integers(5))
+    data, labels = batch[b"data"], batch[b"labels"]
+    if kind == 0:
+        dtype = _pick(rng, [np.int8, np.uint8, np.int64, np.float32, np.float64, bool])
+        labels = np.array(labels, dtype).reshape(_pick(rng, [(-1,), (-1, 1), (1, -1)]))
+    elif kind == 1:
+        labels[rng.integers(5)] = _pick(rng, [10, -1, 2.5, 3.0, "3", None, True, 2**70])
+    elif kind == 2:
+        data = data.astype(_pick(rng, [np.int16, np.float32, np.int64]))
+    elif kind == 3:
+        data = data.reshape(_pick(rng, [(5, 32, 32, 3), (5, 3, 1024), (15, 1024), (1, 15360)]))
+    else:
+        data = data[: rng.integers(5)]  # fewer images than labels, or none
+    file.write_bytes(pickle.dumps({b"data": data, b"labels": labels}))
+
+
+def _pickle_change(path: pathlib.Path, rng: np.random.Generator) -> None:
+    """An item's ids or label: another value, container, dtype or shape."""
+    items = pickle.loads(path.read_bytes())
+    values = [10, -1, 2.5, 3.0, "1", None, [1], np.int8(1), True, 2**70, np.nan, [3, 0], [[1, 2]]]
+    values += [np.arange(3).astype(_pick(rng, [np.float32, np.uint8, np.int16, str, object]))]
+    _pick(rng, items)[_pick(rng, ["input_ids_0", "label"])] = _pick(rng, values)
+    path.write_bytes(pickle.dumps(items))
+
+
+def _split_rows(split: lra_data.Split) -> list:
+    """A Split as [(ids, label)] or [(ids, ids2, label)], real tokens only."""
+    docs = [(split.x, split.lengths)]
+    if split.x2 is not None:
+        docs.append((split.x2, split.lengths2))
+    rows = [[tuple(x[i, : n[i]].tolist()) for x, n in docs] for i in range(len(split.y))]
+    return [(*row, int(y)) for row, y in zip(rows, split.y, strict=True)]
+
+
+def _whole(value, high: int) -> int:
+    """One label or id read plainly: a number (int, bool, float, numpy's), whole, 0..high-1."""
+    assert isinstance(value, (int, float, np.bool_, np.integer, np.floating))
+    assert float(value).is_integer() and 0 <= value < high
+    return int(value)
+
+
+def _listops_by_hand(f: pathlib.Path) -> list:
+    """Strict UTF-8, lines on \\n (a \\r before it dropped), the header, then expression TAB
+    digit; parentheses dropped, words by the vocabulary ("]" as "X", 16 else)."""
+    vocabulary = {**{str(d): d + 1 for d in range(10)}, "[MIN": 11, "[MAX": 12, "[MED": 13}
+    vocabulary |= {"[SM": 14, "X": 15}
+    text = (f / "basic_val.tsv").read_bytes().decode("utf-8")
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    assert lines[0] == "Source\tTarget"
+    rows = []
+    for line in filter(None, lines[1:]):
+        expression, label = line.split("\t")
+        assert re.fullmatch("[0-9]", label)
+        words = expression.replace("(", "").replace(")", "").split()
+        rows.append(([vocabulary.get(w.replace("]", "X"), 16) for w in words], int(label)))
+    return [(tuple(ids[:60]), label) for ids, label in rows if ids]
+
+
+def _aan_by_hand(f: pathlib.Path) -> list:
+    """Bytes, lines on \\n (a \\r before it dropped), 5 tab-separated fields, the label a number
+    0 or 1, each text cut to 10000 bytes, ids bytes + 1."""
+    rows = []
+    for line in (f / "tsv_data/new_aan_pairs.train.tsv").read_bytes().split(b"\n"):
+        fields = line.removesuffix(b"\r").split(b"\t")
+        if fields != [b""]:
+            label, _, _, text1, text2 = fields
+            assert float(label) in (0, 1)
+            ids = [tuple(byte + 1 for byte in text[:10000][:4]) for text in (text1, text2)]
+            rows.append((*ids, int(float(label))))
+    return [row for row in rows if row[0] and row[1]]
+
+
+def _imdb_by_hand(f: pathlib.Path) -> tuple:
+    """<split>/{neg,pos}/*.txt not starting with '.', in name order, stripped of ASCII
+    whitespace, ids bytes + 1 -> ({train, test: [(ids, label)]}, the files read)."""
+    splits, read = {"train": [], "test": []}, []
+    for split, (label, polarity) in itertools.product(splits, enumerate(("neg", "pos"))):
+        names = sorted(os.listdir(f / "aclImdb" / split / polarity))
+        names = [name for name in names if name.endswith(".txt") and name[0] != "."]
+        paths = [f / "aclImdb" / split / polarity / name for name in names]
+        texts, read = [path.read_bytes().strip() for path in paths], read + list(map(str, paths))
+        splits[split] += [(tuple(byte + 1 for byte in t[:6]), label) for t in texts if t]
+    return splits, read
+
+
+def _cifar_by_hand(f: pathlib.Path) -> dict:
+    """Each batch read plainly (a dict, data uint8 (n, 3072), n labels 0..9 in a list or an
+    array (n,) or (n, 1)), written again in the plain form (a list of ints), then read."""
+    for file in sorted(f.iterdir()):
+        batch = pickle.loads(file.read_bytes(), encoding="bytes")
+        data, labels = batch[b"data"], batch[b"labels"]
+        assert isinstance(data, np.ndarray) and data.dtype == np.uint8 and len(data)
+        if isinstance(labels, np.ndarray):
+            assert labels.shape in ((len(data),), (len(data), 1))
+            labels = list(labels.reshape(-1))
+        assert data.shape == (len(data), 3072) and len(labels) == len(data)
+        plain = {b"data": data, b"labels": [_whole(label, 10) for label in labels]}
+        _write(f.parent / f"{f.name}-plain" / file.name, pickle.dumps(plain))
+    return _FUZZ_READ["cifar"](f.parent / f"{f.name}-plain")
+
+
+_PATHFINDER_IMAGES = {}  # path -> image (None: empty), as _lra_pathfinder wrote them
+
+
+def _pathfinder_by_hand(f: pathlib.Path) -> list:
+    """metadata/*.npy not starting with '.', strict UTF-8 lines ("imgs/<k> sample_<i>.png i
+    label ...", blank ones skipped, the last, unended, left out), each naming an image written
+    here (its pixels as written: zlib's checksum guards them); in TFDS order (MD5 of "hard" +
+    key), cut at 80 % and 90 %; empty PNGs then dropped."""
+    folder, lines = f / lra_data.PATH_HARD, []
+    metas = sorted(p for p in (folder / "metadata").iterdir() if p.name[0] != ".")
+    for meta in [p for p in metas if p.name.endswith(".npy")]:
+        text = meta.read_bytes().decode("utf-8")
+        for n, line in enumerate(text.split("\n")[:-1], start=1):
+            if line.strip():
+                f0, f1, _, label = line.split(" ")[:4]
+                assert label in ("0", "1") and os.path.isfile(folder / f0 / f1)
+                empty = os.path.getsize(folder / f0 / f1) == 0  # a file of 0 bytes: no image
+                image = None if empty else _PATHFINDER_IMAGES[str(folder / f0 / f1)]
+                lines.append((f"{f0}_{f1}_{n}", image, int(label)))
+    order = sorted(lines, key=lambda line: hashlib.md5(f"hard{line[0]}".encode()).hexdigest())
+    cuts = [0, round(len(order) * 80 / 100), round(len(order) * 90 / 100), len(order)]
+    parts = [order[a:b] for a, b in itertools.pairwise(cuts)]
+    return [[(tuple(i.reshape(-1).tolist()), y) for _, i, y in p if i is not None] for p in parts]
+
+
+def _pickle_by_hand(f: pathlib.Path) -> list:
+    """A ListOps PyTorch-LRA pickle read plainly: a list of dicts; input_ids_0 a row of whole
+    numbers 0..16, cut to 4, its zeros at the end padding; label a whole number 0..9 (or a row
+    of one)."""
+    rows = []
+    for item in pickle.loads((f / "listops.train.pickle").read_bytes()):
+        ids, (label,) = item["input_ids_0"], np.ravel(item["label"])
+        assert np.ndim(ids) == 1
+        row = [_whole(value, 17) for value in ids][:4]
+        while row and row[-1] == 0:
+            row.pop()
+        rows.append((tuple(row), _whole(label, 10)))
+    return [row for row in rows if row[0]]
+
+
+def _imdb_read(f: pathlib.Path) -> tuple:
+    splits = lra_data.read_imdb(f / "aclImdb", 6)[0]
+    read = list(map(str, lra_data._release_files("text", f / "aclImdb")))  # the cache's key
+    return {name: _split_rows(splits[name]) for name in ("train", "test")}, read
+
+
+def _ts_listed(cases: list, labels: list) -> list:
+    return [(case.tolist(), label) for case, label in zip(cases, labels, strict=True)]
+
+
+def _ts_read(path: pathlib.Path) -> list:
+    ts = read_ts(path, require_labels=True)
+    return _ts_listed(ts.series, [ts.class_names[y] for y in ts.labels])
+
+
+_TS = _toy_ts(["1,2,3:4,5,6:down", "7,8:1.5,-2:up", "# note", "0.5,?,2,?:?,3,4,5:up"])[0]
+_PF, _ITEMS = lra_data.PATH_HARD, [dict(input_ids_0=[5, 6, 0, 7, 0], label=i) for i in range(3)]
+_PF_ODD = [f"{_PF}/metadata/0.npy", f"{_PF}/imgs/0/sample_0.png"]  # mutated, an odd entry beside
+_FUZZ = {  # reader -> (files mutated, files for an odd entry, objects changed, read by hand)
+    "listops": (["basic_val.tsv"], [], None, _listops_by_hand),
+    "aan": (["tsv_data/new_aan_pairs.train.tsv"], [], None, _aan_by_hand),
+    "imdb": (["aclImdb/train/neg/1_7.txt"], ["aclImdb/test/pos/0_7.txt"], None, _imdb_by_hand),
+    "cifar": (["data_batch_2"], [], _cifar_change, _cifar_by_hand),
+    "pathfinder": (_PF_ODD, _PF_ODD, None, _pathfinder_by_hand),
+    "pickle": (["listops.train.pickle"], [], _pickle_change, _pickle_by_hand),
+    "uea": (["Toy_TRAIN.ts"], [], None, lambda f: _ts_listed(*_ts_by_hand(f / "Toy_TRAIN.ts"))),
+}
+_FUZZ_WRITE = {  # a valid input, written by the helpers of the table-driven tests
+    "listops": lambda f: lra_data.write_listops(f, dict(_LRA_TINY_LISTOPS, seed=0), False),
+    "aan": _lra_aan,
+    "imdb": lambda f: _lra_imdb(f, {"neg": ["bad film", " dull\r\n"], "pos": ["good", "fine"]}),
+    "cifar": _lra_cifar,
+    "pathfinder": lambda f: _lra_pathfinder(f / _PF, 22, images=_PATHFINDER_IMAGES),
+    "pickle": lambda f: _lra_pickles(f, "listops", _ITEMS),
+    "uea": lambda f: _write(f / "Toy_TRAIN.ts", _TS),
+}
+_FUZZ_READ = {  # the reader's result, in the terms of the plain readings
+    "listops": lambda f: _split_rows(lra_data.read_listops_tsv(f / "basic_val.tsv", 60)[0]),
+    "aan": lambda f: _split_rows(
+        lra_data.read_aan_tsv(f / "tsv_data/new_aan_pairs.train.tsv", 4)[0]
+    ),
+    "imdb": _imdb_read,
+    "cifar": lambda f: {n: _split_rows(s) for n, s in lra_data.read_cifar(f, 1024).items()},
+    "pathfinder": lambda f: [
+        _split_rows(s) for s in lra_data.read_pathfinder(f / _PF, 16)[0].values()
+    ],
+    "pickle": lambda f: _split_rows(
+        lra_data.read_lra_pickle(f / "listops.train.pickle", "listops", 4)[0]
+    ),
+    "uea": lambda f: _ts_read(f / "Toy_TRAIN.ts"),
+}
+
+
+@pytest.mark.parametrize("reader", _FUZZ)
+def test_readers_fuzzed_read_as_by_hand_or_refuse_in_one_sentence(reader, tmp_path):
+    """FUZZ_MUTANTS seeded mutants (bytes changed, an odd entry, objects changed): the reader's
+    result equals the plain reading here, or it raises its module's error, one line naming a
+    path under the mutant's folder; never another exception, never other data. Outcomes are
+    counted (pytest -s shows them)."""
+    files, odd, change, by_hand = _FUZZ[reader]
+    outcomes = collections.Counter()
+    for seed in range(FUZZ_MUTANTS):
+        folder, rng = tmp_path / str(seed), np.random.default_rng(seed)
+        _FUZZ_WRITE[reader](folder)
+        kind = int(rng.integers(3))
+        if kind == 0 and odd:
+            _odd_entry(folder / _pick(rng, odd), rng)
+        elif kind == 1 and change is not None:
+            change(folder / files[0], rng)
+        else:
+            _mutate(folder / _pick(rng, files), rng)
+        try:
+            got = _FUZZ_READ[reader](folder)
+        except (lra_data.DataError, TsFormatError) as e:
+            assert str(folder) in str(e) and "\n" not in str(e), (seed, str(e))
+            try:  # counted apart: refused by the reader alone (stricter than by hand)
+                by_hand(folder)
+                outcomes["refused, read by hand"] += 1
+            except Exception:
+                outcomes["refused"] += 1
+            continue
+        except Exception as e:  # never another exception
+            pytest.fail(f"{reader}, seed {seed}: {e!r}")
+        try:
+            want = by_hand(folder)
+        except Exception as e:  # the plain reading refuses: a silent misreading
+            want = f"refused by hand ({e!r})"
+        assert got == want, (reader, seed)
+        outcomes["read as by hand"] += 1
+    print(reader, dict(outcomes))
+    assert outcomes["read as by hand"] and outcomes["refused"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2326,15 +2682,23 @@ def test_uea_data_pad_series_and_load_with_bad_arguments_and_mismatched_files(tm
 
 
 def _ts_by_hand(path: pathlib.Path) -> tuple:
-    """An independent .ts reading for files without '?': (cases as (L, F) arrays, labels)."""
-    lines = path.read_text(errors="replace").splitlines()
-    start = [ln.strip().lower() for ln in lines].index("@data") + 1
+    """An independent .ts reading: lines as Python's text mode splits them, blank and '#' lines
+    skipped; after @data, cases 'v,v:v,v:label', '?' filled linearly in time (the ends by the
+    nearest value) -> (cases as (L, F) arrays, labels)."""
+    text = path.read_bytes().decode("utf-8", "replace").removeprefix("\ufeff")
+    lines = [line.strip() for line in re.split("\r\n|\r|\n", text)]
+    lines = [line for line in lines if line and line[0] != "#"]
     cases, labels = [], []
-    for line in lines[start:]:
-        if line.strip():
-            *channels, label = line.strip().split(":")
-            cases.append(np.array([[float(v) for v in c.split(",")] for c in channels]).T)
-            labels.append(label)
+    for line in lines[[line.lower() for line in lines].index("@data") + 1 :]:
+        *channels, label = line.split(":")
+        values = [
+            [np.nan if v.strip() == "?" else float(v) for v in c.split(",")] for c in channels
+        ]
+        cases.append(np.array(values).T)  # (L, F); a ragged case fails here
+        for c, steps in enumerate(cases[-1].T):
+            known = np.flatnonzero(~np.isnan(steps))
+            cases[-1][:, c] = np.interp(np.arange(len(steps)), known, steps[known])
+        labels.append(label.strip())
     return cases, labels
 
 

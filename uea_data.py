@@ -73,7 +73,10 @@ def read_ts(path, require_labels: bool = False) -> TsFile:
     if b"\0" in data:  # text never holds NUL; zip, gzip, UTF-16 text and other binaries do
         raise TsFormatError(path, None, "NUL bytes: a binary or UTF-16 file, not .ts text")
     # Archive comments may hold non-UTF-8 bytes (a latin-1 µ): replace them; refuse them below.
-    for line_no, raw in enumerate(data.decode("utf-8", "replace").splitlines(), start=1):
+    # Lines end as in Python's text mode (\n, \r\n, \r), not str.splitlines' (also \f, \x85):
+    # "# note\f1,2:up" is a comment, as the official loader reads it.
+    text = data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+    for line_no, raw in enumerate(text.split("\n"), start=1):
         line = raw.strip().lstrip("\ufeff")
         if not line or line.startswith("#"):
             continue
@@ -86,7 +89,7 @@ def read_ts(path, require_labels: bool = False) -> TsFile:
             labels.append(_parse_label(label, class_names, header, path, line_no))
             line_numbers.append(line_no)
         elif line.startswith("@"):  # aeon tolerates free text before @data; so do we
-            tag, value = (line[1:].split(maxsplit=1) + [""])[:2]
+            tag, value = (line[1:].split(maxsplit=1) + ["", ""])[:2]  # "@" alone: tag ""
             in_data = _parse_tag(tag.lower(), value.strip(), header, class_names, path, line_no)
             if in_data:
                 if require_labels and not class_names:
@@ -128,7 +131,7 @@ def _parse_tag(tag: str, value: str, header: dict, class_names: list, path, line
         # Decision: refuse rather than drop the time stamps (irregular sampling would be lost
         # silently); none of the UEA classification datasets uses them.
         raise TsFormatError(path, line_no, "@timeStamps true: timestamps not supported")
-    if tag in ("dimensions", "serieslength") and not (value.isdigit() and int(value) > 0):
+    if tag in ("dimensions", "serieslength") and not re.fullmatch("0*[1-9][0-9]*", value):
         raise TsFormatError(path, line_no, f"@{tag} must be a positive integer, got {value!r}")
     if tag == "classlabel":
         words = value.split()
