@@ -3681,12 +3681,12 @@ def test_train_lra_time_limit_stops_at_the_last_evaluation_that_ends_in_time(
 
 def test_train_lra_text_reuses_the_validation_score_and_logs_each_evaluation(tmp_path):
     """Text's test split is its validation split: the best weights' score there is their test
-    score, not evaluated again; a --max-len given far above the inputs is noted; when stderr is
-    no terminal (no bar), a line per evaluation."""
+    score, not evaluated again; a --max-len given far above the inputs is noted, and a data flag
+    Text does not read; when stderr is no terminal (no bar), a line per evaluation."""
     _lra_imdb(tmp_path, {"neg": ["bad", "awful film", "no"], "pos": ["good", "fine film", "ok"]})
     argv = ["--task", "text", "--data-dir", str(tmp_path), "--out", str(tmp_path / "run")]
     argv += "--attention softmax --steps 4 --eval-every 2 --batch-size 2 --max-len 32".split()
-    argv += "--d-model 16 --d-ff 32".split()
+    argv += "--d-model 16 --d-ff 32 --pathfinder easy".split()
     printed, evaluate = io.StringIO(), mock.Mock(wraps=train_lra.evaluate)
     stdout, stderr = contextlib.redirect_stdout(printed), contextlib.redirect_stderr(io.StringIO())
     with mock.patch.object(train_lra, "evaluate", evaluate), _one_thread(), stdout, stderr:
@@ -3694,6 +3694,7 @@ def test_train_lra_text_reuses_the_validation_score_and_logs_each_evaluation(tmp
     assert evaluate.call_count == 2 and result["test_acc"] == result["val_acc"]
     lines = printed.getvalue().splitlines()
     assert lines[2].startswith("max_len 32 is more than twice the longest input (10 tokens)")
+    assert lines[3] == "--pathfinder easy: unused, as only --task pathfinder reads it", lines[3]
     steps = [line.split()[:2] for line in lines if line.startswith("step ")]
     assert steps == [["step", "2"], ["step", "4"]]
 

@@ -112,7 +112,7 @@ def main(cfg: TrainConfig) -> dict:
     data, notes = load_task(**data_args, padding_note=cfg.max_len != preset_len, download=fetch)
     if ddp and master:
         dist.barrier()
-    for note in notes if master else ():
+    for note in [*notes, *unused_flags(cfg)] if master else ():
         print(note, flush=True)
     n_train = len(data["train"].y)
     if n_train < cfg.batch_size:
@@ -331,6 +331,21 @@ LISTOPS = {
     "paper": LISTOPS_PAPER,  # listops-1000, 500 < tokens < 2000, depth 10, 16 shards
     "quick": dict(folder="listops-quick", min_length=20, max_length=100, max_depth=3, max_args=5),
 }
+
+
+DATA_FLAGS = dict(pathfinder="pathfinder", data_seed="listops")  # the task whose data each reads
+DATA_FLAGS.update(listops_size="listops", listops_eval_size="listops")
+
+
+def unused_flags(cfg: TrainConfig) -> list:
+    """A note for each data flag set away from its default that cfg.task's data does not read."""
+    notes = []
+    for name, task in DATA_FLAGS.items():
+        value = getattr(cfg, name)
+        if task != cfg.task and value != getattr(TrainConfig, name):
+            flag_name = "--" + name.replace("_", "-")
+            notes.append(f"{flag_name} {value}: unused, as only --task {task} reads it")
+    return notes
 
 
 def presets(given: dict, error) -> dict:
