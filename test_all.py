@@ -542,6 +542,20 @@ def test_primal_ksvd_objective_is_zero_at_kkt_point(causal):
     assert torch.allclose(h_e[0][:, mask[0]], U[0][:, mask[0], :r], atol=1e-10)
 
 
+def test_primal_ksvd_objective_without_real_tokens_is_minus_the_trace():
+    """No real token in the batch (or in a sequence): no energy, J = -mean_h Tr(W_e[h]ᵀ W_r[h]),
+    not 0 / 0 = NaN."""
+    torch.manual_seed(0)
+    e, r = torch.randn(2, 2, 5, 3, dtype=F64), torch.randn(2, 2, 5, 3, dtype=F64)
+    We, Wr, lam = torch.randn(2, 4, 3, dtype=F64), torch.randn(2, 4, 3, dtype=F64), torch.rand(2, 3)
+    trace = torch.stack([torch.trace(We[h].T @ Wr[h]) for h in range(2)]).mean()
+    no_token = torch.zeros(2, 5, dtype=torch.bool)
+    batch = ksvd_objective(e, r, lam.double(), We, Wr, no_token, False)
+    assert torch.allclose(batch, -trace), "one J for the batch"
+    per_sample = ksvd_objective(e, r, lam.double(), We, Wr, no_token, True)
+    assert torch.allclose(per_sample, -trace.expand(2)), "one J per sequence"
+
+
 def test_primal_loss_matches_official_formulas_without_padding():
     """No padding: aux / η == the official LRA ("batch": (mean J)²) and UEA ("sample": mean J²)."""
     B, N = 3, 16
