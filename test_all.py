@@ -1263,8 +1263,7 @@ def test_edge_first_illegal_sizes_are_a_value_error_naming_the_argument():
         (lambda: PrimalAttention(8, 2, rank_multi=0), "rank_multi=0"),
         (lambda: PrimalAttention(8, 2, max_len=0), "max_len=0"),
     ]
-    for layer in ATTENTION.values():
-        illegal.append((functools.partial(layer, 8, 3), "n_heads=3"))
+    for layer in ATTENTION.values():  # n_heads = 3 at D = 16: BAD_ARGUMENTS' test
         illegal.append((functools.partial(layer, 8, 0), "n_heads=0"))
     for name in ("n_classes", "max_len", "d_model", "n_layers", "d_ff"):
         config = ModelConfig(vocab_size=5, **{name: 0})
