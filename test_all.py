@@ -3135,8 +3135,7 @@ def _files(out: pathlib.Path) -> dict:
     return {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "lock"}
 
 
-_PRESETS = [  # (script, flags, settings they lead to): the official scripts' values; flags win
-    ("train_lra.py", "--task image --attention agf", dict(warmup=175, eval_every=175)),  # +_BUILT
+_PRESETS = [  # (script, flags, settings) besides _BUILT's: the official scripts' values; flags win
     ("train_lra.py", "--task retrieval --attention primal+trans --primal-eta 0.3",
      dict(primal_rank=20, primal_eta=0.3, max_len=4000)),
     ("train_lra.py", "--preset quick", dict(listops_size=6000, out="runs/listops/agf-quick-seed0")),
