@@ -4599,8 +4599,7 @@ def uea_runs(tmp_path_factory):
         runs.append(tmp / attention)
         argv = [*TINY, "--attention", attention, "--epochs", "1", "--device", "cpu", *extra]
         argv += ["--out", str(runs[-1]), "--data-dir", str(UEA_DIR)]
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            train_uea.main(train_uea.parse_config(argv))
+        _uea_run(argv)
     return runs
 
 
@@ -4736,11 +4735,8 @@ def test_diagnose_bad_input_gets_one_clear_line(uea_runs, tmp_path):
 def test_diagnose_end_to_end_on_an_lra_run_best_and_last_weights(tmp_path):
     """diagnose.py on a tiny ListOps run of train_lra.py: best.pt by default (its test_acc) and
     --weights last (checkpoint.pt, its final_val_acc), each printed and reproduced."""
-    argv = "--preset quick --listops-size 48 --listops-eval-size 12 --steps 6 --eval-every 2"
-    argv += " --batch-size 8 --d-model 16 --d-ff 32 --device cpu --attention primal+trans"
-    argv = [*argv.split(), "--data-dir", tmp_path / "data", "--out", tmp_path / "lra"]
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        result = train_lra.main(train_lra.parse_config([str(a) for a in argv]))
+    more = "--steps 6 --device cpu --attention primal+trans".split()
+    result = _lra_run(_lra_args(tmp_path / "data", tmp_path / "lra", *more))
     folder = tmp_path / "lra"
     [res], printed = _diag_main([folder, "--batches", "2", "--dense", "2"])
     assert res["kinds"] == ["softmax", "primal"] and res["cosine"].shape == (3,)
