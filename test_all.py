@@ -3517,8 +3517,11 @@ def test_train_lra_and_train_uea_flags_alone_build_the_promised_layers(script, a
     10 epochs); quick with --dropout 0.2 (UEA: --attn-dropout 0.3). GFSA K = 2 or 3: ours. The
     default attention (LRA agf, UEA softmax) gets the same settings with no --attention."""
     lra, cpu, data = script == "train_lra.py", torch.device("cpu"), _uea_dummy_data(500)
-    quick_flags = "--preset quick --dropout 0.2 --attn-dropout 0.3".split()[: 6 - 2 * lra]
-    trans, rows = attention == "primal+trans", _BUILT.strip().split("\n\n")[not lra].split("\n")
+    quick_flags = ["--preset", "quick", "--dropout", "0.2"]
+    if not lra:
+        quick_flags += ["--attn-dropout", "0.3"]
+    tables = _BUILT.strip().split("\n\n")  # LRA's rows, then UEA's
+    trans, rows = attention == "primal+trans", (tables[0] if lra else tables[1]).split("\n")
     kinds = [ATTENTION[k] for k in (["softmax", "primal"] if trans else [attention] * 2)]
     for row, quick in ((r, q) for r in rows for q in (0, 1) if not lra or q == ("-q" in r)):
         name, C, N, basis, *v, optimizer = row.split()
@@ -3527,16 +3530,18 @@ def test_train_lra_and_train_uea_flags_alone_build_the_promised_layers(script, a
         )
         flags = ["--task" if lra else "--dataset", name.removesuffix("-quick"), "--attention"]
         module = SCRIPTS[script][0]
-        cfg = module.parse_config([*flags, attention, *quick_flags * quick])
+        preset = quick_flags if quick else []
+        cfg = module.parse_config([*flags, attention, *preset])
         if attention == module.TrainConfig.attention:  # the default: its preset without the flag
-            assert module.parse_config([*flags[:2], *quick_flags * quick]) == cfg, "no --attention"
+            assert module.parse_config([*flags[:2], *preset]) == cfg, "no --attention"
         model, opt = (train_lra.build(cfg, cpu) if lra else train_uea.build(cfg, data, cpu))[:2]
         D, H, d_ff = (64, 2, 128) if lra or quick else (512, 8, 2048)
         p, pa = (0.2, 0.2 if lra else 0.3) if quick else (0.1, 0.1)  # blocks, attention weights
-        primal = [(s, eta, m), (s2, eta2, m2)][trans]
+        primal = (s2, eta2, m2) if trans else (s, eta, m)
         want = {SoftmaxAttention: (pa,), AGFAttention: (basis, K, a, b, g, frozen, "agf")}
-        want[PrimalAttention] = (*primal, "batch" * lra or "sample", False)
-        want[GFSAttention] = (3 - lra, pa, "taylor", ([0.0], False), ([1.0], False))
+        want[PrimalAttention] = (*primal, "batch" if lra else "sample", False)
+        gfsa_order = 2 if lra else 3
+        want[GFSAttention] = (gfsa_order, pa, "taylor", ([0.0], False), ([1.0], False))
         blocks = [(blk.attn, blk.mlp[0].out_features, blk.drop.p) for blk in model.blocks]
         got = [(type(at), _layer(at), at.d_model, at.n_heads, *rest) for at, *rest in blocks]
         case = (name, attention, quick)
@@ -3773,7 +3778,8 @@ def test_train_lra_and_train_uea_schedule_steps_and_clock_are_the_formulas(tmp_p
     assert [(r["lr"], r["time_s"]) for r in log if lra] == [  # time_s: steps, evaluations so far
         (seen[5 * k - 5], k + 10 * i) for i, k in enumerate(evals, 1) if lra
     ]
-    assert result["wall_s"] == evals[-1] + 10 * len(evals) + 10 * lra  # LRA: + the test split
+    test_split = 10 if lra else 0  # LRA: + the test split
+    assert result["wall_s"] == evals[-1] + 10 * len(evals) + test_split
     for flags in [["--task", task] for task in train_lra.TASKS] + [["--preset", "quick"]]:
         preset = train_lra.QUICK if "quick" in flags else train_lra.TASKS[flags[1]]
         for n in range(2, 15) if lra else ():
@@ -3803,7 +3809,8 @@ def test_train_lra_and_train_uea_batches_follow_the_documented_order(tmp_path, s
     n, size, seed = (44, 8, 0) if lra else (12, 5, 3)  # one process: batches of `size`
     more = ["--steps", "12", "--listops-size", "44"] if lra else ["--seed", "3"]
     seen, real = {}, module.to_batch
-    for rank, batch in ((None, size), (0, 10 - 2 * lra), (1, 10 - 2 * lra)):
+    two = 8 if lra else 10  # the batch of two processes together
+    for rank, batch in ((None, size), (0, two), (1, two)):
         taken = seen.setdefault(rank, [])
 
         def recording(*args, taken=taken):
@@ -3821,8 +3828,9 @@ def test_train_lra_and_train_uea_batches_follow_the_documented_order(tmp_path, s
     per_epoch = range(0, n - size + 1 if lra else n, size)
     assert seen[None] == [o[k : k + size] for o in orders for k in per_epoch][: 12 if lra else 6]
     assert orders[0] != orders[1]
-    batch = 10 - 2 * lra  # UEA: 10 cases, then the last 2, one for each process
-    wholes = [o[k : k + batch] for o in orders for k in range(0, n - lra * (size - 1), batch)][:12]
+    # UEA: 10 cases, then the last 2, one for each process; LRA: whole batches only
+    starts = range(0, n - two + 1 if lra else n, two)
+    wholes = [o[k : k + two] for o in orders for k in starts][:12]
     for whole, a, b in zip(wholes, seen[0], seen[1], strict=True):
         assert not set(a) & set(b) and sorted(a + b) == sorted(whole) and a == whole[0::2]
 
