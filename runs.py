@@ -225,6 +225,7 @@ def finish(out: pathlib.Path, result: dict) -> dict:
         save(out / "result.json", result)
         print("RESULT " + json.dumps(result, allow_nan=False), flush=True)
     if dist.is_initialized():
+        dist.barrier()  # the processes part together: none tears gloo down while one still runs
         dist.destroy_process_group()
     return result
 
