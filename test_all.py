@@ -1038,6 +1038,16 @@ def test_model_layer_kinds_expands_a_name_and_checks_a_list():
         layer_kinds("performer", 2)
 
 
+def test_model_config_defaults_are_the_lra_setting():
+    """ModelConfig's defaults say "the LRA setting shared by the three papers": the same widths,
+    depth and dropouts as train_lra.py's settings, and a classifier builds from them alone."""
+    lra, cfg = train_lra.TrainConfig(), ModelConfig(vocab_size=17)
+    for name in ("d_model", "n_heads", "n_layers", "d_ff", "dropout"):
+        assert getattr(cfg, name) == getattr(lra, name), name
+    model = Classifier(cfg)
+    assert len(model.blocks) == 2 and model.blocks[0].attn.d_model == 64, "D 64, 2 layers"
+
+
 def test_model_bad_inputs_raise_clear_errors():
     """Each bad Classifier input: an error naming the argument, what it expected and what it got."""
     torch.manual_seed(0)
@@ -2919,6 +2929,38 @@ _DL_RULES = [  # folder state, archive shape -> what is said: the user's files k
 def _tree(root: pathlib.Path) -> dict:
     """Every path under root -> its bytes (None: a folder)."""
     return {p.relative_to(root): None if p.is_dir() else p.read_bytes() for p in root.rglob("*")}
+
+
+def test_download_progress_in_a_log_is_the_start_and_a_line_per_tenth(capsys):
+    """Without a terminal, a download says where it goes first, then the bytes read at each
+    tenth of the Content-Length: 10 lines for 100 bytes read one at a time."""
+
+    class Response(io.BytesIO):
+        headers = {"Content-Length": "100"}
+
+    reader = download._Reader(Response(bytes(100)), "data/some.tar", "http://x/some.tar")
+    while reader.read(1):
+        pass
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == "downloading http://x/some.tar (100 bytes) into data/some.tar", lines[0]
+    assert lines[1:] == [f"some.tar: {k:,} of 100 bytes" for k in range(10, 101, 10)], lines
+
+
+def test_download_place_keeps_the_files_there_and_names_three(tmp_path, capsys):
+    """Into a folder holding 4 of the archive's 5 files: those 4 stay byte for byte, the fifth
+    is moved in, and one line names the first 3 kept, then "..."."""
+    part, dest = tmp_path / "part", tmp_path / "dest"
+    for name in "abcde":
+        _write(part / f"{name}.txt", f"archive {name}")
+    for name in "abcd":
+        _write(dest / f"{name}.txt", f"user {name}")
+    download._place(part, dest, download.Archive("http://x/a.tar", need=("e.txt",)))
+    got = {path.name: path.read_text() for path in dest.iterdir()}
+    want = {f"{name}.txt": f"user {name}" for name in "abcd"}
+    assert got == {**want, "e.txt": "archive e"}, got
+    said = capsys.readouterr().err.strip()
+    kept = "kept the 4 file(s) of http://x/a.tar already there (a.txt, b.txt, c.txt, ...)"
+    assert said == f"{dest}: {kept}, unpacked the other 1", said
 
 
 @pytest.mark.parametrize("state, shape, said", _DL_RULES, ids=_id)
