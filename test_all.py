@@ -4903,6 +4903,7 @@ def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path,
 @pytest.mark.parametrize("argv, said", [
     (["--bandwidth-gbs", "nan"], "--bandwidth-gbs must be a finite number above 0"),  # gpu_bench
     (["--repeats", 0], "argument --repeats: must be at least 1, got 0"),
+    (["--fit-min", 0], "argument --fit-min: must be at least 1, got 0"),
     (["--warmup", -1], "argument --warmup: must be at least 0"),
     (["--batch", "x"], "argument --batch: invalid int value: 'x'"),
     (["--step-ns", 1024, 0], "argument --step-ns: must be at least 1"),
@@ -4963,6 +4964,27 @@ def test_bench_out_of_memory_skips_that_n_and_larger_but_not_smaller_ones(tmp_pa
     assert [(r["N"], r.get("note", "")) for r in rows] == [(64, oom), (32, "")]
 
 
+def test_bench_official_gfsa_stops_at_its_size_cap_and_no_other_kind_does(tmp_path, monkeypatch):
+    """gfsa-official forms Ā@Ā (O(N³)): measured up to OFFICIAL_MAX_N, then left out; another
+    kind is measured at every N."""
+    cap = bench.OFFICIAL_MAX_N
+    layers = {"gfsa-official": _BenchLayer(), "square": _BenchLayer()}
+    argv = ["--ns", str(cap), str(2 * cap), "--fit-min", str(cap), "--repeats", "1"]
+    rows = _bench_run(monkeypatch, tmp_path, layers, argv)
+    want = [("gfsa-official", cap), ("square", cap), ("square", 2 * cap)]
+    assert [(r["kind"], r["N"]) for r in rows] == want
+
+
+def test_bench_compile_s_is_the_first_calls_in_seconds(monkeypatch):
+    """compile_s: the first (compiling) calls of a compiled row, timed in ms, said in seconds."""
+    monkeypatch.setattr(bench, "timed", lambda fn, device, *more: 1500.0)  # every timing: 1.5 s
+    args = bench.parse_args(["--repeats", "1"])
+    row = dict(what="layer", kind="square", N=8, dtype="float32", mode="compiled", B=2, D=64)
+    bench.measure_row(row, _BenchLayer(), args, compile_for=lambda module, mode: module)
+    assert row["compile_s"] == 1.5, row
+    assert (row["fwd_ms"], row["fwdbwd_ms"]) == (1500.0, 1500.0), "the timings stay in ms"
+
+
 def test_bench_graphs_mode_and_a_graph_break_are_said_in_the_note(tmp_path, monkeypatch):
     """mode graphs (torch.compile mode="reduce-overhead") on the CPU, where inductor records no
     CUDA graphs: measured, and the note says so. A layer that breaks the graph: rows saying
@@ -4998,6 +5020,7 @@ def test_bench_plot_leaves_out_the_memory_of_rows_without_one(tmp_path):
     stub = {"matplotlib": mock.MagicMock(pyplot=plt), "matplotlib.pyplot": plt}
     with mock.patch.dict(sys.modules, stub), contextlib.redirect_stdout(io.StringIO()):
         bench.plot(rows, tmp_path / "b.csv")
+    assert plt.subplots.call_args.args == (1, 2), "one row: time, then memory"
     time_calls, mem_calls = ([c.args[:2] for c in ax.loglog.call_args_list] for ax in axes)
     assert time_calls == [([8, 16], [1.0, 1.0])] * 2
     assert mem_calls == [([8, 16], [2.0, 2.0]), ([], [])]
