@@ -2630,6 +2630,18 @@ def test_uea_data_standardisation_uses_train_statistics_and_centres_constant_cha
     assert data.std.tolist() == [0, 0] and data.constant_channels == [0, 1]
     assert tuple(data.x_test.shape) == (1, 1, 2) and data.n_clipped_test == 1
     np.testing.assert_array_equal(data.x_test[0, 0], [-1, -1])  # clipped, centred
+    # two TRAIN steps in all (two cases of one step): ddof 1 still, std = |5 - 1| / √2
+    _dataset(tmp_path, [_row([1], [0], label="up"), _row([5], [0], label="up")], test_rows)
+    data = load_uea(str(tmp_path), "Toy")
+    np.testing.assert_allclose(data.std, [np.std([1, 5], ddof=1), 0])
+
+
+def test_uea_data_a_univariate_series_has_its_missing_values_filled(tmp_path):
+    """One dimension: '?' is interpolated over time, the ends take the nearest value, as in each
+    channel of a multivariate file."""
+    text, _ = _toy_ts(["1.0,?,3.0:up", "?,2.0:down"], dims="1")
+    ts = read_ts(_write(tmp_path / "Uni.ts", text))
+    assert [s[:, 0].tolist() for s in ts.series] == [[1.0, 2.0, 3.0], [2.0, 2.0]]
 
 
 def test_uea_data_pad_series_and_load_with_bad_arguments_and_mismatched_files(tmp_path):
