@@ -4261,6 +4261,23 @@ def test_runs_resume_refuses_what_it_cannot_continue(tmp_path, script):
         assert "checkpoint.pt is damaged" in message and "--overwrite" in message
 
 
+def test_runs_resume_sees_a_finished_run_of_any_length(tmp_path):
+    """A run finished at step 5,000, past CPython's cache of small ints (where `is` would still
+    pass for equal numbers): --resume says it is finished, as at 4 steps."""
+    out = tmp_path / "run"
+    out.mkdir()
+    state = dict(step=int("5000"))  # a fresh int object, as loading a checkpoint gives
+    ckpt = dict(config=dict(steps=5000), script="train_lra.py", state=state)
+    torch.save(ckpt, out / "checkpoint.pt")
+    (out / "result.json").write_text("{}")
+    cfg = types.SimpleNamespace(resume=True, overwrite=False, steps=5000)
+    try:
+        with pytest.raises(SystemExit, match="finished its 5000 steps: nothing to resume"):
+            runs._open(cfg, out, "train_lra.py", "step", int("5000"), set())
+    finally:
+        runs._lock.close()  # the lock _open took
+
+
 def test_runs_an_out_that_is_a_file_and_a_system_without_fcntl(tmp_path):
     """--out naming a file: one sentence, the file untouched; no fcntl: said, and it runs."""
     (tmp_path / "file").write_text("mine")
