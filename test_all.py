@@ -4474,6 +4474,43 @@ def test_diagnose_agf_and_gfsa_responses_at_init_and_with_set_coefficients():
         assert torch.allclose((p**2).sum(-1).real, torch.einsum("hij,hji->h", filt, filt))
 
 
+def test_diagnose_a_gfsa_layer_trained_exact_and_its_eigenvalue_panel():
+    """high_order="exact": G = w0·I + w1·Ā + wK·Ā^K (Ā^K by matrix_power here) and p(λ) with λ^K;
+    the eigenvalue panel plots |1 - λ| against |p(λ)| at each eigenvalue λ of Ā (complex ones)."""
+    torch.manual_seed(0)
+    K = 3
+    layer = GFSAttention(16, 2, order=K, high_order="exact").double()
+    with torch.no_grad():
+        for w, value in ((layer.w0, [0.2, -0.1]), (layer.w1, [0.7, 1.3]), (layer.wK, [0.4, -0.6])):
+            w.copy_(torch.tensor(value))
+    x, mask = _diag_batch()
+    with torch.no_grad():
+        r = diagnose.gfsa_response(layer, x, mask, n_points=41)
+        filt = diagnose.implied_matrix(layer, "gfsa", x, mask)
+        attn = diagnose.implied_matrix(layer, "softmax", x, mask)
+    w0, w1, wK = (w.detach().view(-1, 1) for w in (layer.w0, layer.w1, layer.wK))
+    assert r["power"] == K
+    assert torch.allclose(r["grid"], w0 + w1 * r["lam"] + wK * r["lam"] ** K, atol=1e-14)
+    for b, real in enumerate(mask):
+        a = attn[b][:, real][:, :, real]
+        eye, power = torch.eye(int(real.sum()), dtype=F64), torch.linalg.matrix_power(a, K)
+        g = w0[..., None] * eye + w1[..., None] * a + wK[..., None] * power
+        assert torch.allclose(filt[b][:, real][:, :, real], g, atol=1e-12), b
+    results = dict(kinds=["gfsa"], cosine=torch.zeros(2), layers=[dict(kind="gfsa", gfsa=r)])
+    results["layers"][0]["spectrum"] = torch.ones(3)
+    panels = {panel[0]: panel for figure in diagnose.figures(results) for panel in figure}
+    _, x_name, y_name, _, curves = panels["gfsa_eigenvalues"]
+    assert (x_name, y_name) == ("|1 - lambda|", "|p(lambda)|")
+    eig = torch.cat(r["eig"], dim=1)
+    assert eig.imag.abs().max() > 0.01, "no complex eigenvalue to tell |1 - λ| from 1 - |λ|"
+    for h in range(2):
+        lam = eig[h]
+        distance, gain = curves[f"layer 1 head {h}"]
+        p = w0[h] + w1[h] * lam + wK[h] * lam**K
+        assert torch.allclose(distance, torch.sqrt((1 - lam.real) ** 2 + lam.imag**2)), h
+        assert torch.allclose(gain, p.abs()), h
+
+
 def test_diagnose_off_dc_gain_on_known_eigenvalues():
     """The summary's off-DC gain: mean |p(λ)| / |p(1)| over all λ but each sequence's 1."""
     eig = [torch.tensor([[1.0, 0.5, -0.25], [-0.25, 1.0, 0.5]], dtype=torch.complex128)]
@@ -5154,6 +5191,81 @@ def test_bench_report_compares_modes_and_each_kind_at_its_fastest_with_softmax_i
     assert gpu_bench.against_softmax([r for r in rows if r["kind"] != "softmax"]) == []
     line = gpu_bench.side_by_side(rows)[1]  # layer softmax bf16: eager 3, compiled 2.5, graphs 2
     assert "3.00 ms  compiled     2.50 ms  graphs     2.00 ms  (compiled is 1.50x as fast)" in line
+
+
+def test_bench_forms_verdict_crowns_only_a_form_that_wins_at_every_point():
+    """--forms: a candidate becomes the default only when it is >= 1.2x its kind at every point
+    (layer and step alike, each at its fastest); of two such, the larger worst-point ratio."""
+
+    def row(kind, N, ms, what="layer", mode="eager"):
+        col = "step_ms" if what == "step" else "fwdbwd_ms"
+        return dict(what=what, kind=kind, N=N, dtype="bfloat16", mode=mode, **{col: ms})
+
+    rows = [row("agf", 1024, 10.0), row("agf", 4096, 10.0), row("agf", 4096, 8.0, mode="graphs")]
+    rows += [row("agf-split", 1024, 5.0), row("agf-split", 4096, 6.0)]  # 2.0x, 1.33x
+    rows += [row("agf-bf16", 1024, 2.0), row("agf-bf16", 4096, 9.0)]  # 5.0x at one point only
+    rows += [row("agf-tf32", 1024, 7.0), row("agf-tf32", 4096, 6.4)]  # 1.43x, 1.25x
+    rows += [row("primal", 1024, 10.0), row("primal-fused", 1024, 9.0)]  # 1.11x
+    rows += [row("primal", 1024, 20.0, "step"), row("primal-fused", 1024, 10.0, "step")]  # 2.0x
+    lines = gpu_bench.forms_verdict(rows)
+    summaries = [ln for ln in lines if " over " in ln]
+    assert summaries == [
+        "  agf-split: 1.33x to 2.00x agf over 2 points: WINS by >= 20 % at every point",
+        "  agf-bf16: 0.89x to 5.00x agf over 2 points: does not win by 20 % everywhere",
+        "  agf-tf32: 1.25x to 1.43x agf over 2 points: WINS by >= 20 % at every point",
+        "  primal-fused: 1.11x to 2.00x primal over 2 points: does not win by 20 % everywhere",
+    ]
+    assert lines[-2:] == [
+        "  agf: agf-split becomes the default",
+        "  primal: stays (none wins by 20 %)",
+    ]
+    at_4096 = "  layer N=  4096 agf-split 6.000 ms (eager bfloat16) against agf 8.000 ms (graphs"
+    assert any(ln.startswith(at_4096) for ln in lines), "agf at its fastest mode, graphs"
+    assert gpu_bench.forms_verdict([r for r in rows if "-" not in r["kind"]]) == []
+
+
+def test_bench_primal_fused_rows_run_fused_primal_which_must_equal_primal(monkeypatch, tmp_path):
+    """A primal-fused row, layer or step, runs FusedPrimal (its one (2D) x (2·H·s) product of
+    every head's e and r); a primal row never does. A FusedPrimal that differs is not measured."""
+    calls, products, row_kind = collections.Counter(), [], {}
+    fused_forward = gpu_bench.FusedPrimal.forward
+
+    def counted(self, x, mask=None):
+        calls[row_kind["now"]] += 1
+        with _Products() as seen:
+            out = fused_forward(self, x, mask)
+        products.extend(length for _, length in seen.seen)
+        return out
+
+    def measure(row, layer, args):  # one forward of the row's layer or step model
+        row_kind["now"] = row["kind"]
+        if layer is None:
+            cpu = torch.device("cpu")
+            bench.step_calls(row["kind"], B=2, N=16, device=cpu, dtype=torch.float32)[1]()
+        else:
+            layer(torch.randn(2, 16, 64), torch.ones(2, 16, dtype=torch.bool))
+
+    monkeypatch.setattr(gpu_bench.FusedPrimal, "forward", counted)
+    argv = ["--what", "layer", "step", "--kinds", "primal", "--forms", "primal-fused", "--ns", "16"]
+    args = gpu_bench.parse_args(
+        [*argv, "--step-ns", "16", "--modes", "eager", "--dtypes", "float32"]
+    )
+    rows = bench.Rows(tmp_path / "b.csv", gpu_bench.COLUMNS)
+    for kind in ("primal", "primal-fused"):
+        args.kinds, row_kind["now"] = [kind], "check"
+        with gpu_bench.forms_registered(args):
+            bench.run(args, rows, measure)
+    assert calls["check"] == 2, "FusedPrimal is checked before each measuring"
+    # one layer row; a step row's model of two layers runs once when built, once timed
+    assert calls["primal-fused"] == 1 + 2 * 2, "one layer row and a step row"
+    assert calls["primal"] == 0, "a primal row runs PrimalAttention"
+    assert 2 * 64 in products, "the (B, N, 2D) @ (B, 2D, 2·H·s) product of the fused form"
+    assert "primal-fused" not in gpu_bench.model.ATTENTION and "primal-fused" not in bench.KINDS
+    monkeypatch.setattr(
+        gpu_bench.FusedPrimal, "forward", lambda *a: [1.001 * t for t in fused_forward(*a)]
+    )
+    with pytest.raises(SystemExit, match="FusedPrimal differs from PrimalAttention: not measured"):
+        gpu_bench.check_fused_primal()
 
 
 # ----------------------------------------------------------------------------------------------
