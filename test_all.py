@@ -4261,6 +4261,92 @@ def test_runs_resume_refuses_what_it_cannot_continue(tmp_path, script):
         assert "checkpoint.pt is damaged" in message and "--overwrite" in message
 
 
+_FOLDER_STATES = [  # (state, files in the run folder, its checkpoint.pt, flag, outcome)
+    # outcome: "started" (all it held removed), "resumed" (all kept), else the refusal's words
+    ("no folder", None, None, "", "started"),
+    ("empty", (), None, "", "started"),
+    ("a start stopped before its first checkpoint", ("config.json", "metrics.jsonl"), None, "",
+     "started"),
+    ("temporaries and a diagnosis", ("checkpoint.pt.tmp", "diagnose/cosine.csv"), None, "",
+     "started"),
+    ("a run at step 2 of 4", ("config.json",), dict(step=2), "", "holds a run already"),
+    ("a run at step 2 of 4", ("config.json",), dict(step=2), "--overwrite", "started"),
+    ("a run at step 2 of 4", ("config.json",), dict(step=2), "--resume", "resumed"),
+    ("a finished run", ("result.json",), dict(step=4), "", "holds a run already"),
+    ("a finished run", ("result.json",), dict(step=4), "--resume", "finished its 4 steps"),
+    ("a finished run", ("result.json",), dict(step=4), "--overwrite", "started"),
+    ("a finished run, checkpoint.pt deleted", ("result.json",), None, "", "holds a run already"),
+    ("a finished run, checkpoint.pt deleted", ("result.json",), None, "--resume",
+     "no checkpoint at {out}/checkpoint.pt; start the run with --overwrite"),
+    ("a finished run, checkpoint.pt deleted", ("result.json",), None, "--overwrite", "started"),
+    ("empty", (), None, "--resume", "no checkpoint at {out}/checkpoint.pt; start the run without"),
+    ("a run stopped in its final test", (), dict(step=4), "--resume", "resumed"),
+    ("a run its --time-limit stopped", ("result.json",), dict(step=2), "--resume", "resumed"),
+    ("a user's notes.txt beside a run", ("notes.txt",), dict(step=2), "--resume", "resumed"),
+    ("a user's notes.txt beside a run", ("notes.txt",), dict(step=2), "",
+     "holds files that no run wrote (notes.txt)"),
+    ("a user's notes.txt beside a run", ("notes.txt",), dict(step=2), "--overwrite",
+     "holds files that no run wrote (notes.txt)"),
+    ("a user's notes.txt alone", ("notes.txt",), None, "", "holds files that no run wrote"),
+    ("another script's run", (), dict(step=2, script="train_uea.py"), "--resume",
+     "was written by train_uea.py"),
+    ("a run with another --lr", (), dict(step=2, lr=0.5), "--resume",
+     "ran with other settings (then, now): {{'lr': (0.5, 0.1)}}"),
+    ("a run on another --device", (), dict(step=2, device="cuda"), "--resume", "resumed"),
+    ("a damaged checkpoint.pt", (), "damaged", "--resume", "checkpoint.pt is damaged"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "state, names, ckpt, flag, outcome",
+    _FOLDER_STATES,
+    ids=[f"{s[0]}, {s[3] or 'a fresh start'}" for s in _FOLDER_STATES],
+)
+def test_runs_folder_states_start_resume_or_overwrite(tmp_path, state, names, ckpt, flag, outcome):
+    """Each state of a run folder under each start: a fresh start replaces what no run is (a
+    run: a checkpoint or a result), --resume goes on from an unfinished checkpoint whatever
+    else is there, --overwrite removes what runs write; a refusal leaves every file as it was."""
+    out = tmp_path / "run"
+    if names is not None:
+        out.mkdir()
+    for name in names or ():
+        (out / name).parent.mkdir(exist_ok=True)
+        (out / name).write_text(f"the {name} of the run")
+    if ckpt == "damaged":
+        (out / "checkpoint.pt").write_bytes(b"\x80\x02not a checkpoint")
+    elif ckpt is not None:
+        config = dict(task="listops", lr=ckpt.get("lr", 0.1), device=ckpt.get("device", "cpu"))
+        script = ckpt.get("script", "train_lra.py")
+        torch.save(
+            dict(config=config, script=script, state=dict(step=ckpt["step"])), out / "checkpoint.pt"
+        )
+
+    def tree():
+        return {str(p.relative_to(out)): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+
+    before = tree() if out.exists() else {}
+    cfg = types.SimpleNamespace(task="listops", lr=0.1, device="cpu")
+    cfg.resume, cfg.overwrite = flag == "--resume", flag == "--overwrite"
+    try:
+        if outcome in ("started", "resumed"):
+            got = runs._open(cfg, out, "train_lra.py", "step", 4, runs.MAY_CHANGE)
+        else:
+            with pytest.raises(SystemExit) as stop:
+                runs._open(cfg, out, "train_lra.py", "step", 4, runs.MAY_CHANGE)
+            assert outcome.format(out=out) in str(stop.value), str(stop.value)
+    finally:
+        runs._lock.close()  # the lock _open took
+    after = tree()
+    assert after.pop("lock") == b"", "the lock file is created, empty"
+    if outcome == "started":
+        assert got is None, "a fresh start has no checkpoint"
+        assert os.listdir(out) == ["lock"], "all the folder held is removed"
+    else:
+        assert after == before, "every file as it was"
+    if outcome == "resumed":
+        assert got["state"]["step"] == ckpt["step"], "the checkpoint to go on from"
+
+
 def test_runs_resume_sees_a_finished_run_of_any_length(tmp_path):
     """A run finished at step 5,000, past CPython's cache of small ints (where `is` would still
     pass for equal numbers): --resume says it is finished, as at 4 steps."""
