@@ -5387,6 +5387,36 @@ def test_readme_picture_is_drawn_beside_its_script_or_needs_matplotlib(tmp_path,
     assert [c.args[0] for c in plt.savefig.call_args_list] == [png] * 2
 
 
+def test_readme_picture_layout_boxes_top_down_each_arrow_between_two(tmp_path):
+    """figures/attentions.py's layout, matplotlib a stub: each panel's boxes are its steps in
+    order, top to bottom below the title, inside the panel; each arrow runs down from one box to
+    the next, its label (the first box's shape) between them."""
+    axes = [mock.MagicMock() for _ in range(4)]
+    plt = mock.MagicMock(**{"subplots.return_value": (mock.MagicMock(), axes)})
+    stub = {"matplotlib": mock.MagicMock(pyplot=plt), "matplotlib.pyplot": plt}
+    with mock.patch.dict(sys.modules, stub):
+        script = runpy.run_path(str(HERE / "figures" / "attentions.py"))  # draw() not yet run
+    script["draw"](tmp_path / "a.png")
+    for ax, (title, _, _, steps) in zip(axes, script["COLUMNS"], strict=True):
+        texts = ax.text.call_args_list
+        boxes = [c.args for c in texts if "bbox" in c.kwargs]
+        labels = [c.args for c in texts if c.kwargs.get("style") == "italic"]
+        heads = [c.args for c in texts if c.kwargs.get("va") == "top"]  # the title, file, cost
+        assert [b[2] for b in boxes] == [step[0] for step in steps], title
+        assert all(b[0] == 0.5 for b in boxes), "boxes centred"
+        ys = [b[1] for b in boxes]
+        assert min(h[1] for h in heads) - 0.1 > ys[0], "the first box below the title"
+        assert ys == sorted(ys, reverse=True) and ys[-1] > 0.05, "top to bottom, in the panel"
+        arrows, pairs = [c.args for c in ax.annotate.call_args_list], list(itertools.pairwise(ys))
+        assert len(arrows) == len(steps) - 1, title
+        for (upper, lower), (_, (x_end, end), (x_start, start)) in zip(pairs, arrows, strict=True):
+            assert upper > start > end > lower, "an arrow down, from one box to the next"
+            assert x_start == x_end == 0.5, "an arrow straight down"
+        assert [lab[2] for lab in labels] == [step[2] for step in steps[:-1]], title
+        for (upper, lower), label in zip(pairs, labels, strict=True):
+            assert upper > label[1] > lower, "each shape between its two boxes"
+
+
 def _documented_commands(text: str) -> list:
     """Each `python <script>.py ...` in ```sh blocks (continuations joined, comments dropped) and
     inline code -> [(script, argv, as written)]; `$VAR` takes the values of `VAR="..."` and of
