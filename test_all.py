@@ -1467,6 +1467,12 @@ def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
         list(pool.map(lambda _: lra_data.write_listops(w, settings, False), range(8)))
     written = {p.name: p.read_bytes() for p in w.iterdir()}
     assert sorted(written) == names and written["basic_train.tsv"] == train.read_bytes()
+    # splits of other sizes (val 5, test 9): still consecutive slices of one stream
+    lra_data.write_listops(tmp_path / "v", dict(settings, val=5, test=9), False)
+    for split, start, stop in (("train", 0, 48), ("val", 48, 53), ("test", 53, 62)):
+        with open(tmp_path / "v" / f"basic_{split}.tsv", newline="") as f:
+            read = list(csv.reader(f, delimiter="\t"))[1:]
+        assert read == [[e, str(y)] for e, y in pairs[start:stop]], split
 
 
 def _lra_imdb(root: pathlib.Path, texts: dict) -> pathlib.Path:
@@ -1680,6 +1686,8 @@ def test_lra_data_pytorch_lra_pickles(tmp_path):
     _lra_check_batch(lra_data.load_task("pathfinder", tmp_path, 16)[0]["test"], [3, 16, 16])
     pair, _ = lra_data.load_task("retrieval", tmp_path, 8)
     assert pair["val"].x2[0, :3].tolist() == [7, 0, 3]
+    square, _ = _lra_read("pickle:image", [(np.arange(16).reshape(4, 4), 1)], tmp_path)  # (h, w)
+    assert square.x[0].tolist() == list(range(8)), "an (h, w) image is read row by row"
     _lra_check_batch(pair["val"], [2, 2], [3, 3])
 
 
@@ -1813,6 +1821,8 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("pickle:listops", [([5], 2.5)], "@: a label that is not a class 0..9 of task listops"),
     ("pickle:listops", [([5.5], 1)], "@: input_ids_0 of item 0 holds something other than"),
     ("pickle:image", [(np.zeros((2, 2, 2)), 1)], "@: input_ids_0 of item 0 holds something"),
+    ("pickle:image", [(np.int64(7), 1)], "@: input_ids_0 of item 0 holds something"),  # 0-d
+    ("pickle:listops", [(np.ones((2, 2)), 1)], "@: input_ids_0 of item 0 holds something"),
     ("pickle:image", np.zeros((2, 16)), "@: not a PyTorch-LRA pickle (list of dicts): TypeError("),
     ("pickle:listops", [([5], 10)], "@: a label that is not a class 0..9 of task listops"),
     ("pickle:listops", [([5], 1), ([5], -1)], "@: a label that is not a class"),
@@ -2051,6 +2061,8 @@ def test_lra_data_cache_hit_equals_a_fresh_read(source, tmp_path):
     task, max_len, write = _LRA_SOURCES[source]
     write(tmp_path)
     args = dict(task=task, data_dir=tmp_path, max_len=max_len, listops=_LRA_TINY_LISTOPS)
+    lra_data.load_task(**args, cache=False)
+    assert not (tmp_path / "lra-cache").exists(), "cache=False writes no prepared file"
     notes = lra_data.load_task(**args)[1]
     [cache] = (tmp_path / "lra-cache").iterdir()  # no temporary file left
     fail = mock.Mock(side_effect=AssertionError("a hit reads no source file"))
