@@ -2111,8 +2111,15 @@ def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_pat
     want = lra_data.load_task("retrieval", tmp_path, 4)[0]["test"].x2  # writes the cache
     bad, new = "it was damaged (BadZipFile)", lra_data.CACHE_VERSION + 1
     version = f"the readers changed (version {new - 1}, now {new})"
+
+    def same_tick():  # another size at the same time: written twice within one clock tick
+        stamp = train.stat().st_mtime_ns
+        train.write_bytes(train.read_bytes() + b"\n")  # a blank line: the same examples
+        os.utime(train, ns=(stamp, stamp))
+
     for change, why in [
         (lambda: os.utime(train, ns=(0, 0)), f"{train} changed"),  # the same bytes, another time
+        (same_tick, f"{train} changed"),
         (lambda: cache.write_bytes(cache.read_bytes()[:-100]), bad),
         # a letter of its key (UTF-32): the CRC does not match
         (lambda: cache.write_bytes(cache.read_bytes().replace(b"v\0\0\0e", b"V\0\0\0e", 1)), bad),
