@@ -1509,7 +1509,8 @@ def test_lra_data_imdb_and_aan_readers(tmp_path):
     assert long.lengths.tolist() == [10000, 1] and long.lengths2.tolist() == [1, 10000]
     for name, label in (("train", 1), ("eval", 0), ("test", 1)):
         _write(tmp_path / "tsv_data" / f"new_aan_pairs.{name}.tsv", f"{label}\ta\tb\t{name}\tx\n")
-    data, _ = lra_data.load_task("retrieval", tmp_path, 8)
+    data, notes = lra_data.load_task("retrieval", tmp_path, 4)  # "train" cut: 1 of 3 x 2 texts
+    assert notes[0].endswith("; 1 of 6 inputs cut at max_len 4: their ends dropped"), notes[0]
     assert (data["val"].x[0, :4] - 1).tolist() == list(b"eval")
     assert data["val"].y.tolist() == [0] and data["test"].y.tolist() == [1]
 
@@ -2951,6 +2952,7 @@ _DL_RULES = [  # folder state, archive shape -> what is said: the user's files k
     ("test-missing", "zip", "kept the 1 file(s)"),  # the user's TRAIN kept
     ("absent", "zip-cut", "is no whole zip archive"),  # and no uea/ left behind
     ("absent", "absolute", "the member '/lra_release/tsv_data/evil' has an absolute path"),
+    ("absent", "backslash", "the member '\\\\lra_release/tsv_data/evil' has an absolute path"),
     ("absent", "link", "the member 'lra_release/tsv_data/evil' is a link or a device"),
     ("absent", "device", "the member 'lra_release/tsv_data/evil' is a link or a device"),
     ("absent", "checked-link", "the member 'lra_release/tsv_data/evil' is a link or a device"),
@@ -3009,6 +3011,7 @@ def test_download_rules_folder_states_by_archive_shapes(tmp_path, capsys, state,
     shapes |= {"hostile": _dl_archive([("lra_release/tsv_data/../../evil", b"!"), *tar], False)}
     evil, uea = "lra_release/tsv_data/evil", _dl_members(True)  # after the folder's files
     hostile = {"absolute": (f"/{evil}", b"!"), "link": (evil, "2"), "device": (evil, "3")}
+    hostile["backslash"] = (f"\\{evil}", b"!")  # absolute on Windows
     for name, member in hostile.items():  # a tar's symlink, a device
         shapes[name] = _dl_archive([*tar[:3], member], False)
     shapes |= {"zip-link": _dl_archive([(uea[0][0], "2"), *uea[1:]], True)}  # a symlink entry
