@@ -96,6 +96,8 @@ def fetch(archive: Archive, dest, progress: bool = True) -> None:
     dest = pathlib.Path(dest)
     archive = dataclasses.replace(archive, url=_as_url(archive.url))
     part, whole = dest.parent / f".{dest.name}.part", dest.parent / f".{dest.name}.download"
+    # a process killed on its way leaves these: the half-unpacked folder, the archive, its half
+    leftovers = (part, whole, whole.with_name(f"{whole.name}.part"))
     made = [path for path in (dest.parent, *dest.parent.parents) if not path.exists()]
     lock = None
     try:
@@ -105,7 +107,7 @@ def fetch(archive: Archive, dest, progress: bool = True) -> None:
         lock = _lock(dest.parent)
         if all((dest / name).exists() for name in archive.need):
             return  # there already, or another process has just fetched it (nothing was made)
-        _remove(part, whole)  # left by a process killed on its way (we hold the lock)
+        _remove(*leftovers)  # of a process killed on its way (this one holds the lock)
         label = str(dest) if progress else None
         if archive.kind == "zip" or archive.md5 or archive.size:  # check first, then unpack
             download_url(archive.url, whole, md5=archive.md5, size=archive.size, label=label)
@@ -126,7 +128,7 @@ def fetch(archive: Archive, dest, progress: bool = True) -> None:
         raise _failure(e, archive.url, dest) from None
     finally:
         with contextlib.suppress(OSError):  # a read-only folder: nothing to remove there
-            _remove(part, whole)
+            _remove(*leftovers)
         for path in made:  # a failure leaves no folder it made (data/, pathfinder32/, uea/)
             with contextlib.suppress(OSError):
                 path.rmdir()

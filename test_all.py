@@ -1951,6 +1951,9 @@ def _serve(folder: pathlib.Path):
             data = source.read()
             out.write(data[: len(data) // 2] if self.way == "cut" else data)
 
+        def log_message(self, *args):  # quiet: stderr holds only what the code under test says
+            pass
+
     asked, handler = [], functools.partial(Handler, directory=str(folder))
     with http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler) as server:
         threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True).start()
@@ -2915,14 +2918,15 @@ def _dl_refused(folder: pathlib.Path, code: int):
         yield
 
 
-def _dl_fetch(where: str, dest: pathlib.Path, zipped: bool, **checks) -> str | None:
+def _dl_fetch(where: str, dest: pathlib.Path, zipped: bool, progress=True, **checks) -> str | None:
     """download.fetch of the UEA files (a zip) or the release's tsv_data/ -> None, or the
     refusal (Failed)."""
     files = _DL_UEA if zipped else _DL_FILES
     keep = "|".join(map(re.escape, files)) if zipped else ".*"
     folder, kind = ("", "zip") if zipped else ("tsv_data", "tar")
     try:
-        download.fetch(download.Archive(where, folder, keep, tuple(files), kind, **checks), dest)
+        archive = download.Archive(where, folder, keep, tuple(files), kind, **checks)
+        download.fetch(archive, dest, progress)
     except download.Failed as e:
         return str(e)
     return None
@@ -2942,6 +2946,8 @@ _DL_RULES = [  # folder state, archive shape -> what is said: the user's files k
     ("marker-missing", "whole", "kept the 2 file(s)"),  # the user's eval and test kept
     ("marker-missing", "split", "kept the 2 file(s)"),
     ("user-file", "whole", ""),  # notes.txt: not the archive's, left alone
+    ("stale-part", "whole", ""),  # what a killed fetch left: never part of the result
+    ("stale-part", "zip", ""),
     ("file-as-folder", "whole", "tsv_data is a file, where"),
     ("folder-as-file", "whole", "new_aan_pairs.eval.tsv is a folder, not a file: nothing was"),
     ("data-dir-file", "whole", "data (File exists) to unpack"),
@@ -2979,6 +2985,26 @@ def test_download_progress_in_a_log_is_the_start_and_a_line_per_tenth(capsys):
     lines = capsys.readouterr().err.splitlines()
     assert lines[0] == "downloading http://x/some.tar (100 bytes) into data/some.tar", lines[0]
     assert lines[1:] == [f"some.tar: {k:,} of 100 bytes" for k in range(10, 101, 10)], lines
+
+
+def test_download_without_progress_says_nothing(tmp_path, capsys):
+    """fetch(progress=False), streamed (a tar) or checked first (a zip): not a line on stderr."""
+    server = tmp_path / "server"
+    for zipped in (False, True):
+        _write(server / f"a{int(zipped)}", _dl_archive(_dl_members(zipped), zipped))
+        with _serve(server) as (url, _):
+            dest = tmp_path / f"dest{int(zipped)}"
+            assert _dl_fetch(f"{url}/a{int(zipped)}", dest, zipped, progress=False) is None
+        assert sorted(os.listdir(dest)) == sorted(_DL_UEA if zipped else _DL_FILES), zipped
+        assert capsys.readouterr().err == "", zipped
+
+
+def test_download_url_over_a_stale_part_writes_the_file_whole(tmp_path):
+    """download_url alone: the file.part a killed process left is written over, not added to."""
+    source, file = _write(tmp_path / "source.bin", bytes(range(200))), tmp_path / "file.bin"
+    _write(tmp_path / "file.bin.part", "half of an older download")
+    download.download_url(source.as_uri(), file, size=200)
+    assert file.read_bytes() == bytes(range(200)) and not (tmp_path / "file.bin.part").exists()
 
 
 def test_download_place_keeps_the_files_there_and_names_three(tmp_path, capsys):
@@ -3026,12 +3052,16 @@ def test_download_rules_folder_states_by_archive_shapes(tmp_path, capsys, state,
     places = {"user-file": dest / "notes.txt", "file-as-folder": dest, "data-dir-file": data}
     if state in places:
         _write(places[state], "the user's")
+    if state == "stale-part":  # a killed process's half-unpacked folder and half download
+        _write(dest.parent / f".{dest.name}.part" / "stale.txt", "half")
+        _write(dest.parent / f".{dest.name}.download.part", "half")
     if state in ("folder-as-file", "read-only"):
         (dest / "new_aan_pairs.eval.tsv" if state == "folder-as-file" else data).mkdir(parents=True)
     faults = {"read-only": (data, errno.EROFS), "read-only-parent": (root, errno.EROFS)}
     faults["full-disk"] = (data, errno.ENOSPC)
     refusals = _dl_refused(*faults[state]) if state in faults else contextlib.nullcontext()
-    before = _tree(root)
+    before = {path: v for path, v in _tree(root).items() if not path.name.endswith(".part")}
+    before = {path: v for path, v in before.items() if not path.parent.name.endswith(".part")}
     with refusals, _serve(server) as (url, asked):
         ways = {"loop": f"{url}/loop/whole", "no-scheme": "whole", "wrong-md5": f"{url}/whole"}
         ways |= {"local-path": str(server / "whole"), "checked-link": f"{url}/link"}
