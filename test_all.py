@@ -3359,13 +3359,18 @@ class _Reached(Exception):
     """Raised by a stand-in where a flag's value arrives: main() stops there."""
 
 
-def _flags_of(main, argv: list) -> set:
-    """The dests of the arguments of the parser main(argv) builds (caught as it parses)."""
+def _parser_of(main, argv: list) -> argparse.ArgumentParser:
+    """The parser main(argv) builds (caught as it parses)."""
     catch = mock.patch.object(argparse.ArgumentParser, "parse_args", autospec=True)
     with catch as parse, pytest.raises(_Reached):
         parse.side_effect = _Reached
         main(argv)
-    return {a.dest for a in parse.call_args.args[0]._actions if a.dest != "help"}
+    return parse.call_args.args[0]
+
+
+def _flags_of(main, argv: list) -> set:
+    """The dests of the arguments of the parser main(argv) builds."""
+    return {a.dest for a in _parser_of(main, argv)._actions if a.dest != "help"}
 
 
 def _read_by(tmp: pathlib.Path, script: str, flags: str) -> dict:
@@ -3440,6 +3445,19 @@ def test_diagnose_every_flag_reaches_what_it_configures(tmp_path):
     assert set(seen) == _flags_of(diagnose.main, ["run"]), "every flag of diagnose.py has a row"
     for name, ok in seen.items():
         assert ok, f"diagnose.py {name}"
+
+
+def test_diagnose_library_defaults_are_the_command_lines():
+    """diagnose() and the filter responses called as a library analyse what `python diagnose.py
+    RUN` does: the same number of dense sequences and the same grid."""
+    flags = {a.dest: a.default for a in _parser_of(diagnose.main, ["run"])._actions}
+
+    def default(function, name):
+        return inspect.signature(function).parameters[name].default
+
+    assert default(diagnose.diagnose, "dense_sequences") == flags["dense"], "--dense"
+    for function in (diagnose.diagnose, diagnose.agf_response, diagnose.gfsa_response):
+        assert default(function, "n_points") == flags["points"], function.__name__
 
 
 def test_bench_every_flag_reaches_what_it_configures(tmp_path):
