@@ -5270,6 +5270,19 @@ def test_bench_times_the_backward_and_counts_memory_bytes_and_operators():
     row = dict(row, B=3)
     gpu_bench.floor(_BenchLayer(), row, torch.float32, 2)  # B, GB/s: 1e9 B/s
     assert row["floor_mib"] * 2**20 == 5 * 3 * 2048 * 64 * 4 == pytest.approx(row["floor_ms"] * 2e6)
+
+    class Exp(_BenchLayer):  # y = exp(x) saves y, a new tensor: written in forward, read after
+        def forward(self, x, mask):
+            return x.exp(), self.scale * 0
+
+    row = dict(row, kind="exp")
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        gpu_bench.floor(Exp(), row, torch.float32, 2, show=True)
+    x_mib = 3 * 2048 * 64 * 4 / 2**20  # (B, N, D) float32
+    assert row["floor_mib"] == (1 + 1 + 4) * x_mib, "y written and read, x y dy dx"
+    saved, total = out.getvalue().splitlines()[1:]
+    assert saved.split()[-2:] == [f"{x_mib:.2f}", "MiB"], "exp's saved output, the size of x"
+    assert f"4 x {x_mib:.2f} MiB;  total {6 * x_mib:.1f} MiB = " in total, total
     a = torch.randn(3, 4, requires_grad=True)
     assert gpu_bench.dispatched_ops(lambda: (a + 1).t().mul(2).sum()) == 3
     forward = gpu_bench.dispatched_ops(lambda: (a * a).sum())
@@ -5363,7 +5376,12 @@ def test_bench_forms_verdict_crowns_only_a_form_that_wins_at_every_point():
     rows += [row("agf-tf32", 1024, 7.0), row("agf-tf32", 4096, 6.4)]  # 1.43x, 1.25x
     rows += [row("primal", 1024, 10.0), row("primal-fused", 1024, 9.0)]  # 1.11x
     rows += [row("primal", 1024, 20.0, "step"), row("primal-fused", 1024, 10.0, "step")]  # 2.0x
+    rows += [row("agf-split", 16384, 1.0)]  # agf not measured there: no point
+    rows[0]["floor_ms"], rows[3]["floor_ms"] = 0.5, 0.25  # eager bf16, as the rows timed
+    rows += [dict(row("agf-split", 1024, 50.0), dtype="float32", floor_ms=9.0)]  # another dtype
     lines = gpu_bench.forms_verdict(rows)
+    at_1024 = [ln for ln in lines if ln.startswith("  layer N=  1024 agf-split")]
+    assert at_1024[0].endswith(": 2.00x, agf-split 20x its floor, agf 20x its floor"), at_1024
     summaries = [ln for ln in lines if " over " in ln]
     assert summaries == [
         "  agf-split: 1.33x to 2.00x agf over 2 points: WINS by >= 20 % at every point",
@@ -5378,6 +5396,48 @@ def test_bench_forms_verdict_crowns_only_a_form_that_wins_at_every_point():
     at_4096 = "  layer N=  4096 agf-split 6.000 ms (eager bfloat16) against agf 8.000 ms (graphs"
     assert any(ln.startswith(at_4096) for ln in lines), "agf at its fastest mode, graphs"
     assert gpu_bench.forms_verdict([r for r in rows if "-" not in r["kind"]]) == []
+
+
+def test_bench_gpu_rows_eager_alone_count_operators_and_layers_the_floor(monkeypatch):
+    """.ci/gpu_bench.py's measure_row: an eager row gets ops, an eager layer row also its floor;
+    compiled and graphs rows neither (fused kernels: operators do not count launches there)."""
+    monkeypatch.setattr(bench, "measure_row", lambda row, *more: row.update(mem_mib=1.0))
+    args = argparse.Namespace(device="cpu", chunk=16, bandwidth_gbs=2)
+    for what, mode in itertools.product(("layer", "step"), ("eager", "compiled", "graphs")):
+        row = dict(what=what, kind="softmax", B=1, N=8, D=64, dtype="float32", mode=mode)
+        layer = SoftmaxAttention(64, 2) if what == "layer" else None
+        gpu_bench.measure_row(row, layer, args)
+        assert ("ops" in row) == (mode == "eager"), (what, mode)
+        assert ("floor_ms" in row) == (mode == "eager" and what == "layer"), (what, mode)
+
+
+def test_bench_gpu_main_floor_then_layer_rows_and_its_own_flags(tmp_path, monkeypatch):
+    """.ci/gpu_bench.py --what floor layer: floor rows (each kind's saved tensors printed), then
+    layer rows alone; --bandwidth-gbs gives floor_ms, --chunk reaches agf-split's chunks, --forms
+    adds its kinds; the official GFSA's floor stops at its size cap, as its timings."""
+    chunks, real = [], gpu_bench.agf_reduced
+
+    def reduced(form, chunk):
+        chunks.append((form, chunk))
+        return real(form, chunk)
+
+    monkeypatch.setattr(gpu_bench, "agf_reduced", reduced)
+    monkeypatch.setattr(bench, "OFFICIAL_MAX_N", 40)
+    argv = ["--what", "floor", "layer", "--kinds", "agf", "gfsa-official", "--forms", "agf-split"]
+    argv += ["--chunk", "16", "--ns", "40", "48", "--fit-min", "40", "--repeats", "1"]
+    argv += ["--warmup", "0", "--bandwidth-gbs", "2", "--csv", str(tmp_path / "g.csv")]
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        gpu_bench.main(argv)
+    rows = list(csv.DictReader(open(tmp_path / "g.csv")))
+    floors = [(r["kind"], r["N"]) for r in rows if r["what"] == "floor"]
+    assert floors == [("agf", "40"), ("gfsa-official", "40"), ("agf", "48")], floors
+    layers = [(r["kind"], r["N"]) for r in rows if r["what"] == "layer"]
+    assert sorted(layers) == sorted(floors + [("agf-split", "40"), ("agf-split", "48")]), layers
+    assert len(rows) == len(floors) + len(layers), "floor and layer rows, nothing else"
+    for r in rows:
+        assert float(r["floor_ms"]) == pytest.approx(float(r["floor_mib"]) * 2**20 / 2e6, rel=1e-3)
+    assert ("split", 16) in chunks, "--chunk 16 reaches agf-split"
+    assert "agf float32, B=2 N=40 D=64: saved for backward" in out.getvalue()
 
 
 def test_bench_primal_fused_rows_run_fused_primal_which_must_equal_primal(monkeypatch, tmp_path):
