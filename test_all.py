@@ -1154,17 +1154,12 @@ def test_model_classifier_equals_its_forward_written_out(style, kinds, two_tower
 
 
 def test_model_layerwise_cosine_similarity():
-    """Identical tokens give 1, orthogonal tokens give 0, and random ones match the N x N sum."""
+    """No mask: every token is real; identical tokens give 1, orthogonal ones 0 (with a mask, the
+    mean over pairs per layer: the diagnose.py cosine test)."""
     same = torch.randn(1, 1, 8).expand(2, 5, 8)
     ortho = torch.eye(6, dtype=torch.float64)[None]  # 6 orthonormal tokens
     assert torch.allclose(layerwise_cosine_similarity([same]), torch.tensor([1.0]), atol=1e-6)
     assert layerwise_cosine_similarity([ortho]).abs().item() < 1e-12
-    torch.manual_seed(0)
-    h, mask = torch.randn(2, 7, 4, dtype=F64), torch.arange(7) < torch.tensor([[7], [4]])
-    units = [F.normalize(h[b, mask[b]], dim=-1) for b in range(2)]  # (n, 4): the real tokens
-    brute = [((u @ u.T).sum() - len(u)) / (len(u) * (len(u) - 1)) for u in units]
-    got = layerwise_cosine_similarity([h, h], mask)
-    assert torch.allclose(got, torch.stack(brute).mean().repeat(2), atol=1e-12)
 
 
 def _inductor_missing() -> str:
@@ -1841,7 +1836,7 @@ def test_lra_data_tokenless_examples_are_skipped(kind, content, labels, lengths,
 
 def test_lra_data_readers_take_what_csv_keras_and_macos_leave(tmp_path):
     """A stray '"' and a field over csv's limit read as written; keras' (n, 1) CIFAR labels as the
-    list; macOS's ._<name>.txt is no review, nor in the cache's key."""
+    list (macOS's ._<name>.txt, no review: the readers' fuzzer)."""
     long = " ".join(["( [MAX 1 2 ]"] * 15000)  # 180,000 characters, 60,000 tokens
     path = _write(tmp_path / "a.tsv", f'Source\tTarget\n"( [MIN 3 ]\t3\n{long}\t2\n')
     split, [note] = lra_data.read_listops_tsv(path, 60000)
@@ -1856,13 +1851,6 @@ def test_lra_data_readers_take_what_csv_keras_and_macos_leave(tmp_path):
         file.write_bytes(pickle.dumps(batch))
     for name, split in lra_data.read_cifar(folder).items():
         assert np.array_equal(split.x, want[name].x) and split.y.tolist() == want[name].y.tolist()
-    imdb = _lra_imdb(tmp_path, {"neg": ["bad"], "pos": ["good"]})
-    _write(imdb / "train" / "neg" / "._0_7.txt", b"\0\x05\x16\x07\0\x02\0\0Mac OS X")
-    assert lra_data.read_imdb(imdb, 8)[0]["train"].y.tolist() == [0, 1]
-    files = [pathlib.Path(p).relative_to(imdb) for p in lra_data._release_files("text", imdb)]
-    assert [str(p) for p in files] == [
-        f"{s}/{p}/0_7.txt" for s in ("train", "test") for p in ("neg", "pos")
-    ]
 
 
 def test_lra_data_notes_unknown_listops_token_and_padding_far_beyond_the_inputs(tmp_path):
@@ -2774,13 +2762,11 @@ def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
     with zipfile.ZipFile(_write(server / "Toy.zip", b""), "w") as z:  # in a sub-folder, plus junk
         for p in source.iterdir():
             z.write(p, f"Toy/{p.name.upper()}")  # names in another case
-        z.writestr("../evil.txt", "must not be extracted")
         z.writestr("Toy/README.txt", "not a .ts file")
     uea_data.download_dataset("Toy", str(data_dir), url + "/", progress=False)
     names = sorted(q.name for q in source.iterdir())
     assert sorted(q.name for q in (data_dir / "Toy").iterdir()) == names  # no README, no .part
     assert all((data_dir / "Toy" / p.name).read_bytes() == p.read_bytes() for p in source.iterdir())
-    assert not (tmp_path / "evil.txt").exists() and not (data_dir / "evil.txt").exists()
     assert load_uea(str(data_dir), "Toy").y_train.tolist() == [0, 1, 0]
     for p in source.iterdir():  # one of the two files there: both fetched again
         (data_dir / "Toy" / p.name).unlink()
@@ -3158,8 +3144,6 @@ def _files(out: pathlib.Path) -> dict:
 
 
 _PRESETS = [  # (script, flags, settings) besides _BUILT's: the official scripts' values; flags win
-    ("train_lra.py", "--task retrieval --attention primal+trans --primal-eta 0.3",
-     dict(primal_rank=20, primal_eta=0.3, max_len=4000)),
     ("train_lra.py", "--preset quick", dict(listops_size=6000, out="runs/listops/agf-quick-seed0")),
     ("train_uea.py", "", dict(seed=666, out="runs/JapaneseVowels/softmax-paper-seed666")),
     ("train_uea.py", "--dataset Toy", dict(preset="default")),  # no preset: said as it is
@@ -4675,15 +4659,13 @@ def test_diagnose_report_csv_files_and_plots_from_a_mixed_model(tmp_path):
 
 
 def test_diagnose_read_checkpoint_picks_the_weights_or_says_they_are_not_there(tmp_path):
-    """best.pt where there is one (LRA), else checkpoint.pt (UEA); weights not there: one line."""
+    """Weights not there, or not the file's: one line (which file: the end-to-end tests)."""
     saved = dict(model={}, model_config={}, data={})
     last, best = tmp_path / "checkpoint.pt", tmp_path / "best.pt"
     torch.save(dict(saved, optimizer={}), last)
-    assert diagnose.read_checkpoint(tmp_path)[1] == last  # no best.pt: a UEA run
     with pytest.raises(SystemExit, match=r"has no best.pt \(a UEA run keeps only its last"):
         diagnose.read_checkpoint(tmp_path, "best")
     torch.save(saved, best)
-    assert [diagnose.read_checkpoint(tmp_path, w)[1] for w in (None, "last")] == [best, last]
     for file, weights, kept in ((best, "last", "best"), (last, "best", "last")):
         with pytest.raises(SystemExit, match=f"{file.name} holds the {kept} weights, not --we"):
             diagnose.read_checkpoint(file, weights)
