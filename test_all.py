@@ -3061,19 +3061,13 @@ def _uea_run(argv: list) -> tuple[dict, str]:
     return result, printed.getvalue()
 
 
-def _toy_uea(root: pathlib.Path, name="Toy", n=12, length=6) -> pathlib.Path:
-    """<root>/<name>/<name>_{TRAIN,TEST}.ts: two classes told apart by the sign of channel 1."""
-    rng, folder = np.random.default_rng(0), root / name
-    header = f"@problemName {name}\n@timeStamps false\n@missing false\n@univariate false\n"
-    header += "@dimensions 2\n@equalLength true\n@seriesLength 6\n@classLabel true up down\n@data\n"
-    for split in ("TRAIN", "TEST"):
-        rows = []
-        for i in range(n):
-            sign, label = (1, "up") if i % 2 else (-1, "down")
-            a, b = sign + 0.1 * rng.standard_normal((2, length))
-            rows.append(",".join(map(str, a)) + ":" + ",".join(map(str, b)) + ":" + label)
-        _write(folder / f"{name}_{split}.ts", header + "\n".join(rows) + "\n")
-    return folder
+def _toy_uea(root: pathlib.Path) -> pathlib.Path:
+    """<root>/Toy/Toy_{TRAIN,TEST}.ts, 12 cases of 6 steps: two classes told apart by their sign."""
+    rng, signs, splits = np.random.default_rng(0), [(-1, "down"), (1, "up")] * 6, []
+    for _ in ("TRAIN", "TEST"):
+        splits.append([_row(*(s + 0.1 * rng.standard_normal((2, 6))), label=w) for s, w in signs])
+    equal = dict(equal="true", length=6)
+    return _dataset(root, *splits, train=equal, test=equal)
 
 
 def _uea_dummy_data(n=5) -> uea_data.UEAData:
