@@ -1967,6 +1967,7 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
             with mock.patch.dict(lra_data.ARCHIVES[task], ours):  # our archive, the same checks
                 result = _lra_run([*flags, *more.split(), str(tmp_path / task)])
             assert result["steps"] == 2 and asked.pop() == f"/{archive}"
+            assert result["task"] == task, "the result names its task"
             kept = {p.relative_to(folder) for p in folder.rglob("*") if p.is_file()}
             kept -= {p for p in kept if "unsup" in p.parts or p.suffix == ".feat"}
             got = data / folder.relative_to(stem if "lra_release" in archive else src)
@@ -4116,6 +4117,7 @@ def test_runs_one_run_per_folder_checked_under_the_lock(tmp_path, script):
     assert _files(out) == before
     result, _ = _train_both(tmp_path, script, out, "--seed", "5", "--overwrite")
     assert result["seed"] == 5 and len(_log(out)) == 2
+    assert _result_of(out)["config"]["out"] == str(out), "result.json holds the run's settings"
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
