@@ -3702,6 +3702,10 @@ def test_train_lra_time_limit_stops_at_the_last_evaluation_that_ends_in_time(
     said = train_lra._expected_finish(cfg, 0, 2, 5.0)
     near = f"; --time-limit {limit} s stops it near step {reached}"
     assert said == "5000 ms a step: step 8 in about 0.5 more min" + (near if reached < 8 else "")
+    if reached < 8:  # a partial run: --resume (no time limit now) goes on to --steps
+        resumed, _ = _lra_stubbed(tmp_path, [0.6] * 4, "--steps", "8", "--resume")
+        assert (resumed["steps_reached"], resumed["partial"]) == (8, False), "finished now"
+        assert [r["step"] for r in _log(tmp_path / "run")] == [2, 4, 6, 8], "the log goes on"
 
 
 def test_train_lra_text_reuses_the_validation_score_and_logs_each_evaluation(tmp_path):
