@@ -241,6 +241,8 @@ def test_polynomials_jacobi_equals_closed_form_and_scipy(a, b):
     assert np.allclose(got, want, rtol=1e-11, atol=1e-11)
     with pytest.raises(ValueError, match=r"alpha \+ beta > -2, got alpha=-1.0, beta=-1.0"):
         jacobi(torch.zeros(1), 1, -1.0, -1.0)  # α + β = -2, the edge itself
+    with pytest.raises(ValueError, match=r"alpha \+ beta > -2, got alpha=-1.0, beta=-2.5"):
+        jacobi(torch.zeros(1), 1, -1.0, -2.5)  # past it
     special = pytest.importorskip("scipy.special")
     want = np.stack([special.eval_jacobi(n, a, b, x) for n in range(11)])
     assert np.allclose(got, want, rtol=1e-11, atol=1e-11)
