@@ -3195,6 +3195,7 @@ def _files(out: pathlib.Path) -> dict:
 _PRESETS = [  # (script, flags, settings) besides _BUILT's: the official scripts' values; flags win
     ("train_lra.py", "--preset quick", dict(listops_size=6000, out="runs/listops/agf-quick-seed0")),
     ("train_uea.py", "", dict(seed=666, out="runs/JapaneseVowels/softmax-paper-seed666")),
+    ("train_uea.py", "", dict(grad_clip=4.0)),  # AGF_UEA/options.py, as Primal's TimeSeries
     ("train_uea.py", "--dataset Toy", dict(preset="default")),  # no preset: said as it is
     ("train_uea.py", "--dataset Toy --preset quick", dict(preset="quick")),
 ]  # fmt: skip
@@ -3952,13 +3953,29 @@ def test_train_uea_evaluates_the_first_every_eval_every_and_the_last_epoch(tmp_p
     scores = iter([(0.5, 1.0), (0.9, 0.2), (0.9, 0.3), (0.6, 0.5)])  # a tie at epochs 2 and 4
     argv = [*TINY, "--dataset", "Toy", "--data-dir", str(tmp_path), "--epochs", "6"]
     with mock.patch.object(train_uea, "evaluate", lambda *args: next(scores)):
-        result, _ = _uea_run([*argv, "--out", str(tmp_path / "r")])
+        result, printed = _uea_run([*argv, "--out", str(tmp_path / "r")])
     records = _log(tmp_path / "r")
     assert [r["epoch"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert [r["epoch"] for r in records if "test_acc" in r] == [1, 2, 4, 6]
     assert [r["best_test_acc"] for r in records if "test_acc" in r] == [0.5, 0.9, 0.9, 0.9]
     best = (result["best_test_acc"], result["best_test_epoch"], result["final_test_acc"])
     assert best == (0.9, 2, 0.6)
+    assert "\r" not in printed, "no progress bar in a log: a line per evaluation instead"
+    bars = []
+
+    class Bar(train_uea.tqdm):  # the progress bar's total: the steps left of the run
+        def __init__(self, *args, **kwargs):
+            bars.append(kwargs["total"])
+            super().__init__(*args, **kwargs)
+
+    scores = iter([(0.0, 1.0)] * 3)  # epoch 8; then every evaluation at 0 %: the first is best
+    evaluate = mock.patch.object(train_uea, "evaluate", lambda *args: next(scores))
+    with evaluate, mock.patch.object(train_uea, "tqdm", Bar):
+        _uea_run([*argv, "--out", str(tmp_path / "r"), "--resume", "--epochs", "8"])
+        zero, _ = _uea_run([*argv[:-2], "--epochs", "2", "--out", str(tmp_path / "z")])
+    steps = -(-12 // train_uea.parse_config(argv).batch_size)  # a step per batch of 12 cases
+    assert bars == [2 * steps, 2 * steps], "epochs 7 and 8; epochs 1 and 2"
+    assert (zero["best_test_acc"], zero["best_test_epoch"]) == (0.0, 1), "0 % is a score too"
 
 
 def test_train_uea_a_constant_training_channel_is_said_and_does_not_blow_test_up(tmp_path):
