@@ -1241,12 +1241,14 @@ def test_model_compiled_equals_eager(kind):
 _SMALLEST = dict(agf=dict(order=0), gfsa=dict(order=2), primal=dict(rank=1, rank_multi=1))
 
 
+@pytest.mark.parametrize("heads", [1, 2])
 @pytest.mark.parametrize("kind", ATTENTION)
-def test_edge_smallest_legal_input_one_token_one_sample_lowest_order_and_rank(kind):
-    """B = N = 1 at the lowest order or rank: as the one real token of a padded batch; Ā = 1, so
-    softmax gives W_o(V), GFSA W_o((w0 + w1 + wK) V); AGF its dense form; Primal m = 1."""
+def test_edge_smallest_legal_input_one_token_one_sample_lowest_order_and_rank(kind, heads):
+    """B = N = 1 at the lowest order or rank, one head too: as the one real token of a padded
+    batch; Ā = 1, so softmax gives W_o(V), GFSA W_o((w0 + w1 + wK) V); AGF its dense form;
+    Primal m = 1."""
     torch.manual_seed(0)
-    layer = ATTENTION[kind](8, 2, **_SMALLEST.get(kind, {})).double().eval()
+    layer = ATTENTION[kind](8, heads, **_SMALLEST.get(kind, {})).double().eval()
     if kind == "gfsa":
         torch.nn.init.normal_(layer.wK)  # learned from 0: a value that shows
     x, mask = torch.randn(2, 3, 8, dtype=F64), torch.tensor([[1, 0, 0], [1, 1, 1]]).bool()
@@ -1254,7 +1256,7 @@ def test_edge_smallest_legal_input_one_token_one_sample_lowest_order_and_rank(ki
     assert torch.isfinite(y).all(), "one token: finite"
     assert torch.allclose(y, layer(x, mask)[0][:1, :1], rtol=0, atol=1e-12), "one real token"
     if kind in ("softmax", "gfsa"):
-        v = layer.W_qkv(x[:1, :1]).view(1, 1, 3, 2, 4)[:, :, 2]  # (B, N, H, d)
+        v = layer.W_qkv(x[:1, :1]).view(1, 1, 3, heads, 8 // heads)[:, :, 2]  # (B, N, H, d)
         gain = 1.0 if kind == "softmax" else (layer.w0 + layer.w1 + layer.wK)[:, None]
         want = layer.W_o((gain * v).reshape(1, 1, 8))
         assert torch.allclose(y, want, rtol=0, atol=1e-12), "N = 1: Ā = 1 in closed form"
