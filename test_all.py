@@ -2937,6 +2937,18 @@ def test_download_progress_in_a_log_is_the_start_and_a_line_per_tenth(capsys):
     assert lines[0] == "downloading http://x/some.tar (100 bytes) into data/some.tar", lines[0]
     assert lines[1:] == [f"some.tar: {k:,} of 100 bytes" for k in range(10, 101, 10)], lines
 
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for label in ("data/some.tar", None):  # on a terminal: a bar, no lines; no label: nothing
+        with mock.patch.object(sys, "stderr", Terminal()) as terminal:
+            reader = download._Reader(Response(bytes(100)), label, "http://x/some.tar")
+            while reader.read(1):
+                pass
+        assert reader.bar.disable == (label is None), label
+        assert "some.tar: 10 of 100 bytes" not in terminal.getvalue(), "a bar, not lines"
+
 
 def test_download_without_progress_says_nothing(tmp_path, capsys):
     """fetch(progress=False), streamed (a tar) or checked first (a zip): not a line on stderr."""
@@ -2959,20 +2971,20 @@ def test_download_url_over_a_stale_part_writes_the_file_whole(tmp_path):
 
 
 def test_download_place_keeps_the_files_there_and_names_three(tmp_path, capsys):
-    """Into a folder holding 4 of the archive's 5 files: those 4 stay byte for byte, the fifth
-    is moved in, and one line names the first 3 kept, then "..."."""
+    """Into a folder holding 4 of the archive's 8 files: those 4 stay byte for byte, the other 4
+    are moved in, and one line names the first 3 kept, then "...", and counts the others."""
     part, dest = tmp_path / "part", tmp_path / "dest"
-    for name in "abcde":
+    for name in "abcdefgh":
         _write(part / f"{name}.txt", f"archive {name}")
     for name in "abcd":
         _write(dest / f"{name}.txt", f"user {name}")
     download._place(part, dest, download.Archive("http://x/a.tar", need=("e.txt",)))
     got = {path.name: path.read_text() for path in dest.iterdir()}
     want = {f"{name}.txt": f"user {name}" for name in "abcd"}
-    assert got == {**want, "e.txt": "archive e"}, got
+    assert got == {**want, **{f"{name}.txt": f"archive {name}" for name in "efgh"}}, got
     said = capsys.readouterr().err.strip()
     kept = "kept the 4 file(s) of http://x/a.tar already there (a.txt, b.txt, c.txt, ...)"
-    assert said == f"{dest}: {kept}, unpacked the other 1", said
+    assert said == f"{dest}: {kept}, unpacked the other 4", said
 
 
 @pytest.mark.parametrize("state, shape, said", _DL_RULES, ids=_id)
