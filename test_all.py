@@ -2184,6 +2184,7 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     # numeric labels: a lone number that is no class, on a case one dimension short, is a value
     (["1:3:1", "1:3"], dict(labels="1 2"), 1, "the class label is missing ('3' holds values)"),
     (["1:3:1", "1:2"], dict(labels="1 2"), 1, "1 dimension(s), not 2 (the header)"),
+    (["1:3:2:1", "1:5"], dict(dims="3", labels="1 2"), 1, "1 dimension(s), not 3 (the header)"),
     ([_OK, "up"], {}, 1, "a case needs values before its label"),
     (["1,x:3,4:up"], {}, 0, "non-numeric value 'x' (dimension 1, step 2)"),
     (["1,2:3,4:0.5", "1,2:3,4:abc"], dict(labels=False, extra=_TARGETS), 1, "non-numeric target"),
@@ -2659,6 +2660,7 @@ def test_uea_data_pad_series_and_load_with_bad_arguments_and_mismatched_files(tm
         ((series, mean, np.array([2.0, 0]), 3), r"need finite mean and positive std of shape \(F"),
         ((series, mean, np.array([2.0, np.nan]), 3), "positive std"),
         ((series, np.array([np.inf, 0]), std, 3), "finite mean"),
+        ((series, mean, np.array([2.0, np.inf]), 3), "finite mean and positive std"),
         ((series, mean, np.array([2.0]), 3), "of shape \\(F,\\)"),
         ((series + [np.ones((2, 3))], mean, std, 3), r"cases \[2\] are not \(L, F\) arrays"),
         ((series + [np.ones(3)], mean, std, 3), r"cases \[2\] are not \(L, F\) arrays"),
