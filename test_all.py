@@ -3470,6 +3470,7 @@ _BAD_FLAGS = [  # (flags, a fragment of the one sentence); each refused at parse
 ]
 _BAD_LRA = _BAD_FLAGS + [  # and train_lra.py's own
     (["--steps", "0"], "--steps must be at least 1, got 0"),
+    (["--primal-eta", "-0.5"], "--primal-eta must be at least 0, got -0.5"),
     (["--steps", "10", "--warmup", "1"], "--warmup must be 0 or 2 .. --steps - 1 = 9, got 1"),
     (["--steps", "10", "--warmup", "10"], "--warmup must be 0 or 2 .. --steps - 1 = 9, got 10"),
     (["--task", "text", "--preset", "quick"], "use it with --task listops"),
@@ -3725,6 +3726,15 @@ def test_train_lra_time_limit_stops_at_the_last_evaluation_that_ends_in_time(
         resumed, _ = _lra_stubbed(tmp_path, [0.6] * 4, "--steps", "8", "--resume")
         assert (resumed["steps_reached"], resumed["partial"]) == (8, False), "finished now"
         assert [r["step"] for r in _log(tmp_path / "run")] == [2, 4, 6, 8], "the log goes on"
+
+
+def test_train_lra_a_run_finished_at_any_length_is_not_partial(tmp_path):
+    """300 steps, each a stub (past CPython's cache of small ints, where `is` would still pass
+    for equal numbers): the finished run is not partial."""
+    step = mock.Mock(return_value=(torch.tensor(0.5), torch.tensor(1.0)))
+    with mock.patch.object(train_lra, "train_step", step):
+        result, _ = _lra_stubbed(tmp_path, [0.5], "--steps", "300", "--eval-every", "300")
+    assert (result["steps_reached"], result["partial"]) == (300, False), "finished"
 
 
 def test_train_lra_text_reuses_the_validation_score_and_logs_each_evaluation(tmp_path):
@@ -5648,6 +5658,14 @@ def test_cuda_training_scripts_and_torchrun_end_with_a_result_line():
             assert run.returncode == 0, run.stderr[-3000:]
             result = json.loads(run.stdout.strip().splitlines()[-1].removeprefix("RESULT "))
             assert torch.cuda.get_device_name() in result["device"], result["device"]
+
+
+@cuda
+def test_cuda_lra_adamw_is_fused_on_the_gpu_only():
+    """train_lra.build: AdamW fused (one kernel for every parameter) on CUDA, plain on the CPU."""
+    cfg = train_lra.parse_config(["--preset", "quick", "--d-model", "16", "--d-ff", "32"])
+    for device, fused in (("cuda", True), ("cpu", False)):
+        assert train_lra.build(cfg, torch.device(device))[1].defaults["fused"] is fused, device
 
 
 @cuda
