@@ -646,6 +646,30 @@ def test_gfsa_taylor_error_bounds():
         assert abs(err_soft.item() - err.item()) < 1e-6
 
 
+def test_gfsa_linear_kernel_drops_out_in_training_only():
+    """kernel="linear" with attention dropout p: in training, each of the two passes drops
+    ρ_k(K) with p (two seeds: two outputs); in eval, the output of the same layer at p = 0."""
+    torch.manual_seed(0)
+    layer = GFSAttention(16, 2, kernel="linear", dropout=0.5).double()
+    x, seen, real = torch.randn(2, 6, 16, dtype=F64), [], F.dropout
+
+    def dropout(t, p=0.5, *args, **kwargs):
+        seen.append(p)
+        return real(t, p, *args, **kwargs)
+
+    with mock.patch.object(sys.modules["gfsa"].F, "dropout", dropout):
+        torch.manual_seed(1)
+        first = layer(x)[0]
+        torch.manual_seed(2)
+        second = layer(x)[0]
+        assert seen == [0.5] * 4, "each pass of each forward drops with p"
+        assert not torch.allclose(first, second), "training: another mask, another output"
+        layer.eval()
+        y = layer(x)[0]
+    layer.dropout = 0.0
+    assert torch.equal(y, layer(x)[0]), "eval: as with no dropout"
+
+
 def test_gfsa_file_runs_alone():
     _runs_alone("gfsa.py", [])
 
@@ -1287,15 +1311,22 @@ def test_edge_first_illegal_sizes_are_a_value_error_naming_the_argument():
             build()
 
 
-def test_edge_polynomial_filter_of_order_zero_is_its_constant():
-    """K = 0: g(s) = θ̃_0, 1 when frozen, tanh(θ_0) when learned; no other coefficient."""
+@pytest.mark.parametrize("basis", BASES)
+def test_edge_polynomial_filter_of_order_zero_is_its_constant(basis):
+    """K = 0 in every basis: no recurrence term, one basis row; g(s) = θ̃_0, 1 when frozen,
+    tanh(θ_0) when learned, by either sum; no other coefficient."""
     s = torch.rand(7)
-    assert torch.equal(PolynomialFilter(0)(s), torch.ones(7)), "K = 0, frozen: g = 1"
-    free = PolynomialFilter(0, fix_theta0=False)
-    with torch.no_grad():
-        free.theta0.fill_(0.3)
-    assert torch.allclose(free(s), torch.full((7,), math.tanh(0.3))), "K = 0: g = tanh(θ_0)"
-    assert free.coefficients().shape == (1,), "K = 0: one coefficient"
+    for K in (0, 1, 2):
+        assert len(recurrence(basis, K)) == K, f"{basis}: K terms of the recurrence"
+        assert polynomial_basis(s, K, basis).shape[0] == K + 1, f"{basis}: P_0 .. P_K"
+    for lean in (True, False):
+        frozen = PolynomialFilter(0, basis, lean=lean)
+        assert torch.equal(frozen(s), torch.ones(7)), "K = 0, frozen: g = 1"
+        free = PolynomialFilter(0, basis, fix_theta0=False, lean=lean)
+        with torch.no_grad():
+            free.theta0.fill_(0.3)
+        assert torch.allclose(free(s), torch.full((7,), math.tanh(0.3))), "K = 0: g = tanh(θ_0)"
+        assert free.coefficients().shape == (1,), "K = 0: one coefficient"
 
 
 def test_edge_cosine_similarity_needs_two_real_tokens():
@@ -2970,6 +3001,37 @@ def test_download_url_over_a_stale_part_writes_the_file_whole(tmp_path):
     _write(tmp_path / "file.bin.part", "half of an older download")
     download.download_url(source.as_uri(), file, size=200)
     assert file.read_bytes() == bytes(range(200)) and not (tmp_path / "file.bin.part").exists()
+
+
+def test_download_a_body_shorter_than_its_content_length_is_refused(tmp_path):
+    """No size given (the LRA release, the UEA zips): the server's Content-Length is the check;
+    a response cut short, even at a tar member's end, is refused, and nothing is left."""
+    server, file = tmp_path / "server", tmp_path / "got.tar"
+    _write(server / "whole", _dl_archive(_dl_members(False), False))
+    with _serve(server) as (url, _):
+        with pytest.raises(download.Failed, match=r"gave [\d,]+ bytes, not [\d,]+ \(cut short"):
+            download.download_url(f"{url}/cut/whole", file)
+    assert os.listdir(tmp_path) == ["server"], "no file, no .part"
+
+
+def test_download_place_moves_the_needed_files_last(tmp_path):
+    """A placing stopped half-way (a full disk) never leaves a needed file in the folder: the
+    next fetch, seeing one, would take the folder as whole."""
+    part, dest = tmp_path / "part", tmp_path / "dest"
+    for name in ("a.txt", "b.txt", "need.txt", "z.txt"):
+        _write(part / name, name)
+    _write(dest / "a.txt", "the user's")  # kept: the others are moved one by one
+    real, calls = os.replace, []
+
+    def replace(source, target):
+        calls.append(pathlib.Path(target).name)
+        if len(calls) == 3:  # the disk is full at the third of b, need, z
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(source, target)
+
+    with mock.patch.object(download.os, "replace", replace), pytest.raises(OSError):
+        download._place(part, dest, download.Archive("http://x/a.tar", need=("need.txt",)))
+    assert "need.txt" not in os.listdir(dest), "the needed file is moved last"
 
 
 def test_download_place_keeps_the_files_there_and_names_three(tmp_path, capsys):
