@@ -2029,6 +2029,10 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
         slow = f"{url}/slow/lra_release.gz"
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda u: lra_data.download_task("retrieval", data, u), [slow] * 2))
+        (data / "tsv_data" / "new_aan_pairs.eval.tsv").unlink()  # a folder short of one file
+        lra_data.load_task("retrieval", data, 8, download=f"{url}/lra_release.gz")
+        again = (data / "tsv_data" / "new_aan_pairs.eval.tsv").read_bytes()
+        assert again == (stem / "tsv_data" / "new_aan_pairs.eval.tsv").read_bytes(), "completed"
     assert asked.count(slow[len(url) :]) == 1 and "is downloading into" in capsys.readouterr().err
     found = sorted(os.listdir(data)) + os.listdir(data / "pathfinder32")
     names = "aclImdb cifar-10-batches-py listops-1000 lra-cache pathfinder32 tsv_data"
@@ -5190,6 +5194,23 @@ def test_bench_official_gfsa_stops_at_its_size_cap_and_no_other_kind_does(tmp_pa
     rows = _bench_run(monkeypatch, tmp_path, layers, argv)
     want = [("gfsa-official", cap), ("square", cap), ("square", 2 * cap)]
     assert [(r["kind"], r["N"]) for r in rows] == want
+
+
+def test_bench_a_layers_backward_includes_its_aux_loss():
+    """fwd_bwd() differentiates mean(y²) + aux, as a training step does: the aux loss's backward
+    (AGF's penalty, Primal's KSVD J²) is timed too."""
+    reached = []
+
+    class Aux(_BenchLayer):
+        def forward(self, x, mask):
+            aux = self.scale * x.mean()
+            aux.register_hook(lambda grad: reached.append(grad.item()))
+            return x * x, aux
+
+    layer, cpu = Aux(), torch.device("cpu")
+    _, fwd_bwd, _ = bench.layer_calls(layer, layer, B=1, N=4, D=2, device=cpu, dtype=torch.float32)
+    fwd_bwd()
+    assert reached == [1.0], "the aux loss in the loss, weight 1"
 
 
 def test_bench_compile_s_is_the_first_calls_in_seconds(monkeypatch):
