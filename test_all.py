@@ -1085,6 +1085,7 @@ def test_model_bad_inputs_raise_clear_errors():
         (lra, (tokens[None], ok), V, r"^x: expected integer token ids .* shape \(1, 2, 10\)$"),
         (lra, (tokens[:, :0], None), V, r"^x: expected integer token ids .* shape \(2, 0\)$"),
         (uea, (torch.randn(2, 10, 4), ok), V, feats_ + r"torch\.float32 of shape \(2, 10, 4\)$"),
+        (uea, (feats[..., None], ok), V, feats_ + r"torch\.float32 of shape \(2, 10, 5, 1\)$"),
         (uea, (torch.randint(0, 3, (2, 10, 5)), ok), T, feats_ + r"torch\.int64 of shape"),
         (uea, (feats.double(), ok), T, feats_ + r"torch\.float64 of shape \(2, 10, 5\)$"),
         (lra, (torch.randint(1, 11, (2, 25)), None), V, r"^x: expected N <= max_len = 24 \("),
@@ -1100,6 +1101,8 @@ def test_model_bad_inputs_raise_clear_errors():
             model(*args)
     with pytest.raises(ValueError, match="exactly one of vocab_size"):
         Classifier(ModelConfig(vocab_size=5, n_features=3))
+    one = Classifier(ModelConfig(vocab_size=1, max_len=4, d_model=8, n_heads=2, d_ff=8))
+    assert isinstance(one.embed, torch.nn.Embedding), "vocab_size 1 (padding alone): token ids"
 
 
 def _classifier_by_hand(model, x, mask, x2=None, mask2=None):
