@@ -3797,6 +3797,22 @@ def test_train_lra_time_limit_stops_at_the_last_evaluation_that_ends_in_time(
         assert [r["step"] for r in _log(tmp_path / "run")] == [2, 4, 6, 8], "the log goes on"
 
 
+def test_train_lra_quick_listops_is_as_results_describes_it():
+    """RESULTS.md's quick ListOps (its sizes, depth at most 3, 21-36 tokens) is what --preset
+    quick generates. Generating its 7000 expressions takes about 1-2 s."""
+    text = " ".join((HERE / "RESULTS.md").read_text().split())
+    said = r"\((\d+) training expressions of depth at most (\d+) and (\d+)-(\d+) tokens, (\d+) "
+    found = re.search(said + r"validation, (\d+) test\)", text)
+    train, depth, low, high, val, test = map(int, found.groups())
+    cfg, quick = train_lra.parse_config(["--preset", "quick"]), train_lra.LISTOPS["quick"]
+    assert (cfg.listops_size, cfg.listops_eval_size, cfg.listops_eval_size) == (train, val, test)
+    bounds = [quick[k] for k in ("min_length", "max_length", "max_depth", "max_args")]
+    pairs = lra_data.generate_listops(train + val + test, cfg.data_seed, *bounds, progress=False)
+    lengths = [len(lra_data.tokenize_listops(e)) for e, _ in pairs]
+    assert (min(lengths), max(lengths)) == (low, high), "the tokens of the shortest and longest"
+    assert quick["max_depth"] == depth, "the generator's bound: operators above, values at it"
+
+
 def test_train_lra_a_run_finished_at_any_length_is_not_partial(tmp_path):
     """300 steps, each a stub (past CPython's cache of small ints, where `is` would still pass
     for equal numbers): the finished run is not partial."""
