@@ -2072,6 +2072,7 @@ def test_lra_data_cache_hit_equals_a_fresh_read(source, tmp_path):
     with mock.patch.object(lra_data, "read_source", fail):
         hit, hit_notes = lra_data.load_task(**args)
     fresh, fresh_notes = lra_data.load_task(**args, cache=False)
+    assert lra_data.prepare(**args, cache=False).file is None, "cache=False: no prepared file"
     assert hit_notes[0] == notes[0].replace(" from ", f" from the prepared cache {cache} of ", 1)
     assert fresh_notes == notes and hit_notes[1:] == notes[1:]  # the readers' notes kept too:
     assert len(notes) > 1 or source in ("listops", "image", "pickles")  # none for these
@@ -2189,6 +2190,10 @@ def test_uea_data_reader_values_labels_missing_steps_and_unlabelled_files(tmp_pa
     # a non-UTF-8 comment byte (latin-1 é), as in some archive files
     path = _write(tmp_path / "Toy_TRAIN.ts", text.encode().replace(b"# toy", b"# caf\xe9 toy"))
     ts = read_ts(path, require_labels=True)
+    for end in ("\r\n", "\r"):  # Windows' and old Mac's line ends: read as the same file
+        again = read_ts(_write(tmp_path / "E.ts", path.read_bytes().replace(b"\n", end.encode())))
+        assert again.line_numbers == ts.line_numbers, repr(end)
+        assert all(np.array_equal(a, b) for a, b in zip(again.series, ts.series, strict=True))
     assert ts.header["problemname"] == "Toy" and ts.class_names == ["up", "down"]
     assert ts.labels.tolist() == [1, 0]  # @classLabel order (up = 0), not sorted (down = 0)
     assert ts.labels.dtype == np.int64 and ts.line_numbers == [11, 14]
@@ -3019,6 +3024,15 @@ def test_download_a_body_shorter_than_its_content_length_is_refused(tmp_path):
         with pytest.raises(download.Failed, match=r"gave [\d,]+ bytes, not [\d,]+ \(cut short"):
             download.download_url(f"{url}/cut/whole", file)
     assert os.listdir(tmp_path) == ["server"], "no file, no .part"
+
+
+def test_download_a_known_size_is_checked_without_an_md5(tmp_path):
+    """An archive given a size and no MD5 is read whole and checked first: another size refused."""
+    server = tmp_path / "server"
+    size = len(_write(server / "whole", _dl_archive(_dl_members(False), False)).read_bytes())
+    with _serve(server) as (url, _):
+        refused = _dl_fetch(f"{url}/whole", tmp_path / "data" / "tsv_data", False, size=size + 1)
+    assert f"gave {size:,} bytes, not {size + 1:,}" in refused, refused
 
 
 def test_download_place_moves_the_needed_files_last(tmp_path):
@@ -4437,6 +4451,20 @@ def test_runs_folder_states_start_resume_or_overwrite(tmp_path, state, names, ck
         assert got["state"]["step"] == ckpt["step"], "the checkpoint to go on from"
 
 
+@pytest.mark.parametrize("script, changes", [
+    ("train_lra.py", {"download", "download_url", "cache", "time_limit"}),  # where data comes
+    ("train_uea.py", {"download", "download_url", "epochs"}),  # from, the clock; more epochs
+])  # fmt: skip
+def test_runs_resume_may_change_the_data_flags_and_the_clock(script, changes):
+    """What --resume lets a script's run change besides runs.MAY_CHANGE, written here by hand
+    (none changes what is trained): each given anew continues the run."""
+    module, start = SCRIPTS[script][0], mock.Mock(side_effect=_Reached)
+    cfg = module.parse_config(["--out", "unused"])
+    with mock.patch.object(runs, "start", start), pytest.raises(_Reached):
+        module.main(cfg)
+    assert set(start.call_args.kwargs["may_change"]) == changes
+
+
 def test_runs_resume_sees_a_finished_run_of_any_length(tmp_path):
     """A run finished at step 5,000, past CPython's cache of small ints (where `is` would still
     pass for equal numbers): --resume says it is finished, as at 4 steps."""
@@ -4602,6 +4630,8 @@ def test_diagnose_sequences_are_spread_over_the_split():
     assert diagnose._spread(n_real, None).tolist() == [0, 2, 3, 4, 5, 6, 7]
     assert diagnose._spread(n_real, 50).tolist() == [0, 2, 3, 4, 5, 6, 7]
     assert diagnose._spread(np.array([1, 0, 2]), 4).tolist() == [2]  # 2 real tokens: enough
+    even = [round(i * 10 / 3) for i in range(4)]  # 4 of 11 at 0, 3.33, 6.67, 10: rounded
+    assert diagnose._spread(np.full(11, 5), 4).tolist() == even == [0, 3, 7, 10]
 
 
 def test_diagnose_agf_and_gfsa_responses_at_init_and_with_set_coefficients():
@@ -5432,12 +5462,15 @@ def test_bench_gpu_rows_eager_alone_count_operators_and_layers_the_floor(monkeyp
     """.ci/gpu_bench.py's measure_row: an eager row gets ops, an eager layer row also its floor;
     compiled and graphs rows neither (fused kernels: operators do not count launches there)."""
     monkeypatch.setattr(bench, "measure_row", lambda row, *more: row.update(mem_mib=1.0))
-    args = argparse.Namespace(device="cpu", chunk=16, bandwidth_gbs=2)
+    args, cpu = argparse.Namespace(device="cpu", chunk=16, bandwidth_gbs=2), torch.device("cpu")
     for what, mode in itertools.product(("layer", "step"), ("eager", "compiled", "graphs")):
         row = dict(what=what, kind="softmax", B=1, N=8, D=64, dtype="float32", mode=mode)
         layer = SoftmaxAttention(64, 2) if what == "layer" else None
         gpu_bench.measure_row(row, layer, args)
         assert ("ops" in row) == (mode == "eager"), (what, mode)
+        if what == "layer" and mode == "eager":  # forward and backward, as timed
+            calls = bench.layer_calls(layer, layer, B=1, N=8, D=64, device=cpu, dtype=torch.float32)
+            assert row["ops"] == gpu_bench.dispatched_ops(calls[1]), "the operators of fwd+bwd"
         assert ("floor_ms" in row) == (mode == "eager" and what == "layer"), (what, mode)
 
 
