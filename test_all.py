@@ -340,8 +340,13 @@ def test_polynomials_filter_is_official_tanh_sum():
         even = torch.arange(1, 51, dtype=torch.float64) / 51  # 50 points strictly inside (0, 1)
         assert torch.allclose(grid, even), "the grid: k / 51, k = 1 .. 50"
         assert torch.allclose(g, poly(grid).detach()), "the response: the filter on the grid"
-    with pytest.raises(ValueError, match="unknown basis 'laguerre'"):
-        PolynomialFilter(3, "laguerre")
+    for build in (functools.partial(PolynomialFilter, 3), functools.partial(recurrence, order=3)):
+        with pytest.raises(ValueError, match="unknown basis 'laguerre'"):
+            build("laguerre")
+    want = "PolynomialFilter(order=5, basis=jacobi, alpha=2.0, beta=-1.0, frozen θ̃_0=1)"
+    assert repr(PolynomialFilter(5, "jacobi", 2.0, -1.0)) == want, "jacobi: α, β; frozen"
+    want = "PolynomialFilter(order=3, basis=legendre, learned θ̃_0)"
+    assert repr(PolynomialFilter(3, "legendre", fix_theta0=False)) == want, "no α, β; learned"
 
 
 def test_polynomials_file_runs_alone():
