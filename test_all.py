@@ -1104,8 +1104,14 @@ def test_model_bad_inputs_raise_clear_errors():
     for model, args, error, message in cases:
         with pytest.raises(error, match=message):
             model(*args)
-    with pytest.raises(ValueError, match="exactly one of vocab_size"):
-        Classifier(ModelConfig(vocab_size=5, n_features=3))
+    refused = [
+        ({"n_features": 3}, "exactly one of vocab_size"),
+        ({"style": "vit"}, "style must be 'lra' or 'uea', got 'vit'"),
+        ({"style": "uea", "two_tower": True}, "two_tower needs style='lra'"),
+    ]
+    for kwargs, message in refused:
+        with pytest.raises(ValueError, match=message):
+            Classifier(ModelConfig(vocab_size=5, **kwargs))
     one = Classifier(ModelConfig(vocab_size=1, max_len=4, d_model=8, n_heads=2, d_ff=8))
     assert isinstance(one.embed, torch.nn.Embedding), "vocab_size 1 (padding alone): token ids"
 
