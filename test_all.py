@@ -819,6 +819,7 @@ def test_model_dense_references_refuse_an_n_by_n_matrix_too_large():
     big = r" \(1, 2, 65536, 65536\).*: 32\.0 GiB( each)? > max_bytes=4294967296$"
     layer, x, at_cap, s = AGFAttention(4, H), torch.randn(1, 64, 4), 2 * 64 * 64 * 4, q[:, :, :64]
     official = GFSAttention(8, H, evaluation="official")
+    bf16 = x.bfloat16()  # A is still float32, in the dtype of AGF's factors
     cases = [
         ("^x: dense A" + big, lambda: agf_dense_reference(layer, torch.randn(1, N, 4))),
         ("^phi_q: dense K_X" + big, lambda: ksvd_kernel(q, q, None, mask)),
@@ -827,6 +828,7 @@ def test_model_dense_references_refuse_an_n_by_n_matrix_too_large():
         ("^q: dense Ā" + big, lambda: official(torch.randn(1, N, 8))),
         ("^attn: dense Ā², G" + big, lambda: gfsa_dense_reference(attn, q, w, w, w, 2)),
         (f"max_bytes={at_cap - 1}$", lambda: agf_dense_reference(layer, x, max_bytes=at_cap - 1)),
+        (r"64, 64\) torch\.float32: ", lambda: agf_dense_reference(layer, bf16, max_bytes=9)),
         ("max_bytes=9$", lambda: ksvd_dual_reference(s, s, None, s, s, mask[:, :64], max_bytes=9)),
         ("max_bytes=9$", lambda: attention_matrix(s, s, None, False, "linear", max_bytes=9)),
     ]
