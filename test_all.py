@@ -837,6 +837,10 @@ def test_model_dense_references_refuse_an_n_by_n_matrix_too_large():
             call()
     y, graph_filter = agf_dense_reference(layer, x, max_bytes=at_cap)
     assert graph_filter.shape == (1, H, 64, 64) and torch.allclose(y, layer(x)[0], atol=1e-6)
+    # the other dense forms at their cap too: K_X, Ā and Ā², G of (1, 2, 64, 64) float32 each
+    assert ksvd_kernel(s, s, None, mask[:, :64], max_bytes=at_cap).shape == (1, H, 64, 64)
+    small = attention_matrix(s, s, None, False, "softmax", max_bytes=at_cap)
+    assert gfsa_dense_reference(small, s, w, w, w, 2, max_bytes=at_cap)[1].shape == small.shape
 
 
 # Constructor arguments each attention refuses with a ValueError (not an assert, gone under
