@@ -97,6 +97,7 @@ from model import (  # noqa: E402
     ModelConfig,
     SoftmaxAttention,
     build_attention,
+    count_parameters,
     layer_kinds,
     layerwise_cosine_similarity,
 )
@@ -1075,8 +1076,12 @@ def test_model_config_defaults_are_the_lra_setting():
     lra, cfg = train_lra.TrainConfig(), ModelConfig(vocab_size=17)
     for name in ("d_model", "n_heads", "n_layers", "d_ff", "dropout"):
         assert getattr(cfg, name) == getattr(lra, name), name
+    assert cfg.attn_dropout == lra.dropout, "attention dropout: train_lra.py's --dropout"
     model = Classifier(cfg)
     assert len(model.blocks) == 2 and model.blocks[0].attn.d_model == 64, "D 64, 2 layers"
+    total = sum(p.numel() for p in model.parameters())
+    model.pos.requires_grad_(False)  # (max_len, D) = (1024, 64)
+    assert count_parameters(model) == total - 1024 * 64, "count_parameters: trainable ones only"
 
 
 def test_model_bad_inputs_raise_clear_errors():
