@@ -1077,6 +1077,8 @@ def test_model_config_defaults_are_the_lra_setting():
     for name in ("d_model", "n_heads", "n_layers", "d_ff", "dropout"):
         assert getattr(cfg, name) == getattr(lra, name), name
     assert cfg.attn_dropout == lra.dropout, "attention dropout: train_lra.py's --dropout"
+    block = Classifier(ModelConfig(vocab_size=17, attn_dropout=0.3)).blocks[0]
+    assert (block.attn.dropout, block.drop.p) == (0.3, 0.1), "attn_dropout: softmax's only"
     model = Classifier(cfg)
     assert len(model.blocks) == 2 and model.blocks[0].attn.d_model == 64, "D 64, 2 layers"
     total = sum(p.numel() for p in model.parameters())
