@@ -1083,6 +1083,8 @@ def test_model_config_defaults_are_the_lra_setting():
     assert (block.attn.dropout, block.drop.p) == (0.3, 0.1), "attn_dropout: softmax's only"
     model = Classifier(cfg)
     assert len(model.blocks) == 2 and model.blocks[0].attn.d_model == 64, "D 64, 2 layers"
+    # the official LRA head: Linear(D, transformer_hidden_dim), the feed-forward's width too
+    assert model.head[0].out_features == lra.d_ff == 128, "MLP head: 128 hidden units"
     total = sum(p.numel() for p in model.parameters())
     model.pos.requires_grad_(False)  # (max_len, D) = (1024, 64)
     assert count_parameters(model) == total - 1024 * 64, "count_parameters: trainable ones only"
