@@ -889,6 +889,8 @@ def test_model_every_attention_checks_its_inputs_the_same_way(kind):
             layer(bad_x, bad_mask)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y, aux = layer(x.bfloat16(), ok)
+        with pytest.raises(TypeError, match=x_ + r"torch\.int64 of shape"):
+            layer(x.long(), ok)  # autocast excuses another float dtype only
     assert y.shape == x.shape and torch.isfinite(y).all() and torch.isfinite(aux)
 
 
