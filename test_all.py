@@ -350,6 +350,8 @@ def test_polynomials_filter_is_official_tanh_sum():
     assert repr(PolynomialFilter(5, "jacobi", 2.0, -1.0)) == want, "jacobi: α, β; frozen"
     want = "PolynomialFilter(order=3, basis=legendre, learned θ̃_0)"
     assert repr(PolynomialFilter(3, "legendre", fix_theta0=False)) == want, "no α, β; learned"
+    want = "PolynomialFilter(order=2, basis=jacobi, alpha=0.0, beta=0.0, frozen θ̃_0=1)"
+    assert repr(PolynomialFilter(2)) == want, "the defaults: Jacobi(0, 0), θ̃_0 frozen"
 
 
 def test_polynomials_file_runs_alone():
