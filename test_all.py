@@ -1089,6 +1089,7 @@ def test_model_config_defaults_are_the_lra_setting():
     assert len(model.blocks) == 2 and model.blocks[0].attn.d_model == 64, "D 64, 2 layers"
     # the official LRA head: Linear(D, transformer_hidden_dim), the feed-forward's width too
     assert model.head[0].out_features == lra.d_ff == 128, "MLP head: 128 hidden units"
+    assert model.head[-1].out_features == 2, "C = 2 (Text, Retrieval, Pathfinder)"
     total = sum(p.numel() for p in model.parameters())
     model.pos.requires_grad_(False)  # (max_len, D) = (1024, 64)
     assert count_parameters(model) == total - 1024 * 64, "count_parameters: trainable ones only"
