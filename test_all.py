@@ -341,6 +341,8 @@ def test_polynomials_filter_is_official_tanh_sum():
         even = torch.arange(1, 51, dtype=torch.float64) / 51  # 50 points strictly inside (0, 1)
         assert torch.allclose(grid, even), "the grid: k / 51, k = 1 .. 50"
         assert torch.allclose(g, poly(grid).detach()), "the response: the filter on the grid"
+        grid = frequency_response(poly)[0]  # by default k / 200, k = 1 .. 199: s = ½ on it
+        assert len(grid) == 199 and grid[99] == 0.5, "the default grid: 199 points"
     for lean in (True, False):  # a float32 filter on float64 s: g in s's dtype, by either sum
         assert PolynomialFilter(4, lean=lean)(s).dtype == torch.float64, f"{lean=}: s's dtype"
     for build in (functools.partial(PolynomialFilter, 3), functools.partial(recurrence, order=3)):
