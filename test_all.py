@@ -1130,12 +1130,13 @@ def test_model_bad_inputs_raise_clear_errors():
             model(*args)
     refused = [
         ({"n_features": 3}, "exactly one of vocab_size"),
+        ({"vocab_size": 0}, "exactly one of vocab_size"),  # neither
         ({"style": "vit"}, "style must be 'lra' or 'uea', got 'vit'"),
         ({"style": "uea", "two_tower": True}, "two_tower needs style='lra'"),
     ]
     for kwargs, message in refused:
         with pytest.raises(ValueError, match=message):
-            Classifier(ModelConfig(vocab_size=5, **kwargs))
+            Classifier(ModelConfig(**{"vocab_size": 5, **kwargs}))
     one = Classifier(ModelConfig(vocab_size=1, max_len=4, d_model=8, n_heads=2, d_ff=8))
     assert isinstance(one.embed, torch.nn.Embedding), "vocab_size 1 (padding alone): token ids"
 
