@@ -2194,6 +2194,11 @@ def test_uea_data_reader_values_labels_missing_steps_and_unlabelled_files(tmp_pa
         again = read_ts(_write(tmp_path / "E.ts", path.read_bytes().replace(b"\n", end.encode())))
         assert again.line_numbers == ts.line_numbers, repr(end)
         assert all(np.array_equal(a, b) for a, b in zip(again.series, ts.series, strict=True))
+    bom = b"\xef\xbb\xbf" + path.read_bytes().split(b"\n", 1)[1]  # the first tag after a BOM
+    free = path.read_bytes().replace(b"@data", b"free caf\xe9 text\n@data")  # not refused
+    for name, content in (("a BOM", bom), ("free text before @data", free)):
+        again = read_ts(_write(tmp_path / "F.ts", content))
+        assert again.header == ts.header and again.labels.tolist() == [1, 0], name
     assert ts.header["problemname"] == "Toy" and ts.class_names == ["up", "down"]
     assert ts.labels.tolist() == [1, 0]  # @classLabel order (up = 0), not sorted (down = 0)
     assert ts.labels.dtype == np.int64 and ts.line_numbers == [11, 14]
