@@ -2207,6 +2207,8 @@ def test_uea_data_reader_values_labels_missing_steps_and_unlabelled_files(tmp_pa
     largest = float(np.finfo(np.float32).max)  # the largest float32 is a value, no overflow
     ts = read_ts(_write(tmp_path / "B.ts", _toy_ts([f"1,{largest!r}:3,-{largest!r}:up"])[0]))
     assert ts.series[0][1].tolist() == [largest, -largest]
+    zeros = _toy_ts([_OK], dims="02", equal="true", length="002")[0]  # leading zeros
+    assert read_ts(_write(tmp_path / "Z.ts", zeros)).series[0].shape == (2, 2)
     plain = read_ts(_write(tmp_path / "U.ts", _toy_ts(["1,2:3,4"], labels=None)[0]))
     assert plain.labels is None and plain.series[0].tolist() == [[1, 3], [2, 4]]
     text = _toy_ts(["1,2:3,4:0.5", "1,2:3,4:-2"], labels=False, extra=["@targetLabel true"])[0]
