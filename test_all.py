@@ -3193,6 +3193,27 @@ def test_download_fuzz_archives_are_read_as_the_valid_one_or_refused(tmp_path, c
     assert len(counts) == 6, counts  # each kind: some mutants read, some refused
 
 
+_DL_FAILURES = [  # an error in fetch -> whose fault (FolderError: the folder's) and what is said
+    (OSError(errno.ENOSPC, "No space left on device"), "data (No space", "free some space there"),
+    (OSError(errno.EDQUOT, "Disk quota exceeded", "d/x"), "d/x (Disk quota", "free some space"),
+    (OSError(errno.EROFS, "Read-only file system", "d/x"), "d/x (Read-only", "make it writable"),
+    (OSError(errno.EIO, "Input/output error", "d/x"), "d/x (Input/output", "make it writable"),
+    (OSError(errno.EEXIST, "File exists", "data"), "data (File exists", "a file stands where"),
+    (OSError(errno.EIO, "Input/output error"), None, "could not download http://x/a.tar ([Errno"),
+    (ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"), None, "could not"),
+]
+
+
+@pytest.mark.parametrize("error, path, what", _DL_FAILURES, ids=_id)
+def test_download_failure_names_the_folder_or_the_download(error, path, what):
+    """An OSError of the folder (its errno, or a path named) is a FolderError naming the path
+    (else the data folder) and what to do; any other is the download's, on one line."""
+    failure = download._failure(error, "http://x/a.tar", pathlib.Path("data/tsv_data"))
+    assert (type(failure) is download.FolderError) == (path is not None), failure
+    assert path is None or str(failure).startswith(f"cannot write {path}"), failure
+    assert what in str(failure), failure
+
+
 # ----------------------------------------------------------------------------------------------
 # train_lra.py, train_uea.py and runs.py (what both share: flags, the run folder, checkpoints)
 # ----------------------------------------------------------------------------------------------
