@@ -2006,6 +2006,8 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
             what = getattr(what, "strerror", None) or str(what)  # a full disk: the folder's fault
             assert what in text and where in text and "\n" not in text.strip(), text
             assert "by hand: download" in text or err.type is KeyboardInterrupt or "space" in what
+            interrupted = f"the download of {where} was interrupted: nothing was kept"
+            assert err.type is not KeyboardInterrupt or text == interrupted, text
             assert not list(data.rglob("*")), (task, what)  # nor an empty pathfinder32/
         for task, archive, max_len, folder in [
             ("text", "aclImdb_v1.tar.gz", 16, src / "aclImdb"),
