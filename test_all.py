@@ -2225,7 +2225,7 @@ _REGRESSION = "this file holds regression targets (@targetLabel true), not class
 _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or tag or None, what)
     ([_OK, "1,2:3,4:5,6:up"], {}, 1, "3 dimension(s), not 2 (the header)"),
     ([_OK, "1,2:up"], dict(dims=None), 1, "1 dimension(s), not 2 (case 1)"),
-    (["1,2:3,4:up"], dict(dims=None, extra=["@univariate true"]), 0, "2 dimension(s), not 1"),
+    (["1,2:3,4:up"], dict(dims=None, extra=["@univariate true"]), 0, "2 dimension(s), not 1 (the"),
     ([_OK, "1,2:3,4:left"], {}, 1, "unknown class label 'left'; @classLabel lists ['up', 'down']"),
     ([_OK, "1,2:3,4:?"], {}, 1, "unknown class label '?'"),  # '?' marks missing values, not labels
     # a data line without its class label: the last field is read as the label
@@ -2240,6 +2240,7 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     ([_OK, "up"], {}, 1, "a case needs values before its label"),
     (["1,x:3,4:up"], {}, 0, "non-numeric value 'x' (dimension 1, step 2)"),
     (["1,2:3,4:0.5", "1,2:3,4:abc"], dict(labels=False, extra=_TARGETS), 1, "non-numeric target"),
+    (["1,2:3,4:0.5", "1,2:3,4"], dict(labels=False, extra=_TARGETS), 1, "the target value is"),
     ([_OK, "1,2,3:3,4:up"], {}, 1, "channels of different lengths [2, 3] in one case"),
     (["1,2:?,?:up"], {}, 0, "dimension 2 has no values (all missing)"),
     ([_OK, "1:3:up"], dict(equal="true", length=2), 1, "length 1, but @seriesLength 2"),
