@@ -2211,6 +2211,8 @@ def test_uea_data_reader_values_labels_missing_steps_and_unlabelled_files(tmp_pa
     assert ts.series[0][1].tolist() == [largest, -largest]
     zeros = _toy_ts([_OK], dims="02", equal="true", length="002")[0]  # leading zeros
     assert read_ts(_write(tmp_path / "Z.ts", zeros)).series[0].shape == (2, 2)
+    loose = _toy_ts(["1,2,3:4,5,6:up"], length=2)[0]  # @equalLength false: its length unchecked
+    assert read_ts(_write(tmp_path / "L.ts", loose)).series[0].shape == (3, 2)
     plain = read_ts(_write(tmp_path / "U.ts", _toy_ts(["1,2:3,4"], labels=None)[0]))
     assert plain.labels is None and plain.series[0].tolist() == [[1, 3], [2, 4]]
     text = _toy_ts(["1,2:3,4:0.5", "1,2:3,4:-2"], labels=False, extra=["@targetLabel true"])[0]
@@ -3215,6 +3217,30 @@ def test_download_failure_names_the_folder_or_the_download(error, path, what):
     assert (type(failure) is download.FolderError) == (path is not None), failure
     assert path is None or str(failure).startswith(f"cannot write {path}"), failure
     assert what in str(failure), failure
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no flock on Windows")
+def test_download_a_second_fetch_into_a_folder_waits_for_its_lock_saying_so(tmp_path, capsys):
+    """_lock: while one holds the folder's lock, another waits (saying so), then takes it."""
+    first, second = download._lock(tmp_path), []
+    taking = lambda: second.append(download._lock(tmp_path))  # noqa: E731
+    waiting = threading.Thread(target=taking, daemon=True)  # a failure leaves it blocked
+    waiting.start()
+    said = f"another process is downloading into {tmp_path}: waiting"
+    try:
+        for _ in range(200):  # said before it blocks
+            if said in capsys.readouterr().err:
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError(f"not said: {said}")
+        time.sleep(0.1)
+        assert waiting.is_alive() and not second, "it waits while the lock is held"
+    finally:
+        os.close(first)
+    waiting.join(timeout=10)
+    assert not waiting.is_alive() and second, "it takes the lock once released"
+    os.close(second[0])
 
 
 # ----------------------------------------------------------------------------------------------
