@@ -2860,12 +2860,16 @@ def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
     (server / "Toy.zip").unlink()  # both files are there now: a second call fetches nothing
     uea_data.download_dataset("Toy", str(data_dir), url + "/", progress=False)
     with pytest.raises(DatasetNotFoundError) as err:  # what a zip can be: the rules table
-        uea_data.download_dataset("Nope", str(data_dir), url, progress=False)
+        uea_data.download_dataset("Nope", str(data_dir), url + "/", progress=False)
     text = str(err.value)
     assert text.startswith(f"could not download {url}/Nope.zip") and "--download" not in text, text
     assert str(data_dir / "Nope" / "Nope_TRAIN.ts") in text  # where to put the files
     assert "https://www.timeseriesclassification.com/dataset.php" in text
     assert not [p.name for p in data_dir.rglob(".*")]  # no temporary file is left
+    _write(tmp_path / "other" / "Toy", "a file where the folder goes")  # the folder's fault:
+    with pytest.raises(DatasetNotFoundError) as err:  # no way by hand
+        uea_data.download_dataset("Toy", str(tmp_path / "other"), url, progress=False)
+    assert "Toy is a file, where" in str(err.value) and "dataset.php" not in str(err.value)
 
 
 # ----------------------------------------------------------------------------------------------
