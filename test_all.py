@@ -2059,6 +2059,15 @@ _LRA_SOURCES = {  # a folder of each kind -> (task, max_len); listops: generated
     "pickles": ("retrieval", 3, lambda root: _lra_pickles(root, "retrieval", [_LRA_PAIR] * 2)),
 }
 
+_LRA_SAID = {  # the first note: where from (under the data folder), what the readers did
+    "listops": "the generator (seed 0), written to @/listops-tiny; words to ids 1..15, 16 for any",
+    "text": "the release folder @/aclImdb; bytes + 1; val is test; 2 of 4 inputs cut at max_len 6",
+    "retrieval": "the release folder @/tsv_data; bytes + 1, each text first cut to 10,000 bytes,",
+    "image": "@/cifar-10-batches-py; grey as tf.image.rgb_to_grayscale; TFDS order, train cut at",
+    "pathfinder": "curv_contour_length_14; the hard difficulty; TFDS order, cut at 80 % and 90 %",
+    "pickles": "the PyTorch-LRA pickles @/retrieval.*.pickle; as read; 6 of 12 inputs cut at",
+}
+
 
 @pytest.mark.parametrize("source", _LRA_SOURCES)
 def test_lra_data_cache_hit_equals_a_fresh_read(source, tmp_path):
@@ -2076,6 +2085,7 @@ def test_lra_data_cache_hit_equals_a_fresh_read(source, tmp_path):
     fresh, fresh_notes = lra_data.load_task(**args, cache=False)
     assert lra_data.prepare(**args, cache=False).file is None, "cache=False: no prepared file"
     assert hit_notes[0] == notes[0].replace(" from ", f" from the prepared cache {cache} of ", 1)
+    assert _LRA_SAID[source].replace("@", str(tmp_path)) in notes[0], notes[0]
     assert fresh_notes == notes and hit_notes[1:] == notes[1:]  # the readers' notes kept too:
     assert len(notes) > 1 or source in ("listops", "image", "pickles")  # none for these
     for name, field in itertools.product(lra_data.SPLITS, dataclasses.fields(lra_data.Split)):
