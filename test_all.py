@@ -2116,6 +2116,8 @@ def test_lra_data_prepared_on_its_own_is_what_train_lra_reads(tmp_path):
     notes = lra_data.load_task("listops", tmp_path, 30, **options)[1]
     said = f"--download-url http://x is not used: {tmp_path / 'listops-tiny'} is generated"
     assert said in notes[-1]
+    notes = lra_data.load_task("listops", tmp_path, 30, **dict(options, download=""))[1]
+    assert notes[-1].startswith("--download is not used: "), notes[-1]  # the table's URL
 
 
 def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_path, monkeypatch):
