@@ -3235,6 +3235,14 @@ def test_download_failure_names_the_folder_or_the_download(error, path, what):
     assert what in str(failure), failure
 
 
+def test_download_a_url_without_a_scheme_is_a_local_file(tmp_path, monkeypatch):
+    """A path (~ expanded) names a file:// URL when the file is there; a URL is kept as given."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _write(tmp_path / "a.tar", b"")
+    assert download._as_url("~/a.tar") == (tmp_path / "a.tar").as_uri()
+    assert download._as_url("ftp://x/~/a.tar") == "ftp://x/~/a.tar"
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="no flock on Windows")
 def test_download_a_second_fetch_into_a_folder_waits_for_its_lock_saying_so(tmp_path, capsys):
     """_lock: while one holds the folder's lock, another waits (saying so), then takes it."""
