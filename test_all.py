@@ -2158,6 +2158,20 @@ def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_pat
     assert np.array_equal(data["test"].x2, want) and f"the cache {cache} (File exists)" in notes[-1]
 
 
+def test_lra_data_pathfinder_cache_is_keyed_by_its_image_folders(tmp_path):
+    """An image folder's time (an image added, removed, renamed) rebuilds the Pathfinder cache;
+    a hidden folder's (macOS's ._0) does not."""
+    imgs = tmp_path / lra_data.PATH_HARD / "imgs"
+    _lra_pathfinder(imgs.parent, 22)
+    (imgs / "._0").mkdir()
+    lra_data.load_task("pathfinder", tmp_path, 16)
+    os.utime(imgs / "._0", ns=(0, 0))
+    assert " cache " in lra_data.load_task("pathfinder", tmp_path, 16)[1][0], "a hidden folder"
+    os.utime(imgs / "0", ns=(0, 0))
+    notes = lra_data.load_task("pathfinder", tmp_path, 16)[1]
+    assert notes[-1].endswith(f"rebuilt, as {imgs / '0'} changed"), notes[-1]
+
+
 # ----------------------------------------------------------------------------------------------
 # uea_data.py: the UEA data
 # ----------------------------------------------------------------------------------------------
