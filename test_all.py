@@ -1430,6 +1430,9 @@ def test_lra_data_listops_generator_labels_bounds_seeds_and_pinned_draws():
     shards = [lra_data.generate_listops(21, f"5/{s}", 5, 60, 4, 4, progress=False) for s in "012"]
     joined = dict(itertools.chain(*shards))
     assert pairs == list(joined.items())[:60] and len({text for text, _ in pairs}) == 60
+    few = r"ListOps: 3 shards gave \d+ distinct trees, not 1000"  # 400 of 4 tokens: 4 x 10 x 10
+    with pytest.raises(lra_data.DataError, match=few):
+        lra_data.generate_listops(1000, 5, 3, 5, 2, 10, progress=False, shards=3)
 
 
 def test_lra_data_listops_tokeniser_and_trees():
