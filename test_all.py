@@ -2175,6 +2175,13 @@ def test_lra_data_pathfinder_cache_is_keyed_by_its_image_folders(tmp_path):
     assert notes[-1].endswith(f"rebuilt, as {imgs / '0'} changed"), notes[-1]
 
 
+def test_lra_data_download_is_not_tried_where_the_pickles_are(tmp_path):
+    """--download fetches a missing folder only where no PyTorch-LRA pickles are there."""
+    _lra_pickles(tmp_path, "retrieval", [_LRA_PAIR] * 2)
+    _, [said] = lra_data.load_task("retrieval", tmp_path, 5, download="http://127.0.0.1:0")
+    assert said.startswith("retrieval: train 2, val 2, test 2 examples from the PyTorch-LRA")
+
+
 # ----------------------------------------------------------------------------------------------
 # uea_data.py: the UEA data
 # ----------------------------------------------------------------------------------------------
