@@ -1651,6 +1651,8 @@ def test_lra_data_image_readers_png_pathfinder_and_cifar(tmp_path):
     assert (test.x[order.index(0)] == 0).all()  # the black image
     for split in splits.values():  # black: 1024 real tokens
         _lra_check_batch(split, [1024] * len(split.y))
+    parts = lra_data.tfds_split("train", [str(i) for i in range(15)], (10, 90))  # 1.5, 13.5
+    assert [len(part) for part in parts] == [2, 12, 1], "rounded, not truncated"
 
 
 def test_lra_data_gray_levels_of_all_colours_as_tf():
@@ -1696,6 +1698,10 @@ def test_lra_data_pytorch_lra_pickles(tmp_path):
     square, _ = _lra_read("pickle:image", [(np.arange(16).reshape(4, 4), 1)], tmp_path)  # (h, w)
     assert square.x[0].tolist() == list(range(8)), "an (h, w) image is read row by row"
     _lra_check_batch(pair["val"], [2, 2], [3, 3])
+    rows = [([5] * 9 + [0] * 3, True), ([5] * 8 + [0] * 4, False)]  # max_len 8
+    tokens, _ = _lra_read("pickle:text", rows, tmp_path)
+    assert tokens.cut == 1, "a row's padding beyond max_len is not cut"
+    assert tokens.y.tolist() == [1, 0], "a bool label is Python's 1 or 0"
 
 
 def _lra_read(kind: str, content, tmp_path: pathlib.Path):
