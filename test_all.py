@@ -3018,6 +3018,7 @@ _DL_RULES = [  # folder state, archive shape -> what is said: the user's files k
     ("absent", "checked-link", "the member 'lra_release/tsv_data/evil' is a link or a device"),
     ("absent", "zip-link", "the member 'Toy/Toy_TRAIN.ts' is a link or a device"),
     ("absent", "zip-half", "holds no Toy_TEST.ts"),
+    ("absent", "half", "holds no tsv_data/new_aan_pairs.test.tsv"),  # the folder named too
 ]
 
 
@@ -3128,6 +3129,13 @@ def test_download_place_keeps_the_files_there_and_names_three(tmp_path, capsys):
     said = capsys.readouterr().err.strip()
     kept = "kept the 4 file(s) of http://x/a.tar already there (a.txt, b.txt, c.txt, ...)"
     assert said == f"{dest}: {kept}, unpacked the other 4", said
+    (dest / "d.txt").unlink()  # three kept: all named
+    download._place(part, dest, download.Archive("http://x/a.tar", need=("d.txt",)))
+    assert "already there (a.txt, b.txt, c.txt), unpacked" in capsys.readouterr().err
+    _write(part / "sub" / "x.txt", "archive x")  # a folder of the archive, a file in dest:
+    _write(dest / "sub", "the user's")
+    with pytest.raises(download.FolderError, match=f"^{re.escape(str(dest / 'sub'))} is a file,"):
+        download._place(part, dest, download.Archive("http://x/a.tar"))
 
 
 @pytest.mark.parametrize("state, shape, said", _DL_RULES, ids=_id)
@@ -3147,6 +3155,7 @@ def test_download_rules_folder_states_by_archive_shapes(tmp_path, capsys, state,
         shapes[name] = _dl_archive([*tar[:3], member], False)
     shapes |= {"zip-link": _dl_archive([(uea[0][0], "2"), *uea[1:]], True)}  # a symlink entry
     shapes |= {"zip-half": _dl_archive(uea[:1], True)}
+    shapes |= {"half": _dl_archive(tar[:2] + _DL_OTHER, False)}
     for name, content in {**shapes, "whole": whole, "zip": whole, "cut": whole[:-40]}.items():
         _write(server / name, content)
     _write(server / "zip-cut", whole[:-30])
