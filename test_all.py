@@ -1466,6 +1466,9 @@ def test_lra_data_listops_generator_labels_bounds_seeds_and_pinned_draws():
     shards = [lra_data.generate_listops(21, f"5/{s}", 5, 60, 4, 4, progress=False) for s in "012"]
     joined = dict(itertools.chain(*shards))
     assert pairs == list(joined.items())[:60] and len({text for text, _ in pairs}) == 60
+    few = r"ListOps: 3 shards gave \d+ distinct trees, not 1000"  # 400 of 4 tokens: 4 x 10 x 10
+    with pytest.raises(lra_data.DataError, match=few):
+        lra_data.generate_listops(1000, 5, 3, 5, 2, 10, progress=False, shards=3)
 
 
 def test_lra_data_listops_tokeniser_and_trees():
@@ -1684,6 +1687,8 @@ def test_lra_data_image_readers_png_pathfinder_and_cifar(tmp_path):
     assert (test.x[order.index(0)] == 0).all()  # the black image
     for split in splits.values():  # black: 1024 real tokens
         _lra_check_batch(split, [1024] * len(split.y))
+    parts = lra_data.tfds_split("train", [str(i) for i in range(15)], (10, 90))  # 1.5, 13.5
+    assert [len(part) for part in parts] == [2, 12, 1], "rounded, not truncated"
 
 
 def test_lra_data_gray_levels_of_all_colours_as_tf():
@@ -1729,6 +1734,10 @@ def test_lra_data_pytorch_lra_pickles(tmp_path):
     square, _ = _lra_read("pickle:image", [(np.arange(16).reshape(4, 4), 1)], tmp_path)  # (h, w)
     assert square.x[0].tolist() == list(range(8)), "an (h, w) image is read row by row"
     _lra_check_batch(pair["val"], [2, 2], [3, 3])
+    rows = [([5] * 9 + [0] * 3, True), ([5] * 8 + [0] * 4, False)]  # max_len 8
+    tokens, _ = _lra_read("pickle:text", rows, tmp_path)
+    assert tokens.cut == 1, "a row's padding beyond max_len is not cut"
+    assert tokens.y.tolist() == [1, 0], "a bool label is Python's 1 or 0"
 
 
 def _lra_read(kind: str, content, tmp_path: pathlib.Path):
@@ -2042,6 +2051,8 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
             what = getattr(what, "strerror", None) or str(what)  # a full disk: the folder's fault
             assert what in text and where in text and "\n" not in text.strip(), text
             assert "by hand: download" in text or err.type is KeyboardInterrupt or "space" in what
+            interrupted = f"the download of {where} was interrupted: nothing was kept"
+            assert err.type is not KeyboardInterrupt or text == interrupted, text
             assert not list(data.rglob("*")), (task, what)  # nor an empty pathfinder32/
         for task, archive, max_len, folder in [
             ("text", "aclImdb_v1.tar.gz", 16, src / "aclImdb"),
@@ -2093,6 +2104,15 @@ _LRA_SOURCES = {  # a folder of each kind -> (task, max_len); listops: generated
     "pickles": ("retrieval", 3, lambda root: _lra_pickles(root, "retrieval", [_LRA_PAIR] * 2)),
 }
 
+_LRA_SAID = {  # the first note: where from (under the data folder), what the readers did
+    "listops": "the generator (seed 0), written to @/listops-tiny; words to ids 1..15, 16 for any",
+    "text": "the release folder @/aclImdb; bytes + 1; val is test; 2 of 4 inputs cut at max_len 6",
+    "retrieval": "the release folder @/tsv_data; bytes + 1, each text first cut to 10,000 bytes,",
+    "image": "@/cifar-10-batches-py; grey as tf.image.rgb_to_grayscale; TFDS order, train cut at",
+    "pathfinder": "curv_contour_length_14; the hard difficulty; TFDS order, cut at 80 % and 90 %",
+    "pickles": "the PyTorch-LRA pickles @/retrieval.*.pickle; as read; 6 of 12 inputs cut at",
+}
+
 
 @pytest.mark.parametrize("source", _LRA_SOURCES)
 def test_lra_data_cache_hit_equals_a_fresh_read(source, tmp_path):
@@ -2110,6 +2130,7 @@ def test_lra_data_cache_hit_equals_a_fresh_read(source, tmp_path):
     fresh, fresh_notes = lra_data.load_task(**args, cache=False)
     assert lra_data.prepare(**args, cache=False).file is None, "cache=False: no prepared file"
     assert hit_notes[0] == notes[0].replace(" from ", f" from the prepared cache {cache} of ", 1)
+    assert _LRA_SAID[source].replace("@", str(tmp_path)) in notes[0], notes[0]
     assert fresh_notes == notes and hit_notes[1:] == notes[1:]  # the readers' notes kept too:
     assert len(notes) > 1 or source in ("listops", "image", "pickles")  # none for these
     for name, field in itertools.product(lra_data.SPLITS, dataclasses.fields(lra_data.Split)):
@@ -2140,6 +2161,8 @@ def test_lra_data_prepared_on_its_own_is_what_train_lra_reads(tmp_path):
     notes = lra_data.load_task("listops", tmp_path, 30, **options)[1]
     said = f"--download-url http://x is not used: {tmp_path / 'listops-tiny'} is generated"
     assert said in notes[-1]
+    notes = lra_data.load_task("listops", tmp_path, 30, **dict(options, download=""))[1]
+    assert notes[-1].startswith("--download is not used: "), notes[-1]  # the table's URL
 
 
 def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_path, monkeypatch):
@@ -2178,6 +2201,27 @@ def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_pat
     cache.parent.write_text("")  # a file where the cache folder goes: it cannot be written
     data, notes = lra_data.load_task("retrieval", tmp_path, 4)
     assert np.array_equal(data["test"].x2, want) and f"the cache {cache} (File exists)" in notes[-1]
+
+
+def test_lra_data_pathfinder_cache_is_keyed_by_its_image_folders(tmp_path):
+    """An image folder's time (an image added, removed, renamed) rebuilds the Pathfinder cache;
+    a hidden folder's (macOS's ._0) does not."""
+    imgs = tmp_path / lra_data.PATH_HARD / "imgs"
+    _lra_pathfinder(imgs.parent, 22)
+    (imgs / "._0").mkdir()
+    lra_data.load_task("pathfinder", tmp_path, 16)
+    os.utime(imgs / "._0", ns=(0, 0))
+    assert " cache " in lra_data.load_task("pathfinder", tmp_path, 16)[1][0], "a hidden folder"
+    os.utime(imgs / "0", ns=(0, 0))
+    notes = lra_data.load_task("pathfinder", tmp_path, 16)[1]
+    assert notes[-1].endswith(f"rebuilt, as {imgs / '0'} changed"), notes[-1]
+
+
+def test_lra_data_download_is_not_tried_where_the_pickles_are(tmp_path):
+    """--download fetches a missing folder only where no PyTorch-LRA pickles are there."""
+    _lra_pickles(tmp_path, "retrieval", [_LRA_PAIR] * 2)
+    _, [said] = lra_data.load_task("retrieval", tmp_path, 5, download="http://127.0.0.1:0")
+    assert said.startswith("retrieval: train 2, val 2, test 2 examples from the PyTorch-LRA")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2230,6 +2274,11 @@ def test_uea_data_reader_values_labels_missing_steps_and_unlabelled_files(tmp_pa
         again = read_ts(_write(tmp_path / "E.ts", path.read_bytes().replace(b"\n", end.encode())))
         assert again.line_numbers == ts.line_numbers, repr(end)
         assert all(np.array_equal(a, b) for a, b in zip(again.series, ts.series, strict=True))
+    bom = b"\xef\xbb\xbf" + path.read_bytes().split(b"\n", 1)[1]  # the first tag after a BOM
+    free = path.read_bytes().replace(b"@data", b"free caf\xe9 text\n@data")  # not refused
+    for name, content in (("a BOM", bom), ("free text before @data", free)):
+        again = read_ts(_write(tmp_path / "F.ts", content))
+        assert again.header == ts.header and again.labels.tolist() == [1, 0], name
     assert ts.header["problemname"] == "Toy" and ts.class_names == ["up", "down"]
     assert ts.labels.tolist() == [1, 0]  # @classLabel order (up = 0), not sorted (down = 0)
     assert ts.labels.dtype == np.int64 and ts.line_numbers == [11, 14]
@@ -2238,6 +2287,10 @@ def test_uea_data_reader_values_labels_missing_steps_and_unlabelled_files(tmp_pa
     largest = float(np.finfo(np.float32).max)  # the largest float32 is a value, no overflow
     ts = read_ts(_write(tmp_path / "B.ts", _toy_ts([f"1,{largest!r}:3,-{largest!r}:up"])[0]))
     assert ts.series[0][1].tolist() == [largest, -largest]
+    zeros = _toy_ts([_OK], dims="02", equal="true", length="002")[0]  # leading zeros
+    assert read_ts(_write(tmp_path / "Z.ts", zeros)).series[0].shape == (2, 2)
+    loose = _toy_ts(["1,2,3:4,5,6:up"], length=2)[0]  # @equalLength false: its length unchecked
+    assert read_ts(_write(tmp_path / "L.ts", loose)).series[0].shape == (3, 2)
     plain = read_ts(_write(tmp_path / "U.ts", _toy_ts(["1,2:3,4"], labels=None)[0]))
     assert plain.labels is None and plain.series[0].tolist() == [[1, 3], [2, 4]]
     text = _toy_ts(["1,2:3,4:0.5", "1,2:3,4:-2"], labels=False, extra=["@targetLabel true"])[0]
@@ -2252,7 +2305,7 @@ _REGRESSION = "this file holds regression targets (@targetLabel true), not class
 _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or tag or None, what)
     ([_OK, "1,2:3,4:5,6:up"], {}, 1, "3 dimension(s), not 2 (the header)"),
     ([_OK, "1,2:up"], dict(dims=None), 1, "1 dimension(s), not 2 (case 1)"),
-    (["1,2:3,4:up"], dict(dims=None, extra=["@univariate true"]), 0, "2 dimension(s), not 1"),
+    (["1,2:3,4:up"], dict(dims=None, extra=["@univariate true"]), 0, "2 dimension(s), not 1 (the"),
     ([_OK, "1,2:3,4:left"], {}, 1, "unknown class label 'left'; @classLabel lists ['up', 'down']"),
     ([_OK, "1,2:3,4:?"], {}, 1, "unknown class label '?'"),  # '?' marks missing values, not labels
     # a data line without its class label: the last field is read as the label
@@ -2267,6 +2320,7 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     ([_OK, "up"], {}, 1, "a case needs values before its label"),
     (["1,x:3,4:up"], {}, 0, "non-numeric value 'x' (dimension 1, step 2)"),
     (["1,2:3,4:0.5", "1,2:3,4:abc"], dict(labels=False, extra=_TARGETS), 1, "non-numeric target"),
+    (["1,2:3,4:0.5", "1,2:3,4"], dict(labels=False, extra=_TARGETS), 1, "the target value is"),
     ([_OK, "1,2,3:3,4:up"], {}, 1, "channels of different lengths [2, 3] in one case"),
     (["1,2:?,?:up"], {}, 0, "dimension 2 has no values (all missing)"),
     ([_OK, "1:3:up"], dict(equal="true", length=2), 1, "length 1, but @seriesLength 2"),
@@ -2884,12 +2938,16 @@ def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
     (server / "Toy.zip").unlink()  # both files are there now: a second call fetches nothing
     uea_data.download_dataset("Toy", str(data_dir), url + "/", progress=False)
     with pytest.raises(DatasetNotFoundError) as err:  # what a zip can be: the rules table
-        uea_data.download_dataset("Nope", str(data_dir), url, progress=False)
+        uea_data.download_dataset("Nope", str(data_dir), url + "/", progress=False)
     text = str(err.value)
     assert text.startswith(f"could not download {url}/Nope.zip") and "--download" not in text, text
     assert str(data_dir / "Nope" / "Nope_TRAIN.ts") in text  # where to put the files
     assert "https://www.timeseriesclassification.com/dataset.php" in text
     assert not [p.name for p in data_dir.rglob(".*")]  # no temporary file is left
+    _write(tmp_path / "other" / "Toy", "a file where the folder goes")  # the folder's fault:
+    with pytest.raises(DatasetNotFoundError) as err:  # no way by hand
+        uea_data.download_dataset("Toy", str(tmp_path / "other"), url, progress=False)
+    assert "Toy is a file, where" in str(err.value) and "dataset.php" not in str(err.value)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2996,6 +3054,7 @@ _DL_RULES = [  # folder state, archive shape -> what is said: the user's files k
     ("absent", "checked-link", "the member 'lra_release/tsv_data/evil' is a link or a device"),
     ("absent", "zip-link", "the member 'Toy/Toy_TRAIN.ts' is a link or a device"),
     ("absent", "zip-half", "holds no Toy_TEST.ts"),
+    ("absent", "half", "holds no tsv_data/new_aan_pairs.test.tsv"),  # the folder named too
 ]
 
 
@@ -3106,6 +3165,13 @@ def test_download_place_keeps_the_files_there_and_names_three(tmp_path, capsys):
     said = capsys.readouterr().err.strip()
     kept = "kept the 4 file(s) of http://x/a.tar already there (a.txt, b.txt, c.txt, ...)"
     assert said == f"{dest}: {kept}, unpacked the other 4", said
+    (dest / "d.txt").unlink()  # three kept: all named
+    download._place(part, dest, download.Archive("http://x/a.tar", need=("d.txt",)))
+    assert "already there (a.txt, b.txt, c.txt), unpacked" in capsys.readouterr().err
+    _write(part / "sub" / "x.txt", "archive x")  # a folder of the archive, a file in dest:
+    _write(dest / "sub", "the user's")
+    with pytest.raises(download.FolderError, match=f"^{re.escape(str(dest / 'sub'))} is a file,"):
+        download._place(part, dest, download.Archive("http://x/a.tar"))
 
 
 @pytest.mark.parametrize("state, shape, said", _DL_RULES, ids=_id)
@@ -3125,6 +3191,7 @@ def test_download_rules_folder_states_by_archive_shapes(tmp_path, capsys, state,
         shapes[name] = _dl_archive([*tar[:3], member], False)
     shapes |= {"zip-link": _dl_archive([(uea[0][0], "2"), *uea[1:]], True)}  # a symlink entry
     shapes |= {"zip-half": _dl_archive(uea[:1], True)}
+    shapes |= {"half": _dl_archive(tar[:2] + _DL_OTHER, False)}
     for name, content in {**shapes, "whole": whole, "zip": whole, "cut": whole[:-40]}.items():
         _write(server / name, content)
     _write(server / "zip-cut", whole[:-30])
@@ -3220,6 +3287,59 @@ def test_download_fuzz_archives_are_read_as_the_valid_one_or_refused(tmp_path, c
             outcome = "refused" if refused else "read-equal"
             counts[kind, outcome] = counts.get((kind, outcome), 0) + 1
     assert len(counts) == 6, counts  # each kind: some mutants read, some refused
+
+
+_DL_FAILURES = [  # an error in fetch -> whose fault (FolderError: the folder's) and what is said
+    (OSError(errno.ENOSPC, "No space left on device"), "data (No space", "free some space there"),
+    (OSError(errno.EDQUOT, "Disk quota exceeded", "d/x"), "d/x (Disk quota", "free some space"),
+    (OSError(errno.EROFS, "Read-only file system", "d/x"), "d/x (Read-only", "make it writable"),
+    (OSError(errno.EIO, "Input/output error", "d/x"), "d/x (Input/output", "make it writable"),
+    (OSError(errno.EEXIST, "File exists", "data"), "data (File exists", "a file stands where"),
+    (OSError(errno.EIO, "Input/output error"), None, "could not download http://x/a.tar ([Errno"),
+    (ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"), None, "could not"),
+]
+
+
+@pytest.mark.parametrize("error, path, what", _DL_FAILURES, ids=_id)
+def test_download_failure_names_the_folder_or_the_download(error, path, what):
+    """An OSError of the folder (its errno, or a path named) is a FolderError naming the path
+    (else the data folder) and what to do; any other is the download's, on one line."""
+    failure = download._failure(error, "http://x/a.tar", pathlib.Path("data/tsv_data"))
+    assert (type(failure) is download.FolderError) == (path is not None), failure
+    assert path is None or str(failure).startswith(f"cannot write {path}"), failure
+    assert what in str(failure), failure
+
+
+def test_download_a_url_without_a_scheme_is_a_local_file(tmp_path, monkeypatch):
+    """A path (~ expanded) names a file:// URL when the file is there; a URL is kept as given."""
+    monkeypatch.setenv("HOME", str(tmp_path))
+    _write(tmp_path / "a.tar", b"")
+    assert download._as_url("~/a.tar") == (tmp_path / "a.tar").as_uri()
+    assert download._as_url("ftp://x/~/a.tar") == "ftp://x/~/a.tar"
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="no flock on Windows")
+def test_download_a_second_fetch_into_a_folder_waits_for_its_lock_saying_so(tmp_path, capsys):
+    """_lock: while one holds the folder's lock, another waits (saying so), then takes it."""
+    first, second = download._lock(tmp_path), []
+    taking = lambda: second.append(download._lock(tmp_path))  # noqa: E731
+    waiting = threading.Thread(target=taking, daemon=True)  # a failure leaves it blocked
+    waiting.start()
+    said = f"another process is downloading into {tmp_path}: waiting"
+    try:
+        for _ in range(200):  # said before it blocks
+            if said in capsys.readouterr().err:
+                break
+            time.sleep(0.01)
+        else:
+            raise AssertionError(f"not said: {said}")
+        time.sleep(0.1)
+        assert waiting.is_alive() and not second, "it waits while the lock is held"
+    finally:
+        os.close(first)
+    waiting.join(timeout=10)
+    assert not waiting.is_alive() and second, "it takes the lock once released"
+    os.close(second[0])
 
 
 # ----------------------------------------------------------------------------------------------
