@@ -4888,6 +4888,8 @@ def test_diagnose_read_checkpoint_picks_the_weights_or_says_they_are_not_there(t
     """Weights not there, or not the file's: one line (which file: the end-to-end tests)."""
     saved = dict(model={}, model_config={}, data={})
     last, best = tmp_path / "checkpoint.pt", tmp_path / "best.pt"
+    with pytest.raises(diagnose.NotARun, match="a folder without checkpoint.pt or best.pt"):
+        diagnose.read_checkpoint(tmp_path, "best")  # no file at all: no run, skipped
     torch.save(dict(saved, optimizer={}), last)
     with pytest.raises(SystemExit, match=r"has no best.pt \(a UEA run keeps only its last"):
         diagnose.read_checkpoint(tmp_path, "best")
@@ -5093,6 +5095,25 @@ def test_diagnose_end_to_end_on_an_lra_run_best_and_last_weights(tmp_path):
         assert loaded.accuracy[key] == result[key]
 
 
+def test_diagnose_flag_defaults_are_those_its_help_says(monkeypatch):
+    """--split test, 4 batches of 16, --dense 8, --points 199, --device cpu, best.pt first."""
+    seen = {}
+
+    def load_run(path, *how):
+        seen["load_run"] = how
+        return "run"
+
+    def measure(run, *how):
+        seen["diagnose"] = how
+        raise KeyboardInterrupt  # measured nothing: stop here
+
+    monkeypatch.setattr(diagnose, "load_run", load_run)
+    monkeypatch.setattr(diagnose, "diagnose", measure)
+    with pytest.raises(KeyboardInterrupt):
+        diagnose.main(["runs/x"])
+    assert seen == dict(load_run=(None, "test", 64, 16, "cpu", None), diagnose=(8, 199))
+
+
 # ----------------------------------------------------------------------------------------------
 # bench.py (and .ci/gpu_bench.py, which adds what the GPU checks need)
 # ----------------------------------------------------------------------------------------------
@@ -5206,6 +5227,12 @@ def test_bench_compiles_by_default_on_cuda_only(monkeypatch, argv, modes, gpu_mo
         ns += [16384, 32768]
     assert modes is None or bench.parse_args(argv.split()).ns == ns
     assert gpu_bench.parse_args(argv.split()).modes == gpu_modes.split()
+    if not argv:  # the other defaults that --help and the docstring say
+        said = dict(what=["layer"], dtypes=["float32"], device="cpu", fit_min=1024, batch=2)
+        said.update(step_ns=[1024, 4096], step_batch=32, repeats=5, warmup=2)
+        said.update(kinds=[*bench.KINDS, "primal+trans"])
+        args = vars(bench.parse_args([]))
+        assert {k: args[k] for k in said} == said
 
 
 def _bench_run(monkeypatch, tmp_path, layers: dict, argv: list) -> list:
