@@ -5053,6 +5053,9 @@ def test_diagnose_bad_input_gets_one_clear_line(uea_runs, tmp_path):
     (tmp_path / "other").mkdir()
     torch.save(ckpt, tmp_path / "other" / "checkpoint.pt")
     assert "do not fit the model of its settings" in _diag_error([tmp_path / "other"])
+    with mock.patch.object(diagnose, "_spread", return_value=np.array([], dtype=int)):
+        message = _diag_error([uea_runs[0]])  # as if every sequence had fewer than 2 real tokens
+    assert f"no sequence of the test split of {uea_runs[0]} has 2 real tokens" in message
     usage = [(["--dense", "0"], "--dense"), ([uea_runs[0], "--out", tmp_path], "same folder name")]
     usage += [] if torch.cuda.is_available() else [(["--device", "cuda"], "no CUDA device")]
     for flags, what in usage:  # argparse errors: exit status 2
