@@ -3544,8 +3544,8 @@ _BAD_FLAGS = [  # (flags, a fragment of the one sentence); each refused at parse
     (["--lr", "0"], "--lr must be positive, got 0.0"),
     (["--lr", "nan"], "--lr must be a finite number, got nan"),
     (["--dropout", "inf"], "--dropout must be a finite number"),
-    (["--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
-    (["--seed", str(2**64)], "--seed must be in [0, 4294967296)"),
+    (["--dropout", "1"], "--dropout must be in [0, 1), got 1.0"),  # high itself is out
+    (["--seed", str(2**32)], "--seed must be in [0, 4294967296), got 4294967296"),
     (["--attention", "AGF"], "argument --attention: invalid choice: 'AGF'"),
     (["--device", "gpu"], "argument --device: invalid choice: 'gpu'"),
     (["--d-model", "10", "--n-heads", "3"], "--d-model 10 is not divisible by --n-heads 3"),
@@ -5571,6 +5571,58 @@ def test_bench_primal_fused_rows_run_fused_primal_which_must_equal_primal(monkey
     )
     with pytest.raises(SystemExit, match="FusedPrimal differs from PrimalAttention: not measured"):
         gpu_bench.check_fused_primal()
+
+
+_FAKE_PYTHON = """#!/usr/bin/env bash
+if [ "$1" = - ]; then cat >/dev/null; echo "device cpu (no CUDA)"; exit 0; fi
+echo "$*" >>"$CALLS"
+while [ $# -gt 0 ]; do [ "$1" = --attention ] && kind=$2; shift; done
+echo "RESULT {}"
+exit "$(cat "$RCS/$kind")"
+"""
+
+
+def test_bench_ci_gpu_resumes_skips_and_fails_training_runs_as_its_header_says(tmp_path):
+    """.ci/gpu's listops stage on a stand-in python: a finished run is skipped; a partial one, or
+    one with a checkpoint, resumed; others started afresh; a run cut off by its limit is no fail."""
+    bin_dir, out, rcs = tmp_path / "bin", tmp_path / "out", tmp_path / "rcs"
+    for folder in (bin_dir, rcs):
+        folder.mkdir()
+    (bin_dir / "python").write_text(_FAKE_PYTHON)
+    (bin_dir / "python").chmod(0o755)
+    for kind, result in (("softmax", "false"), ("agf", "true")):  # finished; --time-limit stopped
+        (out / "listops" / kind).mkdir(parents=True)
+        (out / "listops" / kind / "result.json").write_text(f'{{"partial": {result}}}')
+    (out / "listops" / "primal").mkdir()
+    (out / "listops" / "agf" / "checkpoint.pt").touch()
+    (out / "listops" / "primal" / "checkpoint.pt").touch()
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(tmp_path / "calls"))
+    env.update(RCS=str(rcs), STAGES="listops")
+    n_results = 0  # RESULT lines in the training logs, which each call appends to
+    for last_rc, status in ((0, 0), (1, 1)):
+        for kind, rc in (("agf", 0), ("primal", 124), ("gfsa", 0), ("primal+trans", last_rc)):
+            (rcs / kind).write_text(str(rc))
+        (tmp_path / "calls").write_text("")
+        command = ["bash", HERE / ".ci" / "gpu", "--dry-run", out]
+        proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode == status, proc.stdout
+        assert ("some stage failed" in proc.stdout) == (status == 1), proc.stdout
+        calls = (tmp_path / "calls").read_text().splitlines()
+        flags = {c.split("--attention ")[1].split()[0]: c.split()[-1] for c in calls}
+        want = {"agf": "--resume", "primal": "--resume", "gfsa": "--overwrite"}
+        assert flags == dict(want, **{"primal+trans": "--overwrite"}), calls
+        assert all("--time-limit 220 " in c for c in calls), "LISTOPS_S 340 less MARGIN_S 120"
+        stages = (out / "stages.txt").read_text()
+        assert "listops softmax: finished earlier\n" in stages
+        assert "listops agf: exit 0 (stopped by its --time-limit, a partial result" in stages
+        assert "listops primal: exit 124 (cut off by its limit: the next call resumes it)" in stages
+        assert "listops gfsa: exit 0\n" in stages
+        assert f"listops primal+trans: exit {last_rc}\n" in stages
+        n_results += 4
+        assert (out / "results.jsonl").read_text().count("RESULT") == n_results
+    env.update(STAGES="tests nope")
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2 and "STAGES: unknown stage 'nope'" in proc.stdout, proc.stdout
 
 
 # ----------------------------------------------------------------------------------------------
