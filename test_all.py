@@ -5117,6 +5117,27 @@ def test_diagnose_flag_defaults_are_those_its_help_says(monkeypatch):
     assert seen == dict(load_run=(None, "test", 64, 16, "cpu", None), diagnose=(8, 199))
 
 
+def test_diagnose_summary_counts_at_their_boundaries_and_the_table_aligns():
+    """90 % is reached at the first k whose share is >= 0.9; a θ̃ of 0 is not < 0; a run without
+    an accuracy has "-" in the table; text columns align left, numbers right."""
+    theta, seen = torch.tensor([1.0, 0.0, -0.5]), torch.tensor([0.1, 0.5, 0.9])
+    agf = dict(theta=theta, g=torch.tensor([0.2, 0.4]), s_seen=seen)
+    spectrum = torch.tensor([0.5, 0.9, 1.0], dtype=torch.float64)
+    layer = dict(kind="agf", n=[3], spectrum=spectrum, agf=agf)
+    results = dict(kinds=["agf"], cosine=torch.tensor([0.1, 0.2]), layers=[layer])
+    run = diagnose.LoadedRun(None, [{"x": torch.zeros(1, 3)}], "toy", HERE)
+    lines = diagnose.summary(run, results)
+    assert lines[5].endswith("   2 of 3.0"), "the share reaches 0.9 at k = 2"
+    assert lines[6].endswith("(1 of 3 < 0)"), "θ̃ = 0 is not negative"
+    row = dict(run="a", weights="w", attention="agf", layers=2, cos_per_layer="0.1 0.2")
+    rows = [dict(row, cos_last=0.2, val_acc=0.5), dict(row, cos_last=0.25, cos_per_layer="0 1")]
+    header, lines = diagnose.comparison_table(rows)
+    assert header[-1] == "val_acc" and lines[2].split()[-1] == "-", "no val_acc: -"
+    for name, value in (("attention", "agf"), ("cos_per_layer", "0 1")):  # left
+        assert lines[2].index(value) == lines[0].index(name), name
+    assert lines[2][lines[0].index("layers") + len("layers") - 1] == "2", "layers: right"
+
+
 # ----------------------------------------------------------------------------------------------
 # bench.py (and .ci/gpu_bench.py, which adds what the GPU checks need)
 # ----------------------------------------------------------------------------------------------
