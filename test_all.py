@@ -3897,7 +3897,8 @@ def test_train_lra_and_train_uea_logged_numbers_are_recomputed(tmp_path, script,
     example, accuracies counted ones; batches: LRA all 8 in one, UEA 12 cases 1 x 12 or 11 + 1."""
     out, lra = tmp_path / "run", script == "train_lra.py"
     more = ["--batch-size", size, *(["--listops-size", "8"] if lra else ["--attention", "agf"])]
-    _train_both(tmp_path, script, out, "--lr", "1e-12", "--dropout", "0", *more)
+    printed = _train_both(tmp_path, script, out, "--lr", "1e-12", "--dropout", "0", *more)[1]
+    assert "preset is the GPU setting" not in printed, "the CPU note: for --preset paper only"
     ckpt, want = torch.load(out / "checkpoint.pt", weights_only=False), {}
     model = Classifier(ModelConfig(**ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
