@@ -4350,6 +4350,7 @@ def test_runs_resume_refuses_what_it_cannot_continue(tmp_path, script):
     message = _stops(tmp_path, script, out, "--resume")
     assert f"finished its {4 if unit == 'step' else 2} {unit}s: nothing to resume" in message
     assert _files(out) == before
+    assert ("continues it" in message) == (unit == "epoch"), "--steps may not change on --resume"
     if script == "train_uea.py":  # more epochs (and --download) continue it; config.json follows
         assert "--epochs above 2 continues it" in message
         result, _ = _train_both(tmp_path, script, out, "--resume", "--epochs", "3", "--download")
