@@ -3794,8 +3794,12 @@ def test_train_lra_time_limit_stops_at_the_last_evaluation_that_ends_in_time(
     ticks = itertools.count(0, 10)
     clock = types.SimpleNamespace(time=lambda: float(next(ticks)))
     flags = ["--steps", "8", "--time-limit", str(limit)]
-    with mock.patch.object(train_lra, "time", clock):
+    printing = mock.patch.object(train_lra, "print", create=True)  # train_lra's own print()
+    with mock.patch.object(train_lra, "time", clock), printing as printed:
         result, calls = _lra_stubbed(tmp_path, [0.5, 0.7, 0.6, 0.6], *flags)
+    stopped = [c.args[0] for c in printed.call_args_list if "stopped at" in c.args[0]]
+    stop = f"--time-limit {limit} s: stopped at step {reached}"
+    assert stopped == ([stop] if reached < 8 else []), "said only for a run stopped early"
     assert [r["step"] for r in _log(tmp_path / "run")] == list(range(2, reached + 1, 2))
     assert result["steps_reached"] == reached, "the step where the run stopped"
     assert result["partial"] == (reached < 8), "partial: stopped before --steps"
