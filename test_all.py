@@ -3808,7 +3808,10 @@ def test_train_lra_time_limit_stops_at_the_last_evaluation_that_ends_in_time(
     cfg = train_lra.parse_config([*flags, "--eval-every", "2"])
     said = train_lra._expected_finish(cfg, 0, 2, 5.0)
     near = f"; --time-limit {limit} s stops it near step {reached}"
-    assert said == "5000 ms a step: step 8 in about 0.5 more min" + (near if reached < 8 else "")
+    plain = "5000 ms a step: step 8 in about 0.5 more min"
+    assert said == plain + (near if reached < 8 else "")
+    cfg.time_limit = 40.0  # 5 s a step: it would stop at step 8, which is --steps: not said
+    assert train_lra._expected_finish(cfg, 0, 2, 5.0) == plain
     if reached < 8:  # a partial run: --resume (no time limit now) goes on to --steps
         resumed, _ = _lra_stubbed(tmp_path, [0.6] * 4, "--steps", "8", "--resume")
         assert (resumed["steps_reached"], resumed["partial"]) == (8, False), "finished now"
