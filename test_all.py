@@ -3812,6 +3812,11 @@ def test_train_lra_time_limit_stops_at_the_last_evaluation_that_ends_in_time(
     assert said == plain + (near if reached < 8 else "")
     cfg.time_limit = 40.0  # 5 s a step: it would stop at step 8, which is --steps: not said
     assert train_lra._expected_finish(cfg, 0, 2, 5.0) == plain
+    cfg.time_limit = 5.0  # less than the first evaluation's steps: it stops there, at step 2
+    assert (
+        train_lra._expected_finish(cfg, 0, 2, 5.0)
+        == plain + "; --time-limit 5 s stops it near step 2"
+    )
     if reached < 8:  # a partial run: --resume (no time limit now) goes on to --steps
         resumed, _ = _lra_stubbed(tmp_path, [0.6] * 4, "--steps", "8", "--resume")
         assert (resumed["steps_reached"], resumed["partial"]) == (8, False), "finished now"
@@ -4982,6 +4987,8 @@ def test_diagnose_uea_runs_a_sweep_table_and_its_glob_again(uea_runs, tmp_path, 
         assert summary[0].startswith(f"JapaneseVowels test, attention {kind}, 2 layers: 16 seque")
         assert summary[1] == f"weights: checkpoint.pt (epoch 1, last): final_test_acc {acc:.4f}"
         assert summary[1] + "\n" in printed  # the last epoch's accuracy: not best_test_acc
+        blank_before = "\n\n" + summary[0] + "\n" in printed
+        assert blank_before == (run != uea_runs[0]), "a blank line between runs, none first"
         files = {p.name for p in (run / "diagnose").iterdir()}
         assert {"summary.txt", f"{kind}_filter.csv", "singular_values.csv"} <= files
         # the rebuilt model, weights and data reproduce the accuracy printed beside them
