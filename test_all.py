@@ -3863,6 +3863,9 @@ def test_train_lra_text_reuses_the_validation_score_and_logs_each_evaluation(tmp
     lines = printed.getvalue().splitlines()
     assert lines[2].startswith("max_len 32 is more than twice the longest input (10 tokens)")
     assert lines[3] == "--pathfinder easy: unused, as only --task pathfinder reads it", lines[3]
+    assert sum("unused" in line for line in lines) == 1, "flags at their defaults: no note"
+    cfg = train_lra.parse_config("--task pathfinder --pathfinder easy --data-seed 3".split())
+    assert train_lra.unused_flags(cfg) == ["--data-seed 3: unused, as only --task listops reads it"]
     steps = [line.split()[:2] for line in lines if line.startswith("step ")]
     assert steps == [["step", "2"], ["step", "4"]]
 
