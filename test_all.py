@@ -3914,6 +3914,7 @@ def test_train_lra_and_train_uea_logged_numbers_are_recomputed(tmp_path, script,
     more = ["--batch-size", size, *(["--listops-size", "8"] if lra else ["--attention", "agf"])]
     printed = _train_both(tmp_path, script, out, "--lr", "1e-12", "--dropout", "0", *more)[1]
     assert "preset is the GPU setting" not in printed, "the CPU note: for --preset paper only"
+    assert (out / "lock").is_file(), "a folder that holds a run keeps its lock file"
     ckpt, want = torch.load(out / "checkpoint.pt", weights_only=False), {}
     model = Classifier(ModelConfig(**ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
