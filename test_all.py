@@ -3783,6 +3783,8 @@ def test_train_lra_evaluates_every_eval_every_and_ties_keep_the_first_best(tmp_p
     assert (result["best_step"], result["val_acc"], result["final_val_acc"]) == (4, 0.7, 0.7)
     (_, at_step_4), (_, at_step_5), (n_test, tested) = calls[1], calls[2], calls[3]
     assert n_test == 12 and tested == at_step_4 and tested != at_step_5
+    result, _ = _lra_stubbed(tmp_path / "zero", [0.0, 0.0, 0.0], "--steps", "5")
+    assert (result["best_step"], result["val_acc"]) == (2, 0.0), "an accuracy of 0 is a score"
 
 
 @pytest.mark.parametrize("limit, reached", [(0, 8), (15, 2), (25, 4), (1000, 8)])
@@ -4908,6 +4910,8 @@ def test_diagnose_read_checkpoint_picks_the_weights_or_says_they_are_not_there(t
     last, best = tmp_path / "checkpoint.pt", tmp_path / "best.pt"
     with pytest.raises(diagnose.NotARun, match="a folder without checkpoint.pt or best.pt"):
         diagnose.read_checkpoint(tmp_path, "best")  # no file at all: no run, skipped
+    with pytest.raises(SystemExit, match="^error: one line$"):
+        diagnose._fail("one\n    line")
     torch.save(dict(saved, optimizer={}), last)
     with pytest.raises(SystemExit, match=r"has no best.pt \(a UEA run keeps only its last"):
         diagnose.read_checkpoint(tmp_path, "best")
@@ -5141,7 +5145,7 @@ def test_diagnose_summary_counts_at_their_boundaries_and_the_table_aligns():
     """90 % is reached at the first k whose share is >= 0.9; a θ̃ of 0 is not < 0; a run without
     an accuracy has "-" in the table; text columns align left, numbers right."""
     theta, seen = torch.tensor([1.0, 0.0, -0.5]), torch.tensor([0.1, 0.5, 0.9])
-    agf = dict(theta=theta, g=torch.tensor([0.2, 0.4]), s_seen=seen)
+    agf = dict(theta=theta, g=torch.tensor([0.2, 0.9, 0.1, 0.4]), s_seen=seen)
     spectrum = torch.tensor([0.5, 0.9, 1.0], dtype=torch.float64)
     layer = dict(kind="agf", n=[3], spectrum=spectrum, agf=agf)
     results = dict(kinds=["agf"], cosine=torch.tensor([0.1, 0.2]), layers=[layer])
@@ -5149,6 +5153,8 @@ def test_diagnose_summary_counts_at_their_boundaries_and_the_table_aligns():
     lines = diagnose.summary(run, results)
     assert lines[5].endswith("   2 of 3.0"), "the share reaches 0.9 at k = 2"
     assert lines[6].endswith("(1 of 3 < 0)"), "θ̃ = 0 is not negative"
+    assert lines[7].endswith(": 0.200 at s→0, 0.400 at s→1"), "g's first and last values"
+    assert lines[8].startswith("  range [0.100, 0.900];"), "g's least and largest values"
     row = dict(run="a", weights="w", attention="agf", layers=2, cos_per_layer="0.1 0.2")
     rows = [dict(row, cos_last=0.2, val_acc=0.5), dict(row, cos_last=0.25, cos_per_layer="0 1")]
     header, lines = diagnose.comparison_table(rows)
