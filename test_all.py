@@ -5235,6 +5235,8 @@ def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path,
     row = dict(what="layer", kind="agf", dtype="float32", mode="graphs")
     rows = [dict(row, N=n, fwdbwd_ms=n / 4) for n in (8, 16)]
     assert re.search(r"agf float32 graphs\s+time  1.00   memory     -", bench.slopes(rows, 8)[1])
+    one = bench.slopes([dict(rows[0], mem_mib=1.0)], 8)[1]
+    assert re.search(r"time     -   memory     -   N \[8\]", one), "one N: no slope"
 
 
 @pytest.mark.parametrize("argv, said", [
@@ -5383,6 +5385,9 @@ def test_bench_plot_leaves_out_the_memory_of_rows_without_one(tmp_path):
     time_calls, mem_calls = ([c.args[:2] for c in ax.loglog.call_args_list] for ax in axes)
     assert time_calls == [([8, 16], [1.0, 1.0])] * 2
     assert mem_calls == [([8, 16], [2.0, 2.0]), ([], [])]
+    with mock.patch.dict(sys.modules, stub), contextlib.redirect_stdout(io.StringIO()):
+        bench.plot([dict(row, what="step", mode="eager", N=8)], tmp_path / "s.csv")
+    assert plt.subplots.call_count == 1, "no layer rows: no plot"
 
 
 def test_bench_times_the_backward_and_counts_memory_bytes_and_operators():
