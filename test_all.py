@@ -4567,6 +4567,19 @@ def test_runs_a_failed_write_is_one_sentence_and_leaves_no_partial_file(tmp_path
     assert message.startswith(f"cannot write {tmp_path / 'other' / 'config.json'} (Permission")
 
 
+@pytest.mark.parametrize("script", SCRIPTS, ids=_id)
+def test_train_lra_and_train_uea_compile_by_default_on_cuda_only(script):
+    """--compile's default, as --help says: on where CUDA is used, off on the CPU; a flag wins."""
+    module = SCRIPTS[script][0]
+    cases = (([], True), (["--device", "cpu"], False), (["--no-compile"], False))
+    with mock.patch.object(torch.cuda, "is_available", return_value=True):
+        for flags, compiled in cases:
+            assert module.parse_config(flags).compile is compiled, flags
+    with mock.patch.object(torch.cuda, "is_available", return_value=False):
+        assert module.parse_config(["--compile"]).compile is True
+        assert module.parse_config([]).compile is False
+
+
 # ----------------------------------------------------------------------------------------------
 # diagnose.py
 # ----------------------------------------------------------------------------------------------
