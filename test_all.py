@@ -3700,8 +3700,8 @@ _BAD_FLAGS = [  # (flags, a fragment of the one sentence); each refused at parse
     (["--lr", "0"], "--lr must be positive, got 0.0"),
     (["--lr", "nan"], "--lr must be a finite number, got nan"),
     (["--dropout", "inf"], "--dropout must be a finite number"),
-    (["--dropout", "1.5"], "--dropout must be in [0, 1), got 1.5"),
-    (["--seed", str(2**64)], "--seed must be in [0, 4294967296)"),
+    (["--dropout", "1"], "--dropout must be in [0, 1), got 1.0"),  # high itself is out
+    (["--seed", str(2**32)], "--seed must be in [0, 4294967296), got 4294967296"),
     (["--attention", "AGF"], "argument --attention: invalid choice: 'AGF'"),
     (["--device", "gpu"], "argument --device: invalid choice: 'gpu'"),
     (["--d-model", "10", "--n-heads", "3"], "--d-model 10 is not divisible by --n-heads 3"),
@@ -3939,6 +3939,8 @@ def test_train_lra_evaluates_every_eval_every_and_ties_keep_the_first_best(tmp_p
     assert (result["best_step"], result["val_acc"], result["final_val_acc"]) == (4, 0.7, 0.7)
     (_, at_step_4), (_, at_step_5), (n_test, tested) = calls[1], calls[2], calls[3]
     assert n_test == 12 and tested == at_step_4 and tested != at_step_5
+    result, _ = _lra_stubbed(tmp_path / "zero", [0.0, 0.0, 0.0], "--steps", "5")
+    assert (result["best_step"], result["val_acc"]) == (2, 0.0), "an accuracy of 0 is a score"
 
 
 @pytest.mark.parametrize("limit, reached", [(0, 8), (15, 2), (25, 4), (1000, 8)])
@@ -3950,8 +3952,12 @@ def test_train_lra_time_limit_stops_at_the_last_evaluation_that_ends_in_time(
     ticks = itertools.count(0, 10)
     clock = types.SimpleNamespace(time=lambda: float(next(ticks)))
     flags = ["--steps", "8", "--time-limit", str(limit)]
-    with mock.patch.object(train_lra, "time", clock):
+    printing = mock.patch.object(train_lra, "print", create=True)  # train_lra's own print()
+    with mock.patch.object(train_lra, "time", clock), printing as printed:
         result, calls = _lra_stubbed(tmp_path, [0.5, 0.7, 0.6, 0.6], *flags)
+    stopped = [c.args[0] for c in printed.call_args_list if "stopped at" in c.args[0]]
+    stop = f"--time-limit {limit} s: stopped at step {reached}"
+    assert stopped == ([stop] if reached < 8 else []), "said only for a run stopped early"
     assert [r["step"] for r in _log(tmp_path / "run")] == list(range(2, reached + 1, 2))
     assert result["steps_reached"] == reached, "the step where the run stopped"
     assert result["partial"] == (reached < 8), "partial: stopped before --steps"
@@ -3960,7 +3966,15 @@ def test_train_lra_time_limit_stops_at_the_last_evaluation_that_ends_in_time(
     cfg = train_lra.parse_config([*flags, "--eval-every", "2"])
     said = train_lra._expected_finish(cfg, 0, 2, 5.0)
     near = f"; --time-limit {limit} s stops it near step {reached}"
-    assert said == "5000 ms a step: step 8 in about 0.5 more min" + (near if reached < 8 else "")
+    plain = "5000 ms a step: step 8 in about 0.5 more min"
+    assert said == plain + (near if reached < 8 else "")
+    cfg.time_limit = 40.0  # 5 s a step: it would stop at step 8, which is --steps: not said
+    assert train_lra._expected_finish(cfg, 0, 2, 5.0) == plain
+    cfg.time_limit = 5.0  # less than the first evaluation's steps: it stops there, at step 2
+    assert (
+        train_lra._expected_finish(cfg, 0, 2, 5.0)
+        == plain + "; --time-limit 5 s stops it near step 2"
+    )
     if reached < 8:  # a partial run: --resume (no time limit now) goes on to --steps
         resumed, _ = _lra_stubbed(tmp_path, [0.6] * 4, "--steps", "8", "--resume")
         assert (resumed["steps_reached"], resumed["partial"]) == (8, False), "finished now"
@@ -4007,6 +4021,9 @@ def test_train_lra_text_reuses_the_validation_score_and_logs_each_evaluation(tmp
     lines = printed.getvalue().splitlines()
     assert lines[2].startswith("max_len 32 is more than twice the longest input (10 tokens)")
     assert lines[3] == "--pathfinder easy: unused, as only --task pathfinder reads it", lines[3]
+    assert sum("unused" in line for line in lines) == 1, "flags at their defaults: no note"
+    cfg = train_lra.parse_config("--task pathfinder --pathfinder easy --data-seed 3".split())
+    assert train_lra.unused_flags(cfg) == ["--data-seed 3: unused, as only --task listops reads it"]
     steps = [line.split()[:2] for line in lines if line.startswith("step ")]
     assert steps == [["step", "2"], ["step", "4"]]
 
@@ -4053,7 +4070,9 @@ def test_train_lra_and_train_uea_logged_numbers_are_recomputed(tmp_path, script,
     example, accuracies counted ones; batches: LRA all 8 in one, UEA 12 cases 1 x 12 or 11 + 1."""
     out, lra = tmp_path / "run", script == "train_lra.py"
     more = ["--batch-size", size, *(["--listops-size", "8"] if lra else ["--attention", "agf"])]
-    _train_both(tmp_path, script, out, "--lr", "1e-12", "--dropout", "0", *more)
+    printed = _train_both(tmp_path, script, out, "--lr", "1e-12", "--dropout", "0", *more)[1]
+    assert "preset is the GPU setting" not in printed, "the CPU note: for --preset paper only"
+    assert (out / "lock").is_file(), "a folder that holds a run keeps its lock file"
     ckpt, want = torch.load(out / "checkpoint.pt", weights_only=False), {}
     model = Classifier(ModelConfig(**ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
@@ -4505,6 +4524,7 @@ def test_runs_resume_refuses_what_it_cannot_continue(tmp_path, script):
     message = _stops(tmp_path, script, out, "--resume")
     assert f"finished its {4 if unit == 'step' else 2} {unit}s: nothing to resume" in message
     assert _files(out) == before
+    assert ("continues it" in message) == (unit == "epoch"), "--steps may not change on --resume"
     if script == "train_uea.py":  # more epochs (and --download) continue it; config.json follows
         assert "--epochs above 2 continues it" in message
         result, _ = _train_both(tmp_path, script, out, "--resume", "--epochs", "3", "--download")
@@ -4701,6 +4721,19 @@ def test_runs_a_failed_write_is_one_sentence_and_leaves_no_partial_file(tmp_path
     with mock.patch.object(pathlib.Path, "write_text", no_permission):
         message = _stops(tmp_path, script, tmp_path / "other")
     assert message.startswith(f"cannot write {tmp_path / 'other' / 'config.json'} (Permission")
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=_id)
+def test_train_lra_and_train_uea_compile_by_default_on_cuda_only(script):
+    """--compile's default, as --help says: on where CUDA is used, off on the CPU; a flag wins."""
+    module = SCRIPTS[script][0]
+    cases = (([], True), (["--device", "cpu"], False), (["--no-compile"], False))
+    with mock.patch.object(torch.cuda, "is_available", return_value=True):
+        for flags, compiled in cases:
+            assert module.parse_config(flags).compile is compiled, flags
+    with mock.patch.object(torch.cuda, "is_available", return_value=False):
+        assert module.parse_config(["--compile"]).compile is True
+        assert module.parse_config([]).compile is False
 
 
 # ----------------------------------------------------------------------------------------------
@@ -5044,6 +5077,10 @@ def test_diagnose_read_checkpoint_picks_the_weights_or_says_they_are_not_there(t
     """Weights not there, or not the file's: one line (which file: the end-to-end tests)."""
     saved = dict(model={}, model_config={}, data={})
     last, best = tmp_path / "checkpoint.pt", tmp_path / "best.pt"
+    with pytest.raises(diagnose.NotARun, match="a folder without checkpoint.pt or best.pt"):
+        diagnose.read_checkpoint(tmp_path, "best")  # no file at all: no run, skipped
+    with pytest.raises(SystemExit, match="^error: one line$"):
+        diagnose._fail("one\n    line")
     torch.save(dict(saved, optimizer={}), last)
     with pytest.raises(SystemExit, match=r"has no best.pt \(a UEA run keeps only its last"):
         diagnose.read_checkpoint(tmp_path, "best")
@@ -5127,6 +5164,8 @@ def test_diagnose_uea_runs_a_sweep_table_and_its_glob_again(uea_runs, tmp_path, 
         assert summary[0].startswith(f"JapaneseVowels test, attention {kind}, 2 layers: 16 seque")
         assert summary[1] == f"weights: checkpoint.pt (epoch 1, last): final_test_acc {acc:.4f}"
         assert summary[1] + "\n" in printed  # the last epoch's accuracy: not best_test_acc
+        blank_before = "\n\n" + summary[0] + "\n" in printed
+        assert blank_before == (run != uea_runs[0]), "a blank line between runs, none first"
         files = {p.name for p in (run / "diagnose").iterdir()}
         assert {"summary.txt", f"{kind}_filter.csv", "singular_values.csv"} <= files
         # the rebuilt model, weights and data reproduce the accuracy printed beside them
@@ -5207,6 +5246,9 @@ def test_diagnose_bad_input_gets_one_clear_line(uea_runs, tmp_path):
     (tmp_path / "other").mkdir()
     torch.save(ckpt, tmp_path / "other" / "checkpoint.pt")
     assert "do not fit the model of its settings" in _diag_error([tmp_path / "other"])
+    with mock.patch.object(diagnose, "_spread", return_value=np.array([], dtype=int)):
+        message = _diag_error([uea_runs[0]])  # as if every sequence had fewer than 2 real tokens
+    assert f"no sequence of the test split of {uea_runs[0]} has 2 real tokens" in message
     usage = [(["--dense", "0"], "--dense"), ([uea_runs[0], "--out", tmp_path], "same folder name")]
     usage += [] if torch.cuda.is_available() else [(["--device", "cuda"], "no CUDA device")]
     for flags, what in usage:  # argparse errors: exit status 2
@@ -5247,6 +5289,48 @@ def test_diagnose_end_to_end_on_an_lra_run_best_and_last_weights(tmp_path):
         assert (data.lengths >= 2).all()  # so every sequence is in loaded.batches, in order
         assert _diag_accuracy(loaded, data.y) == pytest.approx(result[key], abs=1e-5)
         assert loaded.accuracy[key] == result[key]
+
+
+def test_diagnose_flag_defaults_are_those_its_help_says(monkeypatch):
+    """--split test, 4 batches of 16, --dense 8, --points 199, --device cpu, best.pt first."""
+    seen = {}
+
+    def load_run(path, *how):
+        seen["load_run"] = how
+        return "run"
+
+    def measure(run, *how):
+        seen["diagnose"] = how
+        raise KeyboardInterrupt  # measured nothing: stop here
+
+    monkeypatch.setattr(diagnose, "load_run", load_run)
+    monkeypatch.setattr(diagnose, "diagnose", measure)
+    with pytest.raises(KeyboardInterrupt):
+        diagnose.main(["runs/x"])
+    assert seen == dict(load_run=(None, "test", 64, 16, "cpu", None), diagnose=(8, 199))
+
+
+def test_diagnose_summary_counts_at_their_boundaries_and_the_table_aligns():
+    """90 % is reached at the first k whose share is >= 0.9; a θ̃ of 0 is not < 0; a run without
+    an accuracy has "-" in the table; text columns align left, numbers right."""
+    theta, seen = torch.tensor([1.0, 0.0, -0.5]), torch.tensor([0.1, 0.5, 0.9])
+    agf = dict(theta=theta, g=torch.tensor([0.2, 0.9, 0.1, 0.4]), s_seen=seen)
+    spectrum = torch.tensor([0.5, 0.9, 1.0], dtype=torch.float64)
+    layer = dict(kind="agf", n=[3], spectrum=spectrum, agf=agf)
+    results = dict(kinds=["agf"], cosine=torch.tensor([0.1, 0.2]), layers=[layer])
+    run = diagnose.LoadedRun(None, [{"x": torch.zeros(1, 3)}], "toy", HERE)
+    lines = diagnose.summary(run, results)
+    assert lines[5].endswith("   2 of 3.0"), "the share reaches 0.9 at k = 2"
+    assert lines[6].endswith("(1 of 3 < 0)"), "θ̃ = 0 is not negative"
+    assert lines[7].endswith(": 0.200 at s→0, 0.400 at s→1"), "g's first and last values"
+    assert lines[8].startswith("  range [0.100, 0.900];"), "g's least and largest values"
+    row = dict(run="a", weights="w", attention="agf", layers=2, cos_per_layer="0.1 0.2")
+    rows = [dict(row, cos_last=0.2, val_acc=0.5), dict(row, cos_last=0.25, cos_per_layer="0 1")]
+    header, lines = diagnose.comparison_table(rows)
+    assert header[-1] == "val_acc" and lines[2].split()[-1] == "-", "no val_acc: -"
+    for name, value in (("attention", "agf"), ("cos_per_layer", "0 1")):  # left
+        assert lines[2].index(value) == lines[0].index(name), name
+    assert lines[2][lines[0].index("layers") + len("layers") - 1] == "2", "layers: right"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -5320,6 +5404,8 @@ def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path,
     row = dict(what="layer", kind="agf", dtype="float32", mode="graphs")
     rows = [dict(row, N=n, fwdbwd_ms=n / 4) for n in (8, 16)]
     assert re.search(r"agf float32 graphs\s+time  1.00   memory     -", bench.slopes(rows, 8)[1])
+    one = bench.slopes([dict(rows[0], mem_mib=1.0)], 8)[1]
+    assert re.search(r"time     -   memory     -   N \[8\]", one), "one N: no slope"
 
 
 @pytest.mark.parametrize("argv, said", [
@@ -5362,6 +5448,12 @@ def test_bench_compiles_by_default_on_cuda_only(monkeypatch, argv, modes, gpu_mo
         ns += [16384, 32768]
     assert modes is None or bench.parse_args(argv.split()).ns == ns
     assert gpu_bench.parse_args(argv.split()).modes == gpu_modes.split()
+    if not argv:  # the other defaults that --help and the docstring say
+        said = dict(what=["layer"], dtypes=["float32"], device="cpu", fit_min=1024, batch=2)
+        said.update(step_ns=[1024, 4096], step_batch=32, repeats=5, warmup=2)
+        said.update(kinds=[*bench.KINDS, "primal+trans"])
+        args = vars(bench.parse_args([]))
+        assert {k: args[k] for k in said} == said
 
 
 def _bench_run(monkeypatch, tmp_path, layers: dict, argv: list) -> list:
@@ -5462,6 +5554,9 @@ def test_bench_plot_leaves_out_the_memory_of_rows_without_one(tmp_path):
     time_calls, mem_calls = ([c.args[:2] for c in ax.loglog.call_args_list] for ax in axes)
     assert time_calls == [([8, 16], [1.0, 1.0])] * 2
     assert mem_calls == [([8, 16], [2.0, 2.0]), ([], [])]
+    with mock.patch.dict(sys.modules, stub), contextlib.redirect_stdout(io.StringIO()):
+        bench.plot([dict(row, what="step", mode="eager", N=8)], tmp_path / "s.csv")
+    assert plt.subplots.call_count == 1, "no layer rows: no plot"
 
 
 def test_bench_times_the_backward_and_counts_memory_bytes_and_operators():
@@ -5697,6 +5792,58 @@ def test_bench_primal_fused_rows_run_fused_primal_which_must_equal_primal(monkey
     )
     with pytest.raises(SystemExit, match="FusedPrimal differs from PrimalAttention: not measured"):
         gpu_bench.check_fused_primal()
+
+
+_FAKE_PYTHON = """#!/usr/bin/env bash
+if [ "$1" = - ]; then cat >/dev/null; echo "device cpu (no CUDA)"; exit 0; fi
+echo "$*" >>"$CALLS"
+while [ $# -gt 0 ]; do [ "$1" = --attention ] && kind=$2; shift; done
+echo "RESULT {}"
+exit "$(cat "$RCS/$kind")"
+"""
+
+
+def test_bench_ci_gpu_resumes_skips_and_fails_training_runs_as_its_header_says(tmp_path):
+    """.ci/gpu's listops stage on a stand-in python: a finished run is skipped; a partial one, or
+    one with a checkpoint, resumed; others started afresh; a run cut off by its limit is no fail."""
+    bin_dir, out, rcs = tmp_path / "bin", tmp_path / "out", tmp_path / "rcs"
+    for folder in (bin_dir, rcs):
+        folder.mkdir()
+    (bin_dir / "python").write_text(_FAKE_PYTHON)
+    (bin_dir / "python").chmod(0o755)
+    for kind, result in (("softmax", "false"), ("agf", "true")):  # finished; --time-limit stopped
+        (out / "listops" / kind).mkdir(parents=True)
+        (out / "listops" / kind / "result.json").write_text(f'{{"partial": {result}}}')
+    (out / "listops" / "primal").mkdir()
+    (out / "listops" / "agf" / "checkpoint.pt").touch()
+    (out / "listops" / "primal" / "checkpoint.pt").touch()
+    env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(tmp_path / "calls"))
+    env.update(RCS=str(rcs), STAGES="listops")
+    n_results = 0  # RESULT lines in the training logs, which each call appends to
+    for last_rc, status in ((0, 0), (1, 1)):
+        for kind, rc in (("agf", 0), ("primal", 124), ("gfsa", 0), ("primal+trans", last_rc)):
+            (rcs / kind).write_text(str(rc))
+        (tmp_path / "calls").write_text("")
+        command = ["bash", HERE / ".ci" / "gpu", "--dry-run", out]
+        proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode == status, proc.stdout
+        assert ("some stage failed" in proc.stdout) == (status == 1), proc.stdout
+        calls = (tmp_path / "calls").read_text().splitlines()
+        flags = {c.split("--attention ")[1].split()[0]: c.split()[-1] for c in calls}
+        want = {"agf": "--resume", "primal": "--resume", "gfsa": "--overwrite"}
+        assert flags == dict(want, **{"primal+trans": "--overwrite"}), calls
+        assert all("--time-limit 220 " in c for c in calls), "LISTOPS_S 340 less MARGIN_S 120"
+        stages = (out / "stages.txt").read_text()
+        assert "listops softmax: finished earlier\n" in stages
+        assert "listops agf: exit 0 (stopped by its --time-limit, a partial result" in stages
+        assert "listops primal: exit 124 (cut off by its limit: the next call resumes it)" in stages
+        assert "listops gfsa: exit 0\n" in stages
+        assert f"listops primal+trans: exit {last_rc}\n" in stages
+        n_results += 4
+        assert (out / "results.jsonl").read_text().count("RESULT") == n_results
+    env.update(STAGES="tests nope")
+    proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2 and "STAGES: unknown stage 'nope'" in proc.stdout, proc.stdout
 
 
 # ----------------------------------------------------------------------------------------------
