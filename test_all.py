@@ -168,7 +168,11 @@ def _inputs(cfg: ModelConfig, B: int = 3, N: int = 20, dtype=torch.float64):
 def _saved_sizes(fn) -> list:
     """Elements of each tensor autograd keeps for backward while fn() runs."""
     sizes = []
-    pack = lambda t: sizes.append(t.numel()) or t  # noqa: E731
+
+    def pack(t):
+        sizes.append(t.numel())
+        return t
+
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         fn()
     return sizes
@@ -4055,7 +4059,11 @@ def test_train_lra_and_train_uea_evaluate_is_one_pass_over_a_split_in_eval_mode(
     labels[:] = (logits.argmax(-1) + torch.tensor([0, 1, 0, 1, 0])).remainder(n_classes).numpy()
     want_loss = F.cross_entropy(logits, torch.from_numpy(labels)).item()
     modes, forward = [], model.train().forward
-    recording = lambda *a: (modes.append(model.training), forward(*a))[1]  # noqa: E731
+
+    def recording(*args):
+        modes.append(model.training)
+        return forward(*args)
+
     with mock.patch.object(model, "forward", recording):
         acc, loss = evaluate(2, "cpu", contextlib.nullcontext())
     assert acc == pytest.approx(0.6, abs=1e-12) and loss == pytest.approx(want_loss, rel=1e-5)
@@ -5358,7 +5366,7 @@ class _BenchLayer(torch.nn.Module):
             raise self.error
         y = x * x  # (mask unused: y * mask would save the mask as well)
         if self.sleep and y.requires_grad:
-            y.register_hook(lambda grad: __import__("time").sleep(self.sleep))
+            y.register_hook(lambda grad: time.sleep(self.sleep))
         return y, self.scale * 0
 
 
@@ -5568,7 +5576,10 @@ def test_bench_times_the_backward_and_counts_memory_bytes_and_operators():
     assert row["fwdbwd_ms"] >= row["fwd_ms"] + 30 and row["fwd_ms"] < 20
     assert layer.calls == 2 * (3 + 1) + 1  # fwd and fwd+bwd timed, then one forward for memory
     sleeps = [0.03, 0.03, 0.0]  # two warm-up calls longer than the one timed: left out
-    sleep = lambda: __import__("time").sleep(sleeps.pop(0))  # noqa: E731
+
+    def sleep():
+        time.sleep(sleeps.pop(0))
+
     assert bench.timed(sleep, torch.device("cpu"), 1, 2) < 15 and not sleeps
     row = dict(row, B=2, N=2048, D=64)
     bench.measure_row(row, _BenchLayer(), args)
