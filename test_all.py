@@ -69,6 +69,7 @@ import bench  # noqa: E402
 import diagnose  # noqa: E402
 import download  # noqa: E402
 import lra_data  # noqa: E402
+import polynomials  # noqa: E402
 import runs  # noqa: E402
 import train_lra  # noqa: E402
 import train_uea  # noqa: E402
@@ -306,9 +307,15 @@ def test_polynomials_filter_sum_equals_its_plain_reference(basis):
     grads = [torch.autograd.grad((y * weight).sum(), [s, theta]) for y in (fast, plain)]
     for a, b in zip(*grads, strict=True):
         assert torch.allclose(a, b, atol=1e-10)
+    # create_graph=True (a gradient penalty asks it): the same first-order gradients, no error
+    loss = (FilterSum.apply(s, theta, coefs) * weight).sum()
+    again = torch.autograd.grad(loss, [s, theta], create_graph=True)
+    assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(again, grads[1], strict=True))
     s = torch.rand(1000, dtype=F64, requires_grad=True)
     sizes = _saved_sizes(lambda: FilterSum.apply(s, theta, coefs))
     assert sorted(n for n in sizes if n >= 1000) == [1000, 1000]  # s and g'(s): no P_k is kept
+    # its buffers are contiguous whatever the strides of s (AGF passes a transposed view)
+    assert polynomials._buffer(torch.rand(4, 3).mT).is_contiguous()
 
 
 def test_polynomials_filter_is_official_tanh_sum():
@@ -5831,8 +5838,10 @@ def test_bench_ci_gpu_resumes_skips_and_fails_training_runs_as_its_header_says(t
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(tmp_path / "calls"))
     env.update(RCS=str(rcs), STAGES="listops")
     n_results = 0  # RESULT lines in the training logs, which each call appends to
-    for last_rc, status in ((0, 0), (1, 1)):
-        for kind, rc in (("agf", 0), ("primal", 124), ("gfsa", 0), ("primal+trans", last_rc)):
+    # a failing call, then a passing one on the same folder: stages.txt holds one call's lines;
+    # timeout's exit 124, then 137 (--kill-after): a run cut off by its limit, no failure
+    for last_rc, status, cut in ((1, 1, 124), (0, 0, 137)):
+        for kind, rc in (("agf", 0), ("primal", cut), ("gfsa", 0), ("primal+trans", last_rc)):
             (rcs / kind).write_text(str(rc))
         (tmp_path / "calls").write_text("")
         command = ["bash", HERE / ".ci" / "gpu", "--dry-run", out]
@@ -5847,7 +5856,10 @@ def test_bench_ci_gpu_resumes_skips_and_fails_training_runs_as_its_header_says(t
         stages = (out / "stages.txt").read_text()
         assert "listops softmax: finished earlier\n" in stages
         assert "listops agf: exit 0 (stopped by its --time-limit, a partial result" in stages
-        assert "listops primal: exit 124 (cut off by its limit: the next call resumes it)" in stages
+        assert (
+            f"listops primal: exit {cut} (cut off by its limit: the next call resumes it)" in stages
+        )
+        assert stages.count("listops agf:") == 1, stages
         assert "listops gfsa: exit 0\n" in stages
         assert f"listops primal+trans: exit {last_rc}\n" in stages
         n_results += 4
