@@ -5821,6 +5821,11 @@ exit "$(cat "$RCS/$kind")"
 """
 
 
+def _ci_gpu_flags(calls: list) -> dict:
+    """Each training run's attention -> its last argument (--resume or --overwrite)."""
+    return {call.split("--attention ")[1].split()[0]: call.split()[-1] for call in calls}
+
+
 def test_bench_ci_gpu_resumes_skips_and_fails_training_runs_as_its_header_says(tmp_path):
     """.ci/gpu's listops stage on a stand-in python: a finished run is skipped; a partial one, or
     one with a checkpoint, resumed; others started afresh; a run cut off by its limit is no fail."""
@@ -5849,9 +5854,8 @@ def test_bench_ci_gpu_resumes_skips_and_fails_training_runs_as_its_header_says(t
         assert proc.returncode == status, proc.stdout
         assert ("some stage failed" in proc.stdout) == (status == 1), proc.stdout
         calls = (tmp_path / "calls").read_text().splitlines()
-        flags = {c.split("--attention ")[1].split()[0]: c.split()[-1] for c in calls}
         want = {"agf": "--resume", "primal": "--resume", "gfsa": "--overwrite"}
-        assert flags == dict(want, **{"primal+trans": "--overwrite"}), calls
+        assert _ci_gpu_flags(calls) == dict(want, **{"primal+trans": "--overwrite"}), calls
         assert all("--time-limit 220 " in c for c in calls), "LISTOPS_S 340 less MARGIN_S 120"
         stages = (out / "stages.txt").read_text()
         assert "listops softmax: finished earlier\n" in stages
@@ -5864,6 +5868,18 @@ def test_bench_ci_gpu_resumes_skips_and_fails_training_runs_as_its_header_says(t
         assert f"listops primal+trans: exit {last_rc}\n" in stages
         n_results += 4
         assert (out / "results.jsonl").read_text().count("RESULT") == n_results
+    # BUNDLE packs the stage in one part named .tar.gz; FROM refills a fresh OUTDIR from it
+    back, again = tmp_path / "back", tmp_path / "again"
+    subprocess.run(command, capture_output=True, env=dict(env, BUNDLE=back), timeout=60)
+    assert sorted(p.name for p in back.iterdir()) == [
+        "listops.tar.gz", "logs.tar.gz", "results.jsonl", "stages.txt"
+    ]  # fmt: skip
+    (tmp_path / "calls").write_text("")
+    command[-1] = again
+    subprocess.run(command, capture_output=True, env=dict(env, FROM=back), timeout=60)
+    assert "listops softmax: finished earlier" in (again / "stages.txt").read_text()
+    calls = (tmp_path / "calls").read_text().splitlines()
+    assert _ci_gpu_flags(calls)["agf"] == "--resume", "a partial run comes back and resumes"
     env.update(STAGES="tests nope")
     proc = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 2 and "STAGES: unknown stage 'nope'" in proc.stdout, proc.stdout
