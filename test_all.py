@@ -3918,7 +3918,7 @@ def test_train_lra_refuses_bad_data_before_training_no_folder_left(flags, empty,
 
 
 def test_runs_finish_writes_no_result_with_a_number_that_is_not_finite(tmp_path):
-    for bad in (math.nan, -math.inf):
+    for bad in (math.nan, math.inf, -math.inf):
         with pytest.raises(SystemExit, match="the result's test_acc is not a finite number"):
             runs.finish(tmp_path, dict(task="image", val_acc=0.5, test_acc=bad, n=3))
     assert list(tmp_path.iterdir()) == [] and runs.finish(tmp_path, dict(a=0.5)) == dict(a=0.5)
@@ -4035,6 +4035,9 @@ def test_train_lra_text_reuses_the_validation_score_and_logs_each_evaluation(tmp
     assert sum("unused" in line for line in lines) == 1, "flags at their defaults: no note"
     cfg = train_lra.parse_config("--task pathfinder --pathfinder easy --data-seed 3".split())
     assert train_lra.unused_flags(cfg) == ["--data-seed 3: unused, as only --task listops reads it"]
+    for flag in ("--listops-size 9", "--listops-eval-size 9"):  # each ListOps size flag alike
+        cfg = train_lra.parse_config(f"--task text {flag}".split())
+        assert train_lra.unused_flags(cfg) == [f"{flag}: unused, as only --task listops reads it"]
     steps = [line.split()[:2] for line in lines if line.startswith("step ")]
     assert steps == [["step", "2"], ["step", "4"]]
 
@@ -4585,6 +4588,7 @@ _FOLDER_STATES = [  # (state, files in the run folder, its checkpoint.pt, flag, 
     ("a user's notes.txt alone", ("notes.txt",), None, "", "holds files that no run wrote"),
     ("another script's run", (), dict(step=2, script="train_uea.py"), "--resume",
      "was written by train_uea.py"),
+    ("a run without the script's name", (), dict(step=2, script=None), "--resume", "resumed"),
     ("a run with another --lr", (), dict(step=2, lr=0.5), "--resume",
      "ran with other settings (then, now): {{'lr': (0.5, 0.1)}}"),
     ("a run on another --device", (), dict(step=2, device="cuda"), "--resume", "resumed"),
@@ -4611,10 +4615,10 @@ def test_runs_folder_states_start_resume_or_overwrite(tmp_path, state, names, ck
         (out / "checkpoint.pt").write_bytes(b"\x80\x02not a checkpoint")
     elif ckpt is not None:
         config = dict(task="listops", lr=ckpt.get("lr", 0.1), device=ckpt.get("device", "cpu"))
-        script = ckpt.get("script", "train_lra.py")
-        torch.save(
-            dict(config=config, script=script, state=dict(step=ckpt["step"])), out / "checkpoint.pt"
-        )
+        saved = dict(config=config, script=ckpt.get("script", "train_lra.py"))
+        if saved["script"] is None:  # an older checkpoint: its config's keys name the script
+            del saved["script"]
+        torch.save(dict(saved, state=dict(step=ckpt["step"])), out / "checkpoint.pt")
     before = _tree(out) if out.exists() else {}
     cfg = types.SimpleNamespace(task="listops", lr=0.1, device="cpu")
     cfg.resume, cfg.overwrite = flag == "--resume", flag == "--overwrite"
