@@ -2972,7 +2972,10 @@ _DL_OTHER = [("lra_release/listops-1000/basic_train.tsv", b"other")]  # past the
 def _dl_members(zipped: bool) -> list:
     """The valid archive's members: the UEA files (zip) or the release's tsv_data/, then more."""
     folder, files = ("Toy", _DL_UEA) if zipped else ("lra_release/tsv_data", _DL_FILES)
-    return [(f"{folder}/{name}", data) for name, data in files.items()] + _DL_OTHER
+    members = [(f"{folder}/{name}", data) for name, data in files.items()]
+    if zipped:  # a name that only begins as a needed one: not kept
+        members.append(("Toy/Toy_TRAIN.ts.orig", b"a backup"))
+    return members + _DL_OTHER
 
 
 def _dl_archive(members: list, zipped: bool) -> bytes:
@@ -3041,6 +3044,7 @@ _DL_RULES = [  # folder state, archive shape -> what is said: the user's files k
     ("absent", "cut", "is no whole tar archive"),
     ("absent", "cut-early", "is no whole tar archive (its gzip header is cut short)"),
     ("absent", "wrong-md5", "is not the expected archive: its MD5 is"),
+    ("absent", "longer", "bytes, not"),  # more bytes than its known size
     ("absent", "loop", "HTTP Error 302: The HTTP server returned a redirect error that would"),
     ("absent", "no-scheme", "is no URL (no scheme) and no file: give http(s)://..., or a local"),
     ("complete", "whole", "kept all"),  # nothing asked of the server
@@ -3225,10 +3229,12 @@ def test_download_rules_folder_states_by_archive_shapes(tmp_path, capsys, state,
     before = {path: v for path, v in _tree(root).items() if not leftover(path)}
     with refusals, _serve(server) as (url, asked):
         ways = {"loop": f"{url}/loop/whole", "no-scheme": "whole", "wrong-md5": f"{url}/whole"}
+        ways["longer"] = f"{url}/whole"
         ways |= {"local-path": str(server / "whole"), "checked-link": f"{url}/link"}
         where = ways.get(shape, f"{url}/{shape}")
         md5 = "0" * 32 if shape == "wrong-md5" else None
-        size = len(shapes["link"]) if shape == "checked-link" else None  # read whole, then unpacked
+        sizes = {"checked-link": len(shapes["link"]), "longer": len(whole) - 1}
+        size = sizes.get(shape)  # read whole, then unpacked
         refused = _dl_fetch(where, dest, zipped, md5=md5, size=size)
     err, after = capsys.readouterr().err, _tree(root)
     assert not list(tmp_path.rglob("evil"))
@@ -3306,6 +3312,9 @@ _DL_FAILURES = [  # an error in fetch -> whose fault (FolderError: the folder's)
     (OSError(errno.EROFS, "Read-only file system", "d/x"), "d/x (Read-only", "make it writable"),
     (OSError(errno.EIO, "Input/output error", "d/x"), "d/x (Input/output", "make it writable"),
     (OSError(errno.EEXIST, "File exists", "data"), "data (File exists", "a file stands where"),
+    (OSError(errno.ENOTDIR, "Not a directory", "d/x"), "d/x (Not a dir", "a file stands where"),
+    (OSError(errno.EISDIR, "Is a directory", "d/x"), "d/x (Is a dir", "a file stands where"),
+    (OSError(errno.ENOTEMPTY, "Directory not empty", "d/x"), "d/x (Directory", "a file stands"),
     (OSError(errno.EIO, "Input/output error"), None, "could not download http://x/a.tar ([Errno"),
     (ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"), None, "could not"),
 ]
