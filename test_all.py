@@ -2192,6 +2192,7 @@ def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_pat
 
     for change, why in [
         (lambda: os.utime(train, ns=(0, 0)), f"{train} changed"),  # the same bytes, another time
+        (lambda: os.utime(train, ns=(0, 10**6)), f"{train} changed"),  # 1 ms on, the same second
         (same_tick, f"{train} changed"),
         (lambda: cache.write_bytes(cache.read_bytes()[:-100]), bad),
         # a letter of its key (UTF-32): the CRC does not match
