@@ -3362,6 +3362,28 @@ def test_download_a_second_fetch_into_a_folder_waits_for_its_lock_saying_so(tmp_
     os.close(second[0])
 
 
+_DL_RAISED = [  # raised while unpacking -> fetch's one sentence: a damaged archive, or the download
+    (tarfile.ReadError("bad"), "is no whole tar archive (bad)"),
+    (zipfile.BadZipFile("bad"), "is no whole tar archive (bad)"),
+    (zlib.error("Error -3"), "is no whole tar archive (Error -3)"),  # a flipped deflate stream
+    (EOFError("cut"), "is no whole tar archive (cut)"),
+    (NotImplementedError("method"), "is no whole tar archive (method)"),  # a zip's method flipped
+    (RuntimeError("encrypted"), "is no whole tar archive (encrypted)"),  # its encryption flag
+    (http.client.IncompleteRead(b"ab", 8), "could not download file:"),  # a cut stream
+    (ValueError("Invalid IPv6 URL"), "could not download file:"),
+    (OSError(errno.EIO, "Input/output error"), "could not download file:"),
+]
+
+
+@pytest.mark.parametrize("error, said", _DL_RAISED, ids=_id)
+def test_download_what_unpacking_raises_is_one_sentence(tmp_path, error, said):
+    """fetch turns each error of a damaged archive or of the download into Failed (the URL)."""
+    _write(tmp_path / "a.tar", b"")
+    with mock.patch.object(download, "stream_tar", side_effect=error):
+        refused = _dl_fetch(str(tmp_path / "a.tar"), tmp_path / "data" / "tsv_data", False)
+    assert refused is not None and said in refused, refused
+
+
 # ----------------------------------------------------------------------------------------------
 # train_lra.py, train_uea.py and runs.py (what both share: flags, the run folder, checkpoints)
 # ----------------------------------------------------------------------------------------------
