@@ -3336,6 +3336,8 @@ def test_download_a_url_without_a_scheme_is_a_local_file(tmp_path, monkeypatch):
     _write(tmp_path / "a.tar", b"")
     assert download._as_url("~/a.tar") == (tmp_path / "a.tar").as_uri()
     assert download._as_url("ftp://x/~/a.tar") == "ftp://x/~/a.tar"
+    with pytest.raises(download.Failed, match="is no URL"):  # a folder is no file
+        download._as_url(str(tmp_path))
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="no flock on Windows")
