@@ -2326,6 +2326,7 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     ([_OK, "1,2:3,4:"], {}, 1, "the class label is missing (the line ends in ':')"),
     # numeric labels: a lone number that is no class, on a case one dimension short, is a value
     (["1:3:1", "1:3"], dict(labels="1 2"), 1, "the class label is missing ('3' holds values)"),
+    (["1:3:1", "1:+3e0"], dict(labels="1 2"), 1, "is missing ('+3e0' holds values)"),  # e, +
     (["1:3:1", "1:2"], dict(labels="1 2"), 1, "1 dimension(s), not 2 (the header)"),
     (["1:3:2:1", "1:5"], dict(dims="3", labels="1 2"), 1, "1 dimension(s), not 3 (the header)"),
     ([_OK, "up"], {}, 1, "a case needs values before its label"),
@@ -2335,7 +2336,9 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     ([_OK, "1,2,3:3,4:up"], {}, 1, "channels of different lengths [2, 3] in one case"),
     (["1,2:?,?:up"], {}, 0, "dimension 2 has no values (all missing)"),
     ([_OK, "1:3:up"], dict(equal="true", length=2), 1, "length 1, but @seriesLength 2"),
+    ([_OK, "1,2,3:3,4,5:up"], dict(equal="true", length=2), 1, "length 3, but @seriesLength 2"),
     ([_OK, "1,inf:3,4:up"], {}, 1, "infinite value in dimension 1 (step 2): 'inf'"),
+    ([_OK, "1,2:3,-inf:up"], {}, 1, "infinite value in dimension 2 (step 2): '-inf'"),
     ([_OK, "1,1e300:3,4:up"], {}, 1, "the value 1e300 in dimension 1 (step 2) overflows float32"),
     (["1,2:-1e39,4:up"], {}, 0, "the value -1e39 in dimension 2 (step 1) overflows float32"),
     ([_OK], dict(extra=["@timeStamps true"]), "@timeStamps true", "timestamps not supported"),
@@ -2344,11 +2347,12 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     ([_OK], dict(labels="up down up"), "@classLabel", "@classLabel repeats a label"),
     ([_OK], dict(extra=["@classLabel maybe"]), "@classLabel maybe", "must be 'true <labels"),
     ([_OK], dict(extra=["@dimensions two"]), "@dimensions two", "@dimensions must be a positive"),
+    ([_OK], dict(extra=["@dimensions 2x"]), "@dimensions 2x", "@dimensions must be a positive"),
     ([_OK], dict(extra=["@dimensions \u00b22"]), "@dimensions", "@dimensions must be a positive"),
     ([_OK], dict(extra=["@seriesLength 0"]), "@seriesLength", "@serieslength must be a positive"),
     *[
         ([_OK], dict(extra=[f"@{tag} maybe"]), f"@{tag} maybe", f"@{tag.lower()} must be true or")
-        for tag in ("missing", "univariate", "equalLength", "targetLabel")
+        for tag in ("timeStamps", "missing", "univariate", "equalLength", "targetLabel")
     ],
     ([_OK], dict(extra=["@data now"]), "@data now", "@data must have no value, got 'now'"),
     (b"@problemName X\n@classLabel true a b\n", None, None, "no @data line (is this a .ts file?)"),
@@ -2778,6 +2782,9 @@ def test_uea_data_pad_series_and_load_with_bad_arguments_and_mismatched_files(tm
     _dataset(tmp_path, rows, [_row([1, 2], [3, 4], [5, 6], label="up")], test=dict(dims="3"))
     with pytest.raises(TsFormatError, match="Toy_TEST.ts: 3 dimensions, TRAIN has 2"):
         load_uea(str(tmp_path), "Toy")
+    _dataset(tmp_path, rows, [_row([1, 2], label="up")], test=dict(dims="1"))  # fewer too
+    with pytest.raises(TsFormatError, match="Toy_TEST.ts: 1 dimensions, TRAIN has 2"):
+        load_uea(str(tmp_path), "Toy")
     _dataset(tmp_path, rows, ["1,2:3,4"], test=dict(labels=None))  # read with require_labels
     with pytest.raises(TsFormatError, match=r"Toy_TEST.ts: this file has no labels"):
         load_uea(str(tmp_path), "Toy")
@@ -2888,6 +2895,9 @@ def test_uea_data_numpy_arrays_clipping_and_padding_notes_and_no_torch(tmp_path)
     assert far.x_train.shape[1] == 13 and not any("clips" in n for n in far.notes)
     assert any("max_len 13 is more than twice the longest series (6 steps)" in n for n in far.notes)
     assert load_uea(str(tmp_path), "Toy", max_len=12).notes == []  # exactly twice: said nothing
+    _dataset(tmp_path, [up(2), up(4)], [up(1), up(2)])  # TRAIN's cases alone clipped: said too
+    notes = load_uea(str(tmp_path), "Toy", max_len=3).notes
+    assert any("clips 1 of 2 TRAIN cases and 0 of 2 TEST" in n for n in notes), notes
     code = "import sys, uea_data; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True)
     assert done.stdout.strip() == "False", done.stderr
