@@ -2235,6 +2235,26 @@ def test_lra_data_download_is_not_tried_where_the_pickles_are(tmp_path):
     assert said.startswith("retrieval: train 2, val 2, test 2 examples from the PyTorch-LRA")
 
 
+_LRA_CACHE_ERRORS = [  # what reading the prepared file raises -> why it is rebuilt (None: absent)
+    (FileNotFoundError(2, "No such file"), None),
+    (NotADirectoryError(20, "Not a directory"), None),  # lra-cache is a file
+    (PermissionError(13, "Permission denied"), "it was damaged (PermissionError)"),
+    (ValueError("bad"), "it was damaged (ValueError)"),
+    (KeyError("meta"), "it was damaged (KeyError)"),
+    (TypeError("bad"), "it was damaged (TypeError)"),
+    (EOFError(), "it was damaged (EOFError)"),
+    (zipfile.BadZipFile(), "it was damaged (BadZipFile)"),
+]
+
+
+@pytest.mark.parametrize("error, why", _LRA_CACHE_ERRORS, ids=_id)
+def test_lra_data_load_prepared_reads_each_error_as_absent_or_damaged(tmp_path, error, why):
+    """load_prepared: no file (or a file where lra-cache goes) is no cache; any other error of
+    reading it, a damaged one to rebuild."""
+    with mock.patch.object(lra_data.np, "load", side_effect=error):
+        assert lra_data.load_prepared(tmp_path / "a.npz", {}, tmp_path) == (None, [], why)
+
+
 # ----------------------------------------------------------------------------------------------
 # uea_data.py: the UEA data
 # ----------------------------------------------------------------------------------------------
