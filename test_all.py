@@ -3134,6 +3134,15 @@ def test_download_progress_in_a_log_is_the_start_and_a_line_per_tenth(capsys):
         assert reader.bar.disable == (label is None), label
         assert "some.tar: 10 of 100 bytes" not in terminal.getvalue(), "a bar, not lines"
 
+    class Unsized(io.BytesIO):  # no Content-Length: no lines, no tenths to count
+        headers = {}
+
+    reader = download._Reader(Unsized(bytes(10)), "data/some.tar", "http://x/some.tar")
+    while reader.read(1):
+        pass
+    said = "downloading http://x/some.tar (size unknown) into data/some.tar\n"
+    assert capsys.readouterr().err == said
+
 
 def test_download_without_progress_says_nothing(tmp_path, capsys):
     """fetch(progress=False), streamed (a tar) or checked first (a zip): not a line on stderr."""
@@ -3414,6 +3423,13 @@ def test_download_what_unpacking_raises_is_one_sentence(tmp_path, error, said):
     with mock.patch.object(download, "stream_tar", side_effect=error):
         refused = _dl_fetch(str(tmp_path / "a.tar"), tmp_path / "data" / "tsv_data", False)
     assert refused is not None and said in refused, refused
+
+
+def test_download_stream_tar_needing_nothing_reads_on_to_the_folder(tmp_path):
+    """stream_tar with no need (Archive's default): a member before the folder stops nothing."""
+    source = _write(tmp_path / "a.tar.gz", _dl_archive(_DL_OTHER + _dl_members(False)[:3], False))
+    download.stream_tar(download.Archive(source.as_uri(), "tsv_data"), tmp_path / "out")
+    assert sorted(os.listdir(tmp_path / "out")) == sorted(_DL_FILES)
 
 
 # ----------------------------------------------------------------------------------------------
