@@ -1855,6 +1855,7 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("cifar", b"cos\nnothing\n.", "data_batch_3: not a CIFAR-10 python batch"),  # AttributeError
     ("cifar", pickle.dumps(np.zeros((4, 3072), np.uint8)), "a pickled ndarray, not a dict"),
     ("cifar", pickle.dumps({b"data": np.zeros((4, 3072), np.uint8)}), "not a CIFAR-10 python"),
+    ("cifar", pickle.dumps({b"data": [[1, 2], [3]], b"labels": [0]}), "batch (ValueError("),
     ("cifar", 1000, "cifar-10-batches-py: CIFAR-10 images have 1024 pixels, but max_len is 1000"),
     ("pathfinder", "imgs/0 sample_0.png 0 1\nimgs/1 sample_404.png 9 0\n", "0.npy:2: image "),
     ("pathfinder", "imgs/1 sample_404.png 9 0\n", "sample_404.png does not exist"),
@@ -1884,6 +1885,7 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("pickle:image", [(np.int64(7), 1)], "@: input_ids_0 of item 0 holds something"),  # 0-d
     ("pickle:listops", [(np.ones((2, 2)), 1)], "@: input_ids_0 of item 0 holds something"),
     ("pickle:image", np.zeros((2, 16)), "@: not a PyTorch-LRA pickle (list of dicts): TypeError("),
+    ("pickle:listops", [np.zeros(3)], "@: not a PyTorch-LRA pickle (list of dicts): IndexError("),
     ("pickle:listops", [([5], 10)], "@: a label that is not a class 0..9 of task listops"),
     ("pickle:listops", [([5], 1), ([5], -1)], "@: a label that is not a class"),
     ("pickle:text", [([5], "one")], "@: a label that is not a class 0..1 of task text"),
