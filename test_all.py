@@ -2176,6 +2176,9 @@ def test_lra_data_prepared_on_its_own_is_what_train_lra_reads(tmp_path):
     assert said in notes[-1]
     notes = lra_data.load_task("listops", tmp_path, 30, **dict(options, download=""))[1]
     assert notes[-1].startswith("--download is not used: "), notes[-1]  # the table's URL
+    paper = dict(lra_data.LISTOPS_PAPER, train=48, val=12, test=12)  # listops-1000, as above
+    notes = lra_data.load_task("listops", tmp_path, 30, listops=paper, download="http://x")[1]
+    assert not any("is not used" in note for note in notes), "where a release would be fetched"
 
 
 def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_path, monkeypatch):
@@ -2214,6 +2217,7 @@ def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_pat
     cache.parent.write_text("")  # a file where the cache folder goes: it cannot be written
     data, notes = lra_data.load_task("retrieval", tmp_path, 4)
     assert np.array_equal(data["test"].x2, want) and f"the cache {cache} (File exists)" in notes[-1]
+    assert lra_data.prepare("retrieval", tmp_path, 4).file is None, "no prepared file written"
 
 
 def test_lra_data_pathfinder_cache_is_keyed_by_its_image_folders(tmp_path):
