@@ -1867,6 +1867,8 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("pathfinder", "imgs/0 sample_0.png 0 1\nimgs/2 sample_2.png 2 0\n", "no image in the val"),
     ("pathfinder", None, "no metadata/*.npy in"),
     ("pathfinder", "imgs/../../0 sample_0.png 0 1\n", "0.npy:1: expected 'imgs/<k> sample_<i>.png"),
+    ("pathfinder", "imgs/0/.. sample_0.png 0 1\n", "0.npy:1: expected 'imgs/<k> sample_<i>.png"),
+    ("listops", "Source\tTarget\n( [SM 1 ) ]\t\u0663\n", "@:2: expected 'expression<TAB>label"),
     ("pathfinder", lambda pf: (pf / "metadata/x.npy").mkdir(), "x.npy: not a regular file"),
     (
         "pathfinder",
