@@ -1857,6 +1857,7 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("cifar", pickle.dumps({b"data": np.zeros((4, 3072), np.uint8)}), "not a CIFAR-10 python"),
     ("cifar", pickle.dumps({b"data": [[1, 2], [3]], b"labels": [0]}), "batch (ValueError("),
     ("cifar", 1000, "cifar-10-batches-py: CIFAR-10 images have 1024 pixels, but max_len is 1000"),
+    ("cifar", 2048, "cifar-10-batches-py: CIFAR-10 images have 1024 pixels, but max_len is 2048"),
     ("pathfinder", "imgs/0 sample_0.png 0 1\nimgs/1 sample_404.png 9 0\n", "0.npy:2: image "),
     ("pathfinder", "imgs/1 sample_404.png 9 0\n", "sample_404.png does not exist"),
     ("pathfinder", "imgs/0 sample_0.png 0\n", "0.npy:1: expected 'imgs/<k> sample_<i>.png i"),
