@@ -1855,7 +1855,9 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("cifar", b"cos\nnothing\n.", "data_batch_3: not a CIFAR-10 python batch"),  # AttributeError
     ("cifar", pickle.dumps(np.zeros((4, 3072), np.uint8)), "a pickled ndarray, not a dict"),
     ("cifar", pickle.dumps({b"data": np.zeros((4, 3072), np.uint8)}), "not a CIFAR-10 python"),
+    ("cifar", pickle.dumps({b"data": [[1, 2], [3]], b"labels": [0]}), "batch (ValueError("),
     ("cifar", 1000, "cifar-10-batches-py: CIFAR-10 images have 1024 pixels, but max_len is 1000"),
+    ("cifar", 2048, "cifar-10-batches-py: CIFAR-10 images have 1024 pixels, but max_len is 2048"),
     ("pathfinder", "imgs/0 sample_0.png 0 1\nimgs/1 sample_404.png 9 0\n", "0.npy:2: image "),
     ("pathfinder", "imgs/1 sample_404.png 9 0\n", "sample_404.png does not exist"),
     ("pathfinder", "imgs/0 sample_0.png 0\n", "0.npy:1: expected 'imgs/<k> sample_<i>.png i"),
@@ -1866,6 +1868,8 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("pathfinder", "imgs/0 sample_0.png 0 1\nimgs/2 sample_2.png 2 0\n", "no image in the val"),
     ("pathfinder", None, "no metadata/*.npy in"),
     ("pathfinder", "imgs/../../0 sample_0.png 0 1\n", "0.npy:1: expected 'imgs/<k> sample_<i>.png"),
+    ("pathfinder", "imgs/0/.. sample_0.png 0 1\n", "0.npy:1: expected 'imgs/<k> sample_<i>.png"),
+    ("listops", "Source\tTarget\n( [SM 1 ) ]\t\u0663\n", "@:2: expected 'expression<TAB>label"),
     ("pathfinder", lambda pf: (pf / "metadata/x.npy").mkdir(), "x.npy: not a regular file"),
     (
         "pathfinder",
@@ -1884,6 +1888,7 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("pickle:image", [(np.int64(7), 1)], "@: input_ids_0 of item 0 holds something"),  # 0-d
     ("pickle:listops", [(np.ones((2, 2)), 1)], "@: input_ids_0 of item 0 holds something"),
     ("pickle:image", np.zeros((2, 16)), "@: not a PyTorch-LRA pickle (list of dicts): TypeError("),
+    ("pickle:listops", [np.zeros(3)], "@: not a PyTorch-LRA pickle (list of dicts): IndexError("),
     ("pickle:listops", [([5], 10)], "@: a label that is not a class 0..9 of task listops"),
     ("pickle:listops", [([5], 1), ([5], -1)], "@: a label that is not a class"),
     ("pickle:text", [([5], "one")], "@: a label that is not a class 0..1 of task text"),
@@ -1911,6 +1916,7 @@ def test_lra_data_bad_input_is_one_data_error_naming_file_and_line(kind, content
         _lra_read(kind, content, tmp_path)
     file = {"listops": "bad.tsv", "aan": "bad.tsv", "png": "bad.png"}.get(kind, "bad.pickle")
     assert what.replace("@", str(tmp_path / file)).replace("{tmp}", str(tmp_path)) in str(err.value)
+    assert "(a header?)" in what or "(a header?)" not in str(err.value), "on line 1 alone"
     assert not list(tmp_path.glob("*/generator.json")) and not (tmp_path / "lra-cache").exists()
 
 
@@ -2174,6 +2180,9 @@ def test_lra_data_prepared_on_its_own_is_what_train_lra_reads(tmp_path):
     assert said in notes[-1]
     notes = lra_data.load_task("listops", tmp_path, 30, **dict(options, download=""))[1]
     assert notes[-1].startswith("--download is not used: "), notes[-1]  # the table's URL
+    paper = dict(lra_data.LISTOPS_PAPER, train=48, val=12, test=12)  # listops-1000, as above
+    notes = lra_data.load_task("listops", tmp_path, 30, listops=paper, download="http://x")[1]
+    assert not any("is not used" in note for note in notes), "where a release would be fetched"
 
 
 def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_path, monkeypatch):
@@ -2213,6 +2222,7 @@ def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_pat
     cache.parent.write_text("")  # a file where the cache folder goes: it cannot be written
     data, notes = lra_data.load_task("retrieval", tmp_path, 4)
     assert np.array_equal(data["test"].x2, want) and f"the cache {cache} (File exists)" in notes[-1]
+    assert lra_data.prepare("retrieval", tmp_path, 4).file is None, "no prepared file written"
 
 
 def test_lra_data_pathfinder_cache_is_keyed_by_its_image_folders(tmp_path):
@@ -2234,6 +2244,26 @@ def test_lra_data_download_is_not_tried_where_the_pickles_are(tmp_path):
     _lra_pickles(tmp_path, "retrieval", [_LRA_PAIR] * 2)
     _, [said] = lra_data.load_task("retrieval", tmp_path, 5, download="http://127.0.0.1:0")
     assert said.startswith("retrieval: train 2, val 2, test 2 examples from the PyTorch-LRA")
+
+
+_LRA_CACHE_ERRORS = [  # what reading the prepared file raises -> why it is rebuilt (None: absent)
+    (FileNotFoundError(2, "No such file"), None),
+    (NotADirectoryError(20, "Not a directory"), None),  # lra-cache is a file
+    (PermissionError(13, "Permission denied"), "it was damaged (PermissionError)"),
+    (ValueError("bad"), "it was damaged (ValueError)"),
+    (KeyError("meta"), "it was damaged (KeyError)"),
+    (TypeError("bad"), "it was damaged (TypeError)"),
+    (EOFError(), "it was damaged (EOFError)"),
+    (zipfile.BadZipFile(), "it was damaged (BadZipFile)"),
+]
+
+
+@pytest.mark.parametrize("error, why", _LRA_CACHE_ERRORS, ids=_id)
+def test_lra_data_load_prepared_reads_each_error_as_absent_or_damaged(tmp_path, error, why):
+    """load_prepared: no file (or a file where lra-cache goes) is no cache; any other error of
+    reading it, a damaged one to rebuild."""
+    with mock.patch.object(lra_data.np, "load", side_effect=error):
+        assert lra_data.load_prepared(tmp_path / "a.npz", {}, tmp_path) == (None, [], why)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2327,6 +2357,7 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     ([_OK, "1,2:3,4:"], {}, 1, "the class label is missing (the line ends in ':')"),
     # numeric labels: a lone number that is no class, on a case one dimension short, is a value
     (["1:3:1", "1:3"], dict(labels="1 2"), 1, "the class label is missing ('3' holds values)"),
+    (["1:3:1", "1:+3e0"], dict(labels="1 2"), 1, "is missing ('+3e0' holds values)"),  # e, +
     (["1:3:1", "1:2"], dict(labels="1 2"), 1, "1 dimension(s), not 2 (the header)"),
     (["1:3:2:1", "1:5"], dict(dims="3", labels="1 2"), 1, "1 dimension(s), not 3 (the header)"),
     ([_OK, "up"], {}, 1, "a case needs values before its label"),
@@ -2336,7 +2367,9 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     ([_OK, "1,2,3:3,4:up"], {}, 1, "channels of different lengths [2, 3] in one case"),
     (["1,2:?,?:up"], {}, 0, "dimension 2 has no values (all missing)"),
     ([_OK, "1:3:up"], dict(equal="true", length=2), 1, "length 1, but @seriesLength 2"),
+    ([_OK, "1,2,3:3,4,5:up"], dict(equal="true", length=2), 1, "length 3, but @seriesLength 2"),
     ([_OK, "1,inf:3,4:up"], {}, 1, "infinite value in dimension 1 (step 2): 'inf'"),
+    ([_OK, "1,2:3,-inf:up"], {}, 1, "infinite value in dimension 2 (step 2): '-inf'"),
     ([_OK, "1,1e300:3,4:up"], {}, 1, "the value 1e300 in dimension 1 (step 2) overflows float32"),
     (["1,2:-1e39,4:up"], {}, 0, "the value -1e39 in dimension 2 (step 1) overflows float32"),
     ([_OK], dict(extra=["@timeStamps true"]), "@timeStamps true", "timestamps not supported"),
@@ -2345,11 +2378,12 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     ([_OK], dict(labels="up down up"), "@classLabel", "@classLabel repeats a label"),
     ([_OK], dict(extra=["@classLabel maybe"]), "@classLabel maybe", "must be 'true <labels"),
     ([_OK], dict(extra=["@dimensions two"]), "@dimensions two", "@dimensions must be a positive"),
+    ([_OK], dict(extra=["@dimensions 2x"]), "@dimensions 2x", "@dimensions must be a positive"),
     ([_OK], dict(extra=["@dimensions \u00b22"]), "@dimensions", "@dimensions must be a positive"),
     ([_OK], dict(extra=["@seriesLength 0"]), "@seriesLength", "@serieslength must be a positive"),
     *[
         ([_OK], dict(extra=[f"@{tag} maybe"]), f"@{tag} maybe", f"@{tag.lower()} must be true or")
-        for tag in ("missing", "univariate", "equalLength", "targetLabel")
+        for tag in ("timeStamps", "missing", "univariate", "equalLength", "targetLabel")
     ],
     ([_OK], dict(extra=["@data now"]), "@data now", "@data must have no value, got 'now'"),
     (b"@problemName X\n@classLabel true a b\n", None, None, "no @data line (is this a .ts file?)"),
@@ -2779,6 +2813,9 @@ def test_uea_data_pad_series_and_load_with_bad_arguments_and_mismatched_files(tm
     _dataset(tmp_path, rows, [_row([1, 2], [3, 4], [5, 6], label="up")], test=dict(dims="3"))
     with pytest.raises(TsFormatError, match="Toy_TEST.ts: 3 dimensions, TRAIN has 2"):
         load_uea(str(tmp_path), "Toy")
+    _dataset(tmp_path, rows, [_row([1, 2], label="up")], test=dict(dims="1"))  # fewer too
+    with pytest.raises(TsFormatError, match="Toy_TEST.ts: 1 dimensions, TRAIN has 2"):
+        load_uea(str(tmp_path), "Toy")
     _dataset(tmp_path, rows, ["1,2:3,4"], test=dict(labels=None))  # read with require_labels
     with pytest.raises(TsFormatError, match=r"Toy_TEST.ts: this file has no labels"):
         load_uea(str(tmp_path), "Toy")
@@ -2889,6 +2926,9 @@ def test_uea_data_numpy_arrays_clipping_and_padding_notes_and_no_torch(tmp_path)
     assert far.x_train.shape[1] == 13 and not any("clips" in n for n in far.notes)
     assert any("max_len 13 is more than twice the longest series (6 steps)" in n for n in far.notes)
     assert load_uea(str(tmp_path), "Toy", max_len=12).notes == []  # exactly twice: said nothing
+    _dataset(tmp_path, [up(2), up(4)], [up(1), up(2)])  # TRAIN's cases alone clipped: said too
+    notes = load_uea(str(tmp_path), "Toy", max_len=3).notes
+    assert any("clips 1 of 2 TRAIN cases and 0 of 2 TEST" in n for n in notes), notes
     code = "import sys, uea_data; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], cwd=HERE, capture_output=True, text=True)
     assert done.stdout.strip() == "False", done.stderr
@@ -3104,6 +3144,15 @@ def test_download_progress_in_a_log_is_the_start_and_a_line_per_tenth(capsys):
                 pass
         assert reader.bar.disable == (label is None), label
         assert "some.tar: 10 of 100 bytes" not in terminal.getvalue(), "a bar, not lines"
+
+    class Unsized(io.BytesIO):  # no Content-Length: no lines, no tenths to count
+        headers = {}
+
+    reader = download._Reader(Unsized(bytes(10)), "data/some.tar", "http://x/some.tar")
+    while reader.read(1):
+        pass
+    said = "downloading http://x/some.tar (size unknown) into data/some.tar\n"
+    assert capsys.readouterr().err == said
 
 
 def test_download_without_progress_says_nothing(tmp_path, capsys):
@@ -3337,6 +3386,8 @@ def test_download_a_url_without_a_scheme_is_a_local_file(tmp_path, monkeypatch):
     _write(tmp_path / "a.tar", b"")
     assert download._as_url("~/a.tar") == (tmp_path / "a.tar").as_uri()
     assert download._as_url("ftp://x/~/a.tar") == "ftp://x/~/a.tar"
+    with pytest.raises(download.Failed, match="is no URL"):  # a folder is no file
+        download._as_url(str(tmp_path))
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="no flock on Windows")
@@ -3361,6 +3412,35 @@ def test_download_a_second_fetch_into_a_folder_waits_for_its_lock_saying_so(tmp_
     waiting.join(timeout=10)
     assert not waiting.is_alive() and second, "it takes the lock once released"
     os.close(second[0])
+
+
+_DL_RAISED = [  # raised while unpacking -> fetch's one sentence: a damaged archive, or the download
+    (tarfile.ReadError("bad"), "is no whole tar archive (bad)"),
+    (zipfile.BadZipFile("bad"), "is no whole tar archive (bad)"),
+    (zlib.error("Error -3"), "is no whole tar archive (Error -3)"),  # a flipped deflate stream
+    (EOFError("cut"), "is no whole tar archive (cut)"),
+    (NotImplementedError("method"), "is no whole tar archive (method)"),  # a zip's method flipped
+    (RuntimeError("encrypted"), "is no whole tar archive (encrypted)"),  # its encryption flag
+    (http.client.IncompleteRead(b"ab", 8), "could not download file:"),  # a cut stream
+    (ValueError("Invalid IPv6 URL"), "could not download file:"),
+    (OSError(errno.EIO, "Input/output error"), "could not download file:"),
+]
+
+
+@pytest.mark.parametrize("error, said", _DL_RAISED, ids=_id)
+def test_download_what_unpacking_raises_is_one_sentence(tmp_path, error, said):
+    """fetch turns each error of a damaged archive or of the download into Failed (the URL)."""
+    _write(tmp_path / "a.tar", b"")
+    with mock.patch.object(download, "stream_tar", side_effect=error):
+        refused = _dl_fetch(str(tmp_path / "a.tar"), tmp_path / "data" / "tsv_data", False)
+    assert refused is not None and said in refused, refused
+
+
+def test_download_stream_tar_needing_nothing_reads_on_to_the_folder(tmp_path):
+    """stream_tar with no need (Archive's default): a member before the folder stops nothing."""
+    source = _write(tmp_path / "a.tar.gz", _dl_archive(_DL_OTHER + _dl_members(False)[:3], False))
+    download.stream_tar(download.Archive(source.as_uri(), "tsv_data"), tmp_path / "out")
+    assert sorted(os.listdir(tmp_path / "out")) == sorted(_DL_FILES)
 
 
 # ----------------------------------------------------------------------------------------------
