@@ -3931,6 +3931,7 @@ def test_runs_finish_writes_no_result_with_a_number_that_is_not_finite(tmp_path)
         with pytest.raises(SystemExit, match="the result's test_acc is not a finite number"):
             runs.finish(tmp_path, dict(task="image", val_acc=0.5, test_acc=bad, n=3))
     assert list(tmp_path.iterdir()) == [] and runs.finish(tmp_path, dict(a=0.5)) == dict(a=0.5)
+    assert runs.finish(tmp_path, None) is None, "no result: nothing to check"
 
 
 def _lra_stubbed(tmp: pathlib.Path, scores: list, *flags) -> tuple:
@@ -4531,6 +4532,7 @@ def test_runs_one_run_per_folder_checked_under_the_lock(tmp_path, script):
         assert "holds a run already" in _stops(tmp_path, script, out)
     (out / "checkpoint.pt").unlink()
     _train_both(tmp_path, script, out)
+    assert (out / "lock").exists(), "a run's folder keeps its lock file"
     before = _files(out)
     message = _stops(tmp_path, script, out, "--seed", "5")
     assert "holds a run already" in message and "--resume" in message and "--overwrite" in message
@@ -4598,6 +4600,11 @@ _FOLDER_STATES = [  # (state, files in the run folder, its checkpoint.pt, flag, 
     ("another script's run", (), dict(step=2, script="train_uea.py"), "--resume",
      "was written by train_uea.py"),
     ("a run without the script's name", (), dict(step=2, script=None), "--resume", "resumed"),
+    ("an older UEA run", (), dict(step=2, script=None, config=dict(dataset="Toy")), "--resume",
+     "was written by train_uea.py (dataset Toy)"),
+    ("a run begun with --overwrite elsewhere", (), dict(step=2, config=dict(task="listops", lr=0.1,
+     device="cpu", overwrite=True, out="elsewhere", compile=True)), "--resume", "resumed"),
+    ("a run past its steps", ("result.json",), dict(step=5), "--resume", "finished its 5 steps"),
     ("a run with another --lr", (), dict(step=2, lr=0.5), "--resume",
      "ran with other settings (then, now): {{'lr': (0.5, 0.1)}}"),
     ("a run on another --device", (), dict(step=2, device="cuda"), "--resume", "resumed"),
@@ -4624,6 +4631,7 @@ def test_runs_folder_states_start_resume_or_overwrite(tmp_path, state, names, ck
         (out / "checkpoint.pt").write_bytes(b"\x80\x02not a checkpoint")
     elif ckpt is not None:
         config = dict(task="listops", lr=ckpt.get("lr", 0.1), device=ckpt.get("device", "cpu"))
+        config = ckpt.get("config", config)
         saved = dict(config=config, script=ckpt.get("script", "train_lra.py"))
         if saved["script"] is None:  # an older checkpoint: its config's keys name the script
             del saved["script"]
