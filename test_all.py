@@ -4455,6 +4455,13 @@ def test_runs_a_run_interrupted_and_resumed_continues_exactly(tmp_path, script):
     first = torch.rand(3)
     torch.manual_seed(7)
     assert torch.equal(first, torch.rand(3))
+    cases = ((None, True, False), (torch.zeros(3), True, True), (torch.zeros(3), False, False))
+    for cuda_rng, gpu, restored in cases:  # (saved, resumed where CUDA is, its RNG restored)
+        ckpt = dict(rng=torch.get_rng_state(), state={}, cuda_rng=cuda_rng)
+        with mock.patch.object(torch.cuda, "is_available", return_value=gpu):
+            with mock.patch.object(torch.cuda, "set_rng_state") as set_cuda:
+                runs.restore(ckpt, {}, {}, seed=7)
+        assert set_cuda.called == restored, (cuda_rng, gpu)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -4757,6 +4764,11 @@ def test_runs_a_failed_write_is_one_sentence_and_leaves_no_partial_file(tmp_path
     with mock.patch.object(pathlib.Path, "write_text", no_permission):
         message = _stops(tmp_path, script, tmp_path / "other")
     assert message.startswith(f"cannot write {tmp_path / 'other' / 'config.json'} (Permission")
+    with pytest.raises(ValueError):  # JSON has no NaN: finish() says so before it saves
+        runs.save(tmp_path / "nan.json", dict(a=math.nan))
+    with mock.patch.object(os, "replace", side_effect=OSError("an error without strerror")):
+        with pytest.raises(SystemExit, match=r"x.json \(is the disk full\?\)"):
+            runs.save(tmp_path / "x.json", {})
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=_id)
