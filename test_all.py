@@ -4784,6 +4784,18 @@ def test_train_lra_and_train_uea_compile_by_default_on_cuda_only(script):
         assert module.parse_config([]).compile is False
 
 
+def test_runs_start_on_a_cpu_without_torchrun(tmp_path):
+    """One process, rank 0 of 1, on the CPU: no mixed precision (--amp: CUDA), no checkpoint."""
+    cfg = types.SimpleNamespace(out=str(tmp_path / "run"), device="cpu", amp=True)
+    cfg.resume, cfg.overwrite = False, False
+    try:
+        rank, world, device, autocast, ckpt = runs.start(cfg, "train_lra.py", "step", 4)
+    finally:
+        runs._lock.close()  # the lock start took
+    assert (rank, world, device, ckpt) == (0, 1, torch.device("cpu"), None)
+    assert not autocast._enabled, "autocast is off on the CPU"
+
+
 # ----------------------------------------------------------------------------------------------
 # diagnose.py
 # ----------------------------------------------------------------------------------------------
