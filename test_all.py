@@ -3610,6 +3610,8 @@ def test_train_lra_and_train_uea_data_flags_reach_the_reader(tmp_path):
     seen[lra].update(cache=(got["cache"], plain["cache"]) == (False, True))
     seen[lra].update(download=(fetch, plain["download"]) == ("", None))
     seen[lra].update(download_url=url == "file:///m", max_len=got["max_len"] == 77)
+    note = (got["padding_note"], plain["padding_note"])  # --max-len 77, below the preset's 2000
+    assert note == (True, False), "the padding note: for a --max-len other than the preset's"
     got = _read_by(tmp_path, uea, "--data-dir x --dataset Heartbeat --max-len 9")
     url = _read_by(tmp_path, uea, "--download --download-url file:///m")["fetch"]
     plain = _read_by(tmp_path, uea, "")
@@ -4539,7 +4541,6 @@ def test_runs_one_run_per_folder_checked_under_the_lock(tmp_path, script):
         assert "holds a run already" in _stops(tmp_path, script, out)
     (out / "checkpoint.pt").unlink()
     _train_both(tmp_path, script, out)
-    assert (out / "lock").exists(), "a run's folder keeps its lock file"
     before = _files(out)
     message = _stops(tmp_path, script, out, "--seed", "5")
     assert "holds a run already" in message and "--resume" in message and "--overwrite" in message
