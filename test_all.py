@@ -3471,7 +3471,7 @@ _PRESETS = [  # (script, flags, settings) besides _BUILT's: the official scripts
     ("train_lra.py", "--preset quick", dict(listops_size=6000, out="runs/listops/agf-quick-seed0")),
     ("train_uea.py", "", dict(seed=666, out="runs/JapaneseVowels/softmax-paper-seed666")),
     ("train_uea.py", "", dict(grad_clip=4.0)),  # AGF_UEA/options.py, as Primal's TimeSeries
-    # --attention agf (as any but primal+trans) shows PrimalFormer's values (run_primalformer.sh)
+    # softmax (as any attention but primal+trans) shows PrimalFormer's run_primalformer.sh values
     ("train_uea.py", "--dataset Heartbeat", dict(primal_rank=30, primal_rank_multi=10)),
     ("train_uea.py", "--dataset Toy", dict(preset="default")),  # no preset: said as it is
     ("train_uea.py", "--dataset Toy --preset quick", dict(preset="quick")),
