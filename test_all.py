@@ -3552,6 +3552,8 @@ _PRESETS = [  # (script, flags, settings) besides _BUILT's: the official scripts
     ("train_lra.py", "--preset quick", dict(listops_size=6000, out="runs/listops/agf-quick-seed0")),
     ("train_uea.py", "", dict(seed=666, out="runs/JapaneseVowels/softmax-paper-seed666")),
     ("train_uea.py", "", dict(grad_clip=4.0)),  # AGF_UEA/options.py, as Primal's TimeSeries
+    # softmax (as any attention but primal+trans) shows PrimalFormer's run_primalformer.sh values
+    ("train_uea.py", "--dataset Heartbeat", dict(primal_rank=30, primal_rank_multi=10)),
     ("train_uea.py", "--dataset Toy", dict(preset="default")),  # no preset: said as it is
     ("train_uea.py", "--dataset Toy --preset quick", dict(preset="quick")),
 ]  # fmt: skip
@@ -3691,6 +3693,8 @@ def test_train_lra_and_train_uea_data_flags_reach_the_reader(tmp_path):
     seen[lra].update(cache=(got["cache"], plain["cache"]) == (False, True))
     seen[lra].update(download=(fetch, plain["download"]) == ("", None))
     seen[lra].update(download_url=url == "file:///m", max_len=got["max_len"] == 77)
+    note = (got["padding_note"], plain["padding_note"])  # --max-len 77, below the preset's 2000
+    assert note == (True, False), "the padding note: for a --max-len other than the preset's"
     got = _read_by(tmp_path, uea, "--data-dir x --dataset Heartbeat --max-len 9")
     url = _read_by(tmp_path, uea, "--download --download-url file:///m")["fetch"]
     plain = _read_by(tmp_path, uea, "")
@@ -4012,6 +4016,7 @@ def test_runs_finish_writes_no_result_with_a_number_that_is_not_finite(tmp_path)
         with pytest.raises(SystemExit, match="the result's test_acc is not a finite number"):
             runs.finish(tmp_path, dict(task="image", val_acc=0.5, test_acc=bad, n=3))
     assert list(tmp_path.iterdir()) == [] and runs.finish(tmp_path, dict(a=0.5)) == dict(a=0.5)
+    assert runs.finish(tmp_path, None) is None, "no result: nothing to check"
 
 
 def _lra_stubbed(tmp: pathlib.Path, scores: list, *flags) -> tuple:
@@ -4535,6 +4540,13 @@ def test_runs_a_run_interrupted_and_resumed_continues_exactly(tmp_path, script):
     first = torch.rand(3)
     torch.manual_seed(7)
     assert torch.equal(first, torch.rand(3))
+    cases = ((None, True, False), (torch.zeros(3), True, True), (torch.zeros(3), False, False))
+    for cuda_rng, gpu, restored in cases:  # (saved, resumed where CUDA is, its RNG restored)
+        ckpt = dict(rng=torch.get_rng_state(), state={}, cuda_rng=cuda_rng)
+        with mock.patch.object(torch.cuda, "is_available", return_value=gpu):
+            with mock.patch.object(torch.cuda, "set_rng_state") as set_cuda:
+                runs.restore(ckpt, {}, {}, seed=7)
+        assert set_cuda.called == restored, (cuda_rng, gpu)
 
 
 @pytest.mark.parametrize("script", SCRIPTS)
@@ -4679,6 +4691,11 @@ _FOLDER_STATES = [  # (state, files in the run folder, its checkpoint.pt, flag, 
     ("another script's run", (), dict(step=2, script="train_uea.py"), "--resume",
      "was written by train_uea.py"),
     ("a run without the script's name", (), dict(step=2, script=None), "--resume", "resumed"),
+    ("an older UEA run", (), dict(step=2, script=None, config=dict(dataset="Toy")), "--resume",
+     "was written by train_uea.py (dataset Toy)"),
+    ("a run begun with --overwrite elsewhere", (), dict(step=2, config=dict(task="listops", lr=0.1,
+     device="cpu", overwrite=True, out="elsewhere", compile=True)), "--resume", "resumed"),
+    ("a run past its steps", ("result.json",), dict(step=5), "--resume", "finished its 5 steps"),
     ("a run with another --lr", (), dict(step=2, lr=0.5), "--resume",
      "ran with other settings (then, now): {{'lr': (0.5, 0.1)}}"),
     ("a run on another --device", (), dict(step=2, device="cuda"), "--resume", "resumed"),
@@ -4705,6 +4722,7 @@ def test_runs_folder_states_start_resume_or_overwrite(tmp_path, state, names, ck
         (out / "checkpoint.pt").write_bytes(b"\x80\x02not a checkpoint")
     elif ckpt is not None:
         config = dict(task="listops", lr=ckpt.get("lr", 0.1), device=ckpt.get("device", "cpu"))
+        config = ckpt.get("config", config)
         saved = dict(config=config, script=ckpt.get("script", "train_lra.py"))
         if saved["script"] is None:  # an older checkpoint: its config's keys name the script
             del saved["script"]
@@ -4830,6 +4848,11 @@ def test_runs_a_failed_write_is_one_sentence_and_leaves_no_partial_file(tmp_path
     with mock.patch.object(pathlib.Path, "write_text", no_permission):
         message = _stops(tmp_path, script, tmp_path / "other")
     assert message.startswith(f"cannot write {tmp_path / 'other' / 'config.json'} (Permission")
+    with pytest.raises(ValueError):  # JSON has no NaN: finish() says so before it saves
+        runs.save(tmp_path / "nan.json", dict(a=math.nan))
+    with mock.patch.object(os, "replace", side_effect=OSError("an error without strerror")):
+        with pytest.raises(SystemExit, match=r"x.json \(is the disk full\?\)"):
+            runs.save(tmp_path / "x.json", {})
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=_id)
@@ -4843,6 +4866,18 @@ def test_train_lra_and_train_uea_compile_by_default_on_cuda_only(script):
     with mock.patch.object(torch.cuda, "is_available", return_value=False):
         assert module.parse_config(["--compile"]).compile is True
         assert module.parse_config([]).compile is False
+
+
+def test_runs_start_on_a_cpu_without_torchrun(tmp_path):
+    """One process, rank 0 of 1, on the CPU: no mixed precision (--amp: CUDA), no checkpoint."""
+    cfg = types.SimpleNamespace(out=str(tmp_path / "run"), device="cpu", amp=True)
+    cfg.resume, cfg.overwrite = False, False
+    try:
+        rank, world, device, autocast, ckpt = runs.start(cfg, "train_lra.py", "step", 4)
+    finally:
+        runs._lock.close()  # the lock start took
+    assert (rank, world, device, ckpt) == (0, 1, torch.device("cpu"), None)
+    assert not autocast._enabled, "autocast is off on the CPU"
 
 
 # ----------------------------------------------------------------------------------------------
