@@ -1130,6 +1130,7 @@ def test_model_bad_inputs_raise_clear_errors():
         (uea, (feats.double(), ok), T, feats_ + r"torch\.float64 of shape \(2, 10, 5\)$"),
         (lra, (torch.randint(1, 11, (2, 25)), None), V, r"^x: expected N <= max_len = 24 \("),
         (lra, (tokens, ~ok), V, r"^mask: every sequence needs a real token$"),
+        (lra, (tokens, ok & torch.tensor([[True], [False]])), V, "every sequence needs a real"),
         (two, (tokens, ok), V, "needs the second document x2"),
         (two, (tokens, ok, tokens, ok.float()), T, r"^mask2: .* got torch\.float32"),
         (two, (tokens, ok, tokens[:, :3], ok), V, r"^mask2: expected bool of shape \(2, 3\) on"),
@@ -5215,6 +5216,10 @@ def test_diagnose_report_csv_files_and_plots_from_a_mixed_model(tmp_path):
     assert [len(axes[0]) for _, axes in made] == [1, 1, 2, 1]  # GFSA: grid and eigenvalues
     (x, y, style), _ = made[0][1][0][0].plot.call_args  # the cosine curve, embedding first
     assert x == [0, 1, 2, 3, 4] and y == pytest.approx(cosine) and style == "o-"
+    # floats with 6 significant digits, however small or large; other values as they are
+    rows = [[1.5e-7, "agf"], [123456789.0, 2]]
+    lines = diagnose.write_csv(tmp_path / "x.csv", ["a", "b"], rows).read_text().splitlines()
+    assert lines == ["a,b", "1.5e-07,agf", "1.23457e+08,2"]
 
 
 def test_diagnose_read_checkpoint_picks_the_weights_or_says_they_are_not_there(tmp_path):
@@ -5554,6 +5559,7 @@ def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path,
 
 @pytest.mark.parametrize("argv, said", [
     (["--bandwidth-gbs", "nan"], "--bandwidth-gbs must be a finite number above 0"),  # gpu_bench
+    (["--bandwidth-gbs", "0"], "--bandwidth-gbs must be a finite number above 0"),
     (["--repeats", 0], "argument --repeats: must be at least 1, got 0"),
     (["--fit-min", 0], "argument --fit-min: must be at least 1, got 0"),
     (["--warmup", -1], "argument --warmup: must be at least 0"),
@@ -5739,6 +5745,27 @@ def test_bench_times_the_backward_and_counts_memory_bytes_and_operators():
     saved, total = out.getvalue().splitlines()[1:]
     assert saved.split()[-2:] == [f"{x_mib:.2f}", "MiB"], "exp's saved output, the size of x"
     assert f"4 x {x_mib:.2f} MiB;  total {6 * x_mib:.1f} MiB = " in total, total
+
+    class Exps(Exp):  # and two smaller outputs: 1/8 of x (2 % of the total), 1/256 (< 0.5 %)
+        def forward(self, x, mask):
+            y, aux = super().forward(x, mask)
+            return y + x[:, :256].exp().sum() + x[:, :8].exp().sum(), aux
+
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        gpu_bench.floor(Exps(), row, torch.float32, 2, show=True)
+    listed = out.getvalue().splitlines()[1:-1]  # each listed, the last under 0.5 % lumped
+    assert [line.split()[-2] for line in listed] == ["1.50", "0.19", "0.01"], listed
+    assert listed[-1].startswith("    1 smaller tensors: "), listed
+    seen = []  # each dtype's forward runs under autocast to that dtype; float32 under none
+
+    def forward(x, mask):
+        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+        return x, x.sum()
+
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        cpu = torch.device("cpu")
+        bench.layer_calls(layer, forward, B=1, N=2, D=2, device=cpu, dtype=dtype)[0]()
+    assert seen == [torch.float16, torch.bfloat16, None], seen
     a = torch.randn(3, 4, requires_grad=True)
     assert gpu_bench.dispatched_ops(lambda: (a + 1).t().mul(2).sum()) == 3
     forward = gpu_bench.dispatched_ops(lambda: (a * a).sum())
@@ -5944,7 +5971,11 @@ def test_bench_primal_fused_rows_run_fused_primal_which_must_equal_primal(monkey
 _FAKE_PYTHON = """#!/usr/bin/env bash
 if [ "$1" = - ]; then cat >/dev/null; echo "device cpu (no CUDA)"; exit 0; fi
 echo "$*" >>"$CALLS"
-while [ $# -gt 0 ]; do [ "$1" = --attention ] && kind=$2; shift; done
+while [ $# -gt 0 ]; do
+    [ "$1" = --attention ] && kind=$2
+    [ "$1" = --out ] && mkdir -p "$2" && printf '{"step": 1}\n{"step": 2}\n' >"$2/metrics.jsonl"
+    shift
+done
 echo "RESULT {}"
 exit "$(cat "$RCS/$kind")"
 """
@@ -5995,6 +6026,7 @@ def test_bench_ci_gpu_resumes_skips_and_fails_training_runs_as_its_header_says(t
         assert stages.count("listops agf:") == 1, stages
         assert "listops gfsa: exit 0\n" in stages
         assert f"listops primal+trans: exit {last_rc}\n" in stages
+        assert 'listops gfsa last log: {"step": 2}\n' in stages, "each run's last log line"
         n_results += 4
         assert (out / "results.jsonl").read_text().count("RESULT") == n_results
     # BUNDLE packs the stage in one part named .tar.gz; FROM refills a fresh OUTDIR from it
@@ -6005,8 +6037,11 @@ def test_bench_ci_gpu_resumes_skips_and_fails_training_runs_as_its_header_says(t
     ]  # fmt: skip
     (tmp_path / "calls").write_text("")
     command[-1] = again
+    newer = '{"partial": false, "newer": 1}'  # what OUTDIR has is kept
+    _write(again / "listops" / "softmax" / "result.json", newer)
     subprocess.run(command, capture_output=True, env=dict(env, FROM=back), timeout=60)
     assert "listops softmax: finished earlier" in (again / "stages.txt").read_text()
+    assert (again / "listops" / "softmax" / "result.json").read_text() == newer
     calls = (tmp_path / "calls").read_text().splitlines()
     assert _ci_gpu_flags(calls)["agf"] == "--resume", "a partial run comes back and resumes"
     env.update(STAGES="tests nope")
