@@ -3382,10 +3382,13 @@ def test_download_failure_names_the_folder_or_the_download(error, path, what):
 
 
 def test_download_a_url_without_a_scheme_is_a_local_file(tmp_path, monkeypatch):
-    """A path (~ expanded) names a file:// URL when the file is there; a URL is kept as given."""
+    """A path (~ expanded, relative made absolute) names a file:// URL when the file is there; a
+    URL is kept as given."""
     monkeypatch.setenv("HOME", str(tmp_path))
     _write(tmp_path / "a.tar", b"")
     assert download._as_url("~/a.tar") == (tmp_path / "a.tar").as_uri()
+    monkeypatch.chdir(tmp_path)  # a relative path, made absolute
+    assert download._as_url("a.tar") == (tmp_path / "a.tar").as_uri()
     assert download._as_url("ftp://x/~/a.tar") == "ftp://x/~/a.tar"
     with pytest.raises(download.Failed, match="is no URL"):  # a folder is no file
         download._as_url(str(tmp_path))
