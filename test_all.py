@@ -5848,9 +5848,10 @@ def test_bench_report_compares_modes_and_each_kind_at_its_fastest_with_softmax_i
     assert "3.00 ms  compiled     2.50 ms  graphs     2.00 ms  (compiled is 1.50x as fast)" in line
 
 
-def test_bench_forms_verdict_crowns_only_a_form_that_wins_at_every_point():
-    """--forms: a candidate becomes the default only when it is >= 1.2x its kind at every point
-    (layer and step alike, each at its fastest); of two such, the larger worst-point ratio."""
+def test_bench_forms_verdict_crowns_only_a_form_that_wins_at_every_point_from_some_n_on():
+    """--forms: a candidate becomes the default from the smallest N at and above which it is
+    >= 1.2x its kind at every point (layer and step alike, each at its fastest); of two such, the
+    one from the smaller N, then the larger worst-point ratio."""
 
     def row(kind, N, ms, what="layer", mode="eager"):
         col = "step_ms" if what == "step" else "fwdbwd_ms"
@@ -5858,7 +5859,7 @@ def test_bench_forms_verdict_crowns_only_a_form_that_wins_at_every_point():
 
     rows = [row("agf", 1024, 10.0), row("agf", 4096, 10.0), row("agf", 4096, 8.0, mode="graphs")]
     rows += [row("agf-split", 1024, 5.0), row("agf-split", 4096, 6.0)]  # 2.0x, 1.33x
-    rows += [row("agf-bf16", 1024, 2.0), row("agf-bf16", 4096, 9.0)]  # 5.0x at one point only
+    rows += [row("agf-bf16", 1024, 9.0), row("agf-bf16", 4096, 2.0)]  # 1.11x, 4.0x: from 4096
     rows += [row("agf-tf32", 1024, 7.0), row("agf-tf32", 4096, 6.4)]  # 1.43x, 1.25x
     rows += [row("primal", 1024, 10.0), row("primal-fused", 1024, 9.0)]  # 1.11x
     rows += [row("primal", 1024, 20.0, "step"), row("primal-fused", 1024, 10.0, "step")]  # 2.0x
@@ -5871,17 +5872,29 @@ def test_bench_forms_verdict_crowns_only_a_form_that_wins_at_every_point():
     summaries = [ln for ln in lines if " over " in ln]
     assert summaries == [
         "  agf-split: 1.33x to 2.00x agf over 2 points: WINS by >= 20 % at every point",
-        "  agf-bf16: 0.89x to 5.00x agf over 2 points: does not win by 20 % everywhere",
+        "  agf-bf16: 1.11x to 4.00x agf over 2 points: WINS by >= 20 % at every point from N = "
+        "4096 on, not below",
         "  agf-tf32: 1.25x to 1.43x agf over 2 points: WINS by >= 20 % at every point",
-        "  primal-fused: 1.11x to 2.00x primal over 2 points: does not win by 20 % everywhere",
+        "  primal-fused: 1.11x to 2.00x primal over 2 points: does not win by 20 % at the "
+        "largest N",  # layer and step at the one N: the worse of the two counts
     ]
     assert lines[-2:] == [
-        "  agf: agf-split becomes the default",
+        "  agf: agf-split becomes the default from N = 1024",  # agf-bf16 only from 4096
         "  primal: stays (none wins by 20 %)",
     ]
     at_4096 = "  layer N=  4096 agf-split 6.000 ms (eager bfloat16) against agf 8.000 ms (graphs"
     assert any(ln.startswith(at_4096) for ln in lines), "agf at its fastest mode, graphs"
     assert gpu_bench.forms_verdict([r for r in rows if "-" not in r["kind"]]) == []
+
+
+@pytest.mark.parametrize("ratios, want", [
+    ([(1024, 1.3), (4096, 1.2), (8192, 1.5)], (1024, 1.2)),  # exactly 1.2x is a win
+    ([(1024, 1.5), (4096, 1.1), (8192, 1.5), (12288, 1.4)], (8192, 1.4)),  # not 1024: 4096 lost
+    ([(8192, 1.5), (8192, 1.19), (4096, 2.0)], None),  # the step at the largest N lost
+    ([(1024, 0.5), (16384, 1.25), (4096, 3.0)], (4096, 1.25)),  # in any order
+])  # fmt: skip
+def test_bench_forms_win_from_the_smallest_n_above_which_every_point_wins(ratios, want):
+    assert gpu_bench.wins_from(ratios) == want
 
 
 def test_bench_gpu_rows_eager_alone_count_operators_and_layers_the_floor(monkeypatch):

@@ -352,19 +352,33 @@ def against_softmax(rows: list) -> list:
     return ["as fast as softmax attention, each at its fastest:", *lines] if lines else []
 
 
+def wins_from(ratios: list):
+    """(N0, the worst ratio from N0 on) for the smallest measured N0 from which every point,
+    (N, ratio) with N >= N0, is a win by WIN; None when the largest N is no such win."""
+    found = None
+    for N0 in sorted({n for n, _ in ratios}, reverse=True):
+        worst = min(r for n, r in ratios if n >= N0)
+        if worst < WIN:
+            break
+        found = N0, worst
+    return found
+
+
 def forms_verdict(rows: list) -> list:
     """--forms: each candidate against its default kind at every point both were measured at,
-    each at its fastest (mode and dtype; layers: also that time over the floor), and which wins
-    by >= 20 % at every point: the faster such becomes the default, else the plain form stays."""
+    each at its fastest (mode and dtype; layers: also that time over the floor), and from which N
+    on it wins by >= 20 % at every point (layer and step alike): of such, the one winning from
+    the smallest N (then by the larger worst ratio) becomes the default from there, else the
+    plain form stays."""
     lines, wins = [], {}
     for form, (kind, _, _) in FORMS.items():
-        ratios = []
+        ratios = []  # (N, old time / new time), one per point
         for what, N in dict.fromkeys((r["what"], r["N"]) for r in rows if r["kind"] == form):
             col = "step_ms" if what == "step" else "fwdbwd_ms"
             new, old = fastest(rows, what, form, N), fastest(rows, what, kind, N)
             if new is None or old is None:
                 continue
-            ratios.append(old[col] / new[col])
+            ratios.append((N, old[col] / new[col]))
             floors = {
                 r["kind"]: r["floor_ms"]
                 for r in rows
@@ -381,20 +395,27 @@ def forms_verdict(rows: list) -> list:
             lines.append(
                 f"  {what:5s} N={N:6d} {form} {new[col]:.3f} ms ({new['mode']} "
                 f"{new['dtype']}) against {kind} {old[col]:.3f} ms ({old['mode']} "
-                f"{old['dtype']}): {ratios[-1]:.2f}x{over}"
+                f"{old['dtype']}): {ratios[-1][1]:.2f}x{over}"
             )
         if ratios:
-            won = min(ratios) >= WIN
-            wins[form] = min(ratios) if won else None
+            wins[form] = wins_from(ratios)
+            low, high = min(r for _, r in ratios), max(r for _, r in ratios)
+            if wins[form] is None:
+                said = "does not win by 20 % at the largest N"
+            elif wins[form][0] == min(n for n, _ in ratios):
+                said = "WINS by >= 20 % at every point"
+            else:
+                said = f"WINS by >= 20 % at every point from N = {wins[form][0]} on, not below"
             lines.append(
-                f"  {form}: {min(ratios):.2f}x to {max(ratios):.2f}x {kind} over "
-                f"{len(ratios)} points: "
-                + ("WINS by >= 20 % at every point" if won else "does not win by 20 % everywhere")
+                f"  {form}: {low:.2f}x to {high:.2f}x {kind} over {len(ratios)} points: {said}"
             )
     for kind in dict.fromkeys(k for k, _, _ in FORMS.values()):
-        best = max((f for f in wins if FORMS[f][0] == kind and wins[f]), key=wins.get, default=None)
+        won = {f: w for f, w in wins.items() if FORMS[f][0] == kind and w is not None}
+        best = min(won, key=lambda f: (won[f][0], -won[f][1]), default=None)
         if any(FORMS[f][0] == kind for f in wins):
-            verdict = f"{best} becomes the default" if best else "stays (none wins by 20 %)"
+            verdict = "stays (none wins by 20 %)"
+            if best:
+                verdict = f"{best} becomes the default from N = {won[best][0]}"
             lines.append(f"  {kind}: {verdict}")
     return ["candidate forms against their default kind (--forms):", *lines] if lines else []
 

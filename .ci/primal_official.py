@@ -1,12 +1,13 @@
 """
-.ci/primal_cpu.py: PrimalAttention against the official LRA layer's order of operations on the
-CPU, and against a block-diagonal form of its scores, interleaved in one process (a shared
-machine's load then falls on all alike).
+.ci/primal_official.py: PrimalAttention against the official LRA layer's order of operations,
+and against a block-diagonal form of its scores, interleaved in one process (a shared machine's
+load then falls on all alike), on the CPU or one CUDA GPU.
 
-    taskset -c 0,1 python .ci/primal_cpu.py --ns 512 1024 2048 4096 8192 --repeats 30
-    python .ci/primal_cpu.py --heads 2 8 --ns 1024 4096  # H = 2 (LRA) and 8 (UEA), D = 64
-    python .ci/primal_cpu.py --ns 2048 --saved      # the tensors each saves for backward
-    python .ci/primal_cpu.py --ns 2048 --profile    # torch.profiler, the costliest operators
+    taskset -c 0,1 python .ci/primal_official.py --ns 512 1024 2048 4096 8192 --repeats 30
+    python .ci/primal_official.py --heads 2 8 --ns 1024 4096  # H = 2 (LRA) and 8 (UEA), D = 64
+    python .ci/primal_official.py --ns 2048 --saved      # the tensors each saves for backward
+    python .ci/primal_official.py --ns 2048 --profile    # torch.profiler, the costliest operators
+    python .ci/primal_official.py --device cuda --ns 8192 16384 32768 --repeats 10  # peak memory
 
 One layer as bench.py's: B = 2, D = 64, H = 2 (--heads, --d-model), s = 20, m = 200, float32,
 no padding; forward + backward of mean(y²) + aux. "official" is written here from the order of
@@ -20,8 +21,11 @@ and aux (checked first, float64).
 sequence, each head's W_{e|X} on the block diagonal: φ stays in W_q's (B, N, H, d) layout (no
 copy), at H times the multiplications of the per-head products (B, H, N, d) @ (B, H, d, s).
 Per H and N: the median fwd+bwd time of each over --repeats rounds (the order turns every
-round), wall clock and the process's CPU time (on a shared machine the steadier of the two), the
-ratio of each to official, and the bytes each saves for backward (bench.saved_tensors).
+round), wall clock and, on the CPU, the process's CPU time (on a shared machine the steadier of
+the two), the ratio of each to official, and the bytes each saves for backward
+(bench.saved_tensors); on CUDA also each one's peak memory: the most allocated during one
+forward + backward, less what was allocated before it (x, the weights), and its ratio to
+official's.
 """
 
 import argparse
@@ -69,7 +73,7 @@ class BlockDiagonal(PrimalAttention):
         phi_q, phi_k = self.feature_maps(x, mask)  # (B, H, N, d) views of (B, N, H, d) each
         f_x = self.sampled_tokens(x, mask).transpose(-2, -1)  # (B, H, d, m)
         H = self.n_heads
-        eye = torch.eye(H, dtype=x.dtype)[:, None, :, None]  # (H, 1, H, 1)
+        eye = torch.eye(H, dtype=x.dtype, device=x.device)[:, None, :, None]  # (H, 1, H, 1)
         e_r = []
         for phi, W in ((phi_q, self.We), (phi_k, self.Wr)):
             W_X = f_x @ W  # W_{e|X} (or W_{r|X}): (B, H, d, s)
@@ -79,20 +83,20 @@ class BlockDiagonal(PrimalAttention):
         return e_r[0], e_r[1]
 
 
-def make_forms(d_model: int, n_heads: int, dtype: torch.dtype) -> dict:
+def make_forms(d_model: int, n_heads: int, dtype: torch.dtype, device: str) -> dict:
     """The three forms, with the same parameters: name -> (x, mask) -> (y, aux)."""
     torch.manual_seed(0)
-    layer = PrimalAttention(d_model, n_heads, max_len=65536).to(dtype)
-    block = BlockDiagonal(d_model, n_heads, max_len=65536).to(dtype)
+    layer = PrimalAttention(d_model, n_heads, max_len=65536).to(device, dtype)
+    block = BlockDiagonal(d_model, n_heads, max_len=65536).to(device, dtype)
     block.load_state_dict(layer.state_dict())
     return {"ours": layer, "block-diag": block, "official": lambda x, m: official(layer, x, m)}
 
 
-def same_outputs(d_model: int, n_heads: int) -> None:
+def same_outputs(d_model: int, n_heads: int, device: str) -> None:
     """Without padding all give the same y and aux (float64): else the timing is moot."""
-    forms = make_forms(d_model, n_heads, torch.float64)
-    x = torch.randn(2, 300, d_model, dtype=torch.float64)
-    mask = torch.ones(2, 300, dtype=torch.bool)
+    forms = make_forms(d_model, n_heads, torch.float64, device)
+    x = torch.randn(2, 300, d_model, dtype=torch.float64, device=device)
+    mask = torch.ones(2, 300, dtype=torch.bool, device=device)
     want = forms["official"](x, mask)
     for name in ("ours", "block-diag"):
         for a, b in zip(forms[name](x, mask), want, strict=True):
@@ -111,20 +115,28 @@ def main(argv=None) -> None:
     p.add_argument("--d-model", type=int, default=64, help="D, the same at every H")
     p.add_argument("--saved", action="store_true", help="list the tensors saved for backward")
     p.add_argument("--profile", action="store_true", help="torch.profiler's costliest operators")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda: adds peak memory")
     args = p.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        p.error(f"--device {args.device}: no CUDA device here")
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, B=2 float32")
+    where = torch.cuda.get_device_name() if args.device.startswith("cuda") else "the CPU"
+    print(f"torch {torch.__version__}, {where}, {torch.get_num_threads()} threads, B=2 float32")
     for H in args.heads:
-        same_outputs(args.d_model, H)
-        forms = make_forms(args.d_model, H, torch.float32)
+        same_outputs(args.d_model, H, args.device)
+        forms = make_forms(args.d_model, H, torch.float32, args.device)
         for N in args.ns:
             measure(forms, H, N, args)
 
 
 def measure(forms: dict, H: int, N: int, args: argparse.Namespace) -> None:
-    """One line per (H, N): median times, ratios to official, saved MiB; --saved, --profile."""
-    x = torch.randn(2, N, args.d_model, requires_grad=True)
-    mask = torch.ones(2, N, dtype=torch.bool)
+    """One line per (H, N) and clock: median times, ratios to official; then saved MiB and on
+    CUDA peak MiB; --saved, --profile."""
+    x = torch.randn(2, N, args.d_model, device=args.device, requires_grad=True)
+    mask = torch.ones(2, N, dtype=torch.bool, device=args.device)
+    cuda = x.is_cuda
+    sync = torch.get_device_module(x.device).synchronize  # torch.cuda's, or the CPU's (a no-op)
+    clocks = ("wall",) if cuda else ("wall", "cpu")  # a GPU's time is not the process's CPU time
 
     def fwd_bwd(form, x, mask):
         y, aux = form(x, mask)
@@ -137,20 +149,27 @@ def measure(forms: dict, H: int, N: int, args: argparse.Namespace) -> None:
     for i in range(args.repeats + 2):  # the first two rounds warm up
         for j in range(len(FORMS)):  # each form goes first in turn
             name = FORMS[(i + j) % len(FORMS)]
+            sync(x.device)
             t0, c0 = time.perf_counter(), time.process_time()
             fwd_bwd(forms[name], x, mask)
+            sync(x.device)
             times[name, "cpu"].append((time.process_time() - c0) * 1e3)
             times[name, "wall"].append((time.perf_counter() - t0) * 1e3)
     ms = {key: statistics.median(t[2:]) for key, t in times.items()}
     saved = {n: bench.saved_tensors(lambda f=f, a=(x, mask): f(*a)) for n, f in forms.items()}
     mib = {n: sum(s[2] for s in v) / bench.MIB for n, v in saved.items()}
-    for clock in ("wall", "cpu"):
+    for clock in clocks:
         line = f"H={H} D={args.d_model} N={N:5d} {clock:4s}:"
         for name in FORMS:
             line += f" {name} {ms[name, clock]:7.2f}"
         ours, block = (ms[name, clock] / ms["official", clock] for name in ("ours", "block-diag"))
         print(f"{line} ms; / official: ours {ours:.3f}, block-diag {block:.3f}")
     print("    saved MiB: " + ", ".join(f"{n} {mib[n]:.2f}" for n in FORMS))
+    if cuda:
+        peak = {name: peak_mib(lambda f=forms[name]: fwd_bwd(f, x, mask)) for name in FORMS}
+        line = ", ".join(f"{n} {peak[n]:.2f}" for n in FORMS)
+        ours, block = (peak[name] / peak["official"] for name in ("ours", "block-diag"))
+        print(f"    peak MiB: {line}; / official: ours {ours:.3f}, block-diag {block:.3f}")
     for name in FORMS if args.saved else ():
         for shape, dtype, nbytes, _ in sorted(saved[name], key=lambda s: -s[2]):
             print(f"    {name:10s} {str(shape):20s} {str(dtype)[6:]:8s} {nbytes / 2**10:8.1f} KiB")
@@ -160,6 +179,16 @@ def measure(forms: dict, H: int, N: int, args: argparse.Namespace) -> None:
                 fwd_bwd(forms[name], x, mask)
         print(f"  {name}, 5 calls:")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
+
+
+def peak_mib(fn) -> float:
+    """The most CUDA memory allocated while fn() runs, less what was allocated before, in MiB."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - before) / bench.MIB
 
 
 if __name__ == "__main__":
