@@ -6016,8 +6016,8 @@ def test_bench_ci_gpu_resumes_skips_and_fails_training_runs_as_its_header_says(t
         (out / "listops" / kind).mkdir(parents=True)
         (out / "listops" / kind / "result.json").write_text(f'{{"partial": {result}}}')
     (out / "listops" / "primal").mkdir()
-    (out / "listops" / "agf" / "checkpoint.pt").touch()
-    (out / "listops" / "primal" / "checkpoint.pt").touch()
+    for kind in ("softmax", "agf", "primal"):  # softmax's weights never come back: finished
+        (out / "listops" / kind / "checkpoint.pt").touch()
     env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", CALLS=str(tmp_path / "calls"))
     env.update(RCS=str(rcs), STAGES="listops")
     n_results = 0  # RESULT lines in the training logs, which each call appends to
@@ -6053,6 +6053,9 @@ def test_bench_ci_gpu_resumes_skips_and_fails_training_runs_as_its_header_says(t
     assert sorted(p.name for p in back.iterdir()) == [
         "listops.tar.gz", "logs.tar.gz", "results.jsonl", "stages.txt"
     ]  # fmt: skip
+    with tarfile.open(back / "listops.tar.gz") as tar:
+        packed = {name for name in tar.getnames() if name.endswith(".pt")}
+    assert packed == {"listops/agf/checkpoint.pt", "listops/primal/checkpoint.pt"}, packed
     (tmp_path / "calls").write_text("")
     command[-1] = again
     newer = '{"partial": false, "newer": 1}'  # what OUTDIR has is kept
