@@ -5493,6 +5493,7 @@ def test_diagnose_summary_counts_at_their_boundaries_and_the_table_aligns():
 
 sys.path.insert(1, str(HERE / ".ci"))
 import gpu_bench  # noqa: E402
+import gpu_table  # noqa: E402
 
 TINY_BENCH = ["--ns", "32", "64", "--fit-min", "32", "--repeats", "1", "--warmup", "0"]
 
@@ -5986,8 +5987,48 @@ def test_bench_primal_fused_rows_run_fused_primal_which_must_equal_primal(monkey
         gpu_bench.check_fused_primal()
 
 
+def _result_line(attention, steps_reached, partial, **more):
+    config = dict(steps=20000, batch_size=32, max_len=1000) | more.pop("config", {})
+    result = dict(task="text", attention=attention, test_acc=0.6234, final_val_acc=0.6011)
+    result.update(best_step=1500, steps=20000, steps_reached=steps_reached, partial=partial)
+    result.update(wall_s=400.0, device="NVIDIA H200 x 1", config=config)
+    return "RESULT " + json.dumps(result | more)
+
+
+def test_bench_gpu_table_rows_from_the_last_result_of_each_run_beside_the_paper():
+    """.ci/gpu_table.py: a resumed run's last RESULT line wins; partial runs say so; tokens/s is
+    steps x batch x max_len over the wall time; the paper's Table 2 beside; no run, dashes."""
+    lines = [
+        _result_line("agf", 9000, True),  # the first call stopped it at step 9000
+        "== not a result",
+        _result_line("softmax", 20000, False),
+        _result_line("agf", 20000, False, wall_s=800.0),  # the second call finished it
+        _result_line("primal", 12500, True),
+        _result_line("softmax", 1, False, task="listops", config=dict(steps=1)),  # the data check
+        _result_line("exotic", 20000, False, config=dict(max_len=4000)),  # another table
+    ]
+    got = gpu_table.tables(lines, "torch 2.11")
+    text1k = got[: got.index("", 3)]
+    assert text1k[0] == (
+        "text, max_len 1000, NVIDIA H200 x 1; torch 2.11 (the paper's Text is 4K: max_len 4000):"
+    )
+    assert text1k[3:] == [
+        "|---|---|---|---|---|---|---|---|",
+        "| softmax | 62.3 | 60.1 | 1500 | 20000 of 20000 | 400.0 | 1.60 | 65.0 |",
+        "| agf | 62.3 | 60.1 | 1500 | 20000 of 20000 | 800.0 | 0.80 | — |",  # 640M tokens
+        "| primal | 62.3 | 60.1 | 1500 | 12500 of 20000 (partial) | 400.0 | 1.00 | 61.2 |",
+        "| primal+trans | — | — | — | — | — | — | 65.4 |",
+        "| gfsa | — | — | — | — | — | — | — |",
+    ]
+    text4k = got[got.index("", 3) + 1 :]
+    assert text4k[0].startswith("text, max_len 4000, NVIDIA H200 x 1; torch 2.11:"), text4k
+    assert text4k[-2] == "| exotic | 62.3 | 60.1 | 1500 | 20000 of 20000 | 400.0 | 6.40 | — |"
+    assert not any(line.startswith("listops") for line in got), "the one-step data check"
+
+
 _FAKE_PYTHON = """#!/usr/bin/env bash
 if [ "$1" = - ]; then cat >/dev/null; echo "device cpu (no CUDA)"; exit 0; fi
+if [ "$1" = .ci/gpu_table.py ]; then echo "| a table |"; exit 0; fi
 echo "$*" >>"$CALLS"
 while [ $# -gt 0 ]; do
     [ "$1" = --attention ] && kind=$2
@@ -6051,8 +6092,9 @@ def test_bench_ci_gpu_resumes_skips_and_fails_training_runs_as_its_header_says(t
     back, again = tmp_path / "back", tmp_path / "again"
     subprocess.run(command, capture_output=True, env=dict(env, BUNDLE=back), timeout=60)
     assert sorted(p.name for p in back.iterdir()) == [
-        "listops.tar.gz", "logs.tar.gz", "results.jsonl", "stages.txt"
+        "listops.tar.gz", "logs.tar.gz", "results.jsonl", "stages.txt", "tables.md"
     ]  # fmt: skip
+    assert (back / "tables.md").read_text() == "| a table |\n"
     with tarfile.open(back / "listops.tar.gz") as tar:
         packed = {name for name in tar.getnames() if name.endswith(".pt")}
     assert packed == {"listops/agf/checkpoint.pt", "listops/primal/checkpoint.pt"}, packed
