@@ -2363,6 +2363,7 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     (["1:3:2:1", "1:5"], dict(dims="3", labels="1 2"), 1, "1 dimension(s), not 3 (the header)"),
     ([_OK, "up"], {}, 1, "a case needs values before its label"),
     (["1,x:3,4:up"], {}, 0, "non-numeric value 'x' (dimension 1, step 2)"),
+    (["1, 2\x1f:3,4:up"], {}, 0, "non-numeric value ' 2\\x1f' (dimension 1, step 2)"),  # a control
     (["1,2:3,4:0.5", "1,2:3,4:abc"], dict(labels=False, extra=_TARGETS), 1, "non-numeric target"),
     (["1,2:3,4:0.5", "1,2:3,4"], dict(labels=False, extra=_TARGETS), 1, "the target value is"),
     ([_OK, "1,2,3:3,4:up"], {}, 1, "channels of different lengths [2, 3] in one case"),
@@ -2390,7 +2391,15 @@ _UEA_BAD_FILES = [  # (rows or the file's bytes, _toy_ts options, data row or ta
     (b"@problemName X\n@classLabel true a b\n", None, None, "no @data line (is this a .ts file?)"),
     ([], {}, None, "no cases after @data"),
     (b"", None, None, "empty file"),
-    (b"@\n@data\n1:up\n", None, "@", "unknown header tag @"),  # "@" alone
+    (b"@\n@data\n1:up\n", None, "@", "no tag right after '@' (as in @data)"),  # "@" alone
+    # white space, of any kind, between "@" and the tag: no tag (the official loader reads none)
+    *[
+        (f"@classLabel true up\n@{space}data\n1:up\n".encode(), None, 1, "no tag right")  # line 2
+        for space in (" ", "\t", "\x85", "\xa0", "\x0c")
+    ],
+    # a byte-order mark after the file's start, on a tag or a case (a BOM first is read: below)
+    (b"@classLabel true up\n\xef\xbb\xbf@data\n1:up\n", None, 1, "a byte-order mark inside"),
+    (b"@classLabel true up\n@data\n1:up\n\xef\xbb\xbf2:up\n", None, 3, "a byte-order mark in"),
     (b"  \n\n \t\n", None, None, "empty file"),
     (b"PK\x03\x04\x14\x00\x00\x00\x08\x00zip", None, None, _NUL),
     (_toy_ts([_OK])[0].encode("utf-16"), None, None, _NUL),
@@ -3323,7 +3332,8 @@ def _dl_mutant(rng, zipped: bool) -> tuple:
     archive = bytearray(_dl_archive(members, zipped))
     if "cut" in done:
         archive = archive[: rng.randrange(len(archive))]
-    for at in rng.sample(range(len(archive)), 3 if "flip" in done else 0):
+    flips = min(3, len(archive)) if "flip" in done else 0  # a cut may leave fewer bytes
+    for at in rng.sample(range(len(archive)), flips):
         archive[at] ^= 1 << rng.randrange(8)
     return bytes(archive), done
 

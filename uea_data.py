@@ -75,13 +75,17 @@ def read_ts(path, require_labels: bool = False) -> TsFile:
     # Archive comments may hold non-UTF-8 bytes (a latin-1 µ): replace them; refuse them below.
     # Lines end as in Python's text mode (\n, \r\n, \r), not str.splitlines' (also \f, \x85):
     # "# note\f1,2:up" is a comment, as the official loader reads it.
-    text = data.decode("utf-8", "replace").replace("\r\n", "\n").replace("\r", "\n")
+    # A byte-order mark opens the file, or it is text (U+FEFF, not white space) like any other.
+    text = data.decode("utf-8", "replace").removeprefix("\ufeff")
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
     for line_no, raw in enumerate(text.split("\n"), start=1):
-        line = raw.strip().lstrip("\ufeff")
+        line = raw.strip()
         if not line or line.startswith("#"):
             continue
         if "\ufffd" in line and (in_data or line.startswith("@")):
             raise TsFormatError(path, line_no, "bytes that are not UTF-8 text (a binary file?)")
+        if "\ufeff" in line and (in_data or line.lstrip("\ufeff").startswith("@")):
+            raise TsFormatError(path, line_no, "a byte-order mark inside the file (files joined?)")
         if in_data:
             values, label = _parse_case(line, has_label, n_dims, class_names, header, path, line_no)
             n_dims = len(values)
@@ -89,7 +93,8 @@ def read_ts(path, require_labels: bool = False) -> TsFile:
             labels.append(_parse_label(label, class_names, header, path, line_no))
             line_numbers.append(line_no)
         elif line.startswith("@"):  # aeon tolerates free text before @data; so do we
-            tag, value = (line[1:].split(maxsplit=1) + ["", ""])[:2]  # "@" alone: tag ""
+            # the tag starts right after "@", as the official loader reads it ("@ data" is none)
+            tag, value = re.match(r"(\S*)(.*)", line[1:]).groups()
             in_data = _parse_tag(tag.lower(), value.strip(), header, class_names, path, line_no)
             if in_data:
                 if require_labels and not class_names:
@@ -122,6 +127,8 @@ def _bool(header: dict, tag: str) -> bool:
 
 def _parse_tag(tag: str, value: str, header: dict, class_names: list, path, line_no) -> bool:
     """Store one header tag; return True for @data."""
+    if not tag:
+        raise TsFormatError(path, line_no, "no tag right after '@' (as in @data)")
     if tag not in HEADER_TAGS:
         raise TsFormatError(path, line_no, f"unknown header tag @{tag}")
     if tag in ("timestamps", "missing", "univariate", "equallength", "targetlabel"):
@@ -177,14 +184,16 @@ def _parse_case(line: str, has_label: bool, n_dims, class_names, header, path, l
 
 def _parse_values(text: str, dim: int, path, line_no) -> np.ndarray:
     """'1.5,?,2' -> [1.5, nan, 2.0]; '?' (and 'nan') mark missing values."""
-    tokens = [t.strip() for t in text.split(",")]
+    # Unstripped: float() (and numpy) take the white space around a number, and refuse what
+    # str.strip would also remove (control characters such as \x1f: a damaged file).
+    tokens = text.split(",")
     try:  # fast path: numpy parses the whole channel at once
         out = np.array(tokens, dtype=np.float64)
     except ValueError:
         out = np.empty(len(tokens))
         for i, token in enumerate(tokens):
             try:
-                out[i] = np.nan if token == "?" else float(token)
+                out[i] = np.nan if token.strip() == "?" else float(token)
             except ValueError:
                 where = f"(dimension {dim + 1}, step {i + 1})"
                 raise TsFormatError(path, line_no, f"non-numeric value {token!r} {where}") from None
