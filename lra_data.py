@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import pathlib
 import pickle
+import pickletools
 import random
 import re
 import signal
@@ -429,6 +430,12 @@ def _unpickle(path: pathlib.Path, **options):
     AttributeError, EOFError, ImportError, and IndexError")."""
     data = _read(path)
     try:
+        # pickle.loads keeps its memo in an array as long as the largest index the file names:
+        # one flipped bit can make that 2³¹ entries, 16 GB zeroed before any error. A pickle of
+        # n bytes memoizes fewer than n objects, so a larger index is damage, refused first.
+        for opcode, index, _ in pickletools.genops(data):
+            if opcode.name in ("PUT", "BINPUT", "LONG_BINPUT") and index >= len(data):
+                raise ValueError(f"memo index {index} in a pickle of {len(data)} bytes")
         return pickle.loads(data, **options)
     except Exception as e:  # any: a pickle names what to call
         raise pickle.UnpicklingError(f"{type(e).__name__}: {e}"[:200]) from None

@@ -48,6 +48,7 @@ import tarfile
 import tempfile
 import threading
 import time
+import tracemalloc
 import types
 import warnings
 import zipfile
@@ -1752,6 +1753,39 @@ def test_lra_data_pytorch_lra_pickles(tmp_path):
     assert tokens.y.tolist() == [1, 0], "a bool label is Python's 1 or 0"
 
 
+def test_lra_data_a_damaged_pickle_allocates_no_more_than_its_size(tmp_path):
+    """A memo index (LONG_BINPUT) or a bytearray length (BYTEARRAY8) far beyond the file, as one
+    flipped bit can make: refused within a few MB traced, never the 256 MB each names (the memo
+    index: pickle.loads takes it); numpy arrays pickled with protocol 5 (bytearrays) read as 4."""
+    memo = b"\x80\x02]r" + struct.pack("<I", 2**24) + b"."  # [], memo entry 2²⁴: 2²⁵ slots in C
+    fine = b"\x80\x02]r" + struct.pack("<I", 8) + b"."  # an index below its 9 bytes: no harm
+    assert lra_data._unpickle(_write(tmp_path / "fine.pickle", fine)) == []
+    huge = b"\x80\x05\x96" + struct.pack("<Q", 2**28) + b"abc."  # a 256 MB bytearray
+    short = b"\x80\x05\x96" + struct.pack("<Q", 5) + b"abc."  # 5 bytes said, 4 there
+    for content, what in [
+        (memo, "ValueError: memo index 16777216 in a pickle of 9 bytes"),
+        (fine.replace(b"\x08", b"\x09"), "memo index 9 in a pickle of 9 bytes"),  # n: no such
+        (huge, "expected 268435456 bytes in a bytearray8, but only 4 remain"),
+        (short, "expected 5 bytes in a bytearray8, but only 4 remain"),
+    ]:
+        path = _write(tmp_path / "listops.train.pickle", content)
+        tracemalloc.start()
+        try:
+            with pytest.raises(lra_data.DataError, match=what):
+                lra_data.read_lra_pickle(path, "listops", 8)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 2**23, f"{what}: {peak / 2**20:.0f} MiB traced"
+    items = [{"input_ids_0": np.arange(1, 6, dtype=dtype), "label": 1} for dtype in (np.int32, int)]
+    read = []
+    for protocol in (4, 5):
+        path = _write(tmp_path / f"p{protocol}.pickle", pickle.dumps(items, protocol=protocol))
+        assert (b"\x96" in path.read_bytes()) == (protocol == 5), "bytearrays in protocol 5 only"
+        read.append(lra_data.read_lra_pickle(path, "listops", 8)[0])
+    assert read[0].x.tolist() == read[1].x.tolist() == [[1, 2, 3, 4, 5, 0, 0, 0]] * 2
+
+
 def _lra_read(kind: str, content, tmp_path: pathlib.Path):
     """Put content where reader `kind` reads it and read it (max_len 8) -> its result."""
     if kind in ("listops", "aan"):
@@ -2436,6 +2470,7 @@ def test_uea_data_reader_errors_name_file_line_and_problem(rows, options, where,
 FUZZ_MUTANTS = int(os.environ.get("FUZZ_MUTANTS", "200"))  # per reader; more for a long run
 _FUZZ_BYTES = [b"\t", b"\n", b"\r", b'"', b"\xc2\xb2", b"\xe9", b"\0", b"?", b":", b",", b"#"]
 _FUZZ_BYTES += [b" ", b"\x0c", b"\xc2\x85", b"\xef\xbb\xbf", b"]", b"(", b"9", b"-", b".", b"1"]
+_FUZZ_BYTES += [b"\x1f", b"\xc2\xa0", b"\x0b", b"\xe2\x80\x83", b"\x1c"]  # str.strip's space
 _FUZZ_FIELDS = [b"\xc2\xb2", b"", b"10", b"-1", b"0.5", b"?", b"1e0", b"nan", b"\xe9", b'"', b"X"]
 
 
@@ -2575,7 +2610,9 @@ def _cifar_by_hand(f: pathlib.Path) -> dict:
     """Each batch read plainly (a dict, data uint8 (n, 3072), n labels 0..9 in a list or an
     array (n,) or (n, 1)), written again in the plain form (a list of ints), then read."""
     for file in sorted(f.iterdir()):
-        batch = pickle.loads(file.read_bytes(), encoding="bytes")
+        # pickle._loads, the Python unpickler: the C one's memo grows to any index a damaged
+        # file names (2³¹ slots, 16 GB zeroed, for one flipped bit)
+        batch = pickle._loads(file.read_bytes(), encoding="bytes")
         data, labels = batch[b"data"], batch[b"labels"]
         assert isinstance(data, np.ndarray) and data.dtype == np.uint8 and len(data)
         if isinstance(labels, np.ndarray):
@@ -2614,7 +2651,7 @@ def _pickle_by_hand(f: pathlib.Path) -> list:
     """A ListOps pickle read plainly: input_ids_0 a row of whole numbers 0..16, cut to 4, zeros at
     its end padding; label a whole number 0..9 (or a row of one)."""
     rows = []
-    for item in pickle.loads((f / "listops.train.pickle").read_bytes()):
+    for item in pickle._loads((f / "listops.train.pickle").read_bytes()):  # as _cifar_by_hand
         ids, (label,) = item["input_ids_0"], np.ravel(item["label"])
         assert np.ndim(ids) == 1
         row = [_whole(value, 17) for value in ids][:4]
