@@ -166,7 +166,10 @@ def measure(forms: dict, H: int, N: int, args: argparse.Namespace) -> None:
         print(f"{line} ms; / official: ours {ours:.3f}, block-diag {block:.3f}")
     print("    saved MiB: " + ", ".join(f"{n} {mib[n]:.2f}" for n in FORMS))
     if cuda:
-        peak = {name: peak_mib(lambda f=forms[name]: fwd_bwd(f, x, mask)) for name in FORMS}
+        peak = {
+            name: bench.peak_mib(lambda f=f: fwd_bwd(f, x, mask), lambda f=f: f(x, mask), x.device)
+            for name, f in forms.items()
+        }
         line = ", ".join(f"{n} {peak[n]:.2f}" for n in FORMS)
         ours, block = (peak[name] / peak["official"] for name in ("ours", "block-diag"))
         print(f"    peak MiB: {line}; / official: ours {ours:.3f}, block-diag {block:.3f}")
@@ -179,16 +182,6 @@ def measure(forms: dict, H: int, N: int, args: argparse.Namespace) -> None:
                 fwd_bwd(forms[name], x, mask)
         print(f"  {name}, 5 calls:")
         print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
-
-
-def peak_mib(fn) -> float:
-    """The most CUDA memory allocated while fn() runs, less what was allocated before, in MiB."""
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - before) / bench.MIB
 
 
 if __name__ == "__main__":
