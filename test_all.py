@@ -69,6 +69,7 @@ import agf  # noqa: E402
 import bench  # noqa: E402
 import diagnose  # noqa: E402
 import download  # noqa: E402
+import files  # noqa: E402
 import lra_data  # noqa: E402
 import polynomials  # noqa: E402
 import runs  # noqa: E402
@@ -3047,6 +3048,129 @@ def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
     with pytest.raises(DatasetNotFoundError) as err:  # no way by hand
         uea_data.download_dataset("Toy", str(tmp_path / "other"), url, progress=False)
     assert "Toy is a file, where" in str(err.value) and "dataset.php" not in str(err.value)
+
+
+# ----------------------------------------------------------------------------------------------
+# files.py: the one write path, against every fault a file system gives
+# ----------------------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _mounted(folder: pathlib.Path, options: str):
+    """A tmpfs mounted on folder with options (ro; size=64k): real faults, not mocked ones.
+    Skips where this process may not mount (not root, or a sandbox without the call)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
+                          capture_output=True, text=True)  # fmt: skip
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode})")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)
+
+
+def _fill_until_full(folder: pathlib.Path) -> None:
+    """Leave no byte free in the tmpfs at folder."""
+    with contextlib.suppress(OSError), open(folder / "ballast", "wb") as f:
+        while True:
+            f.write(b"x" * 4096)
+            f.flush()
+
+
+# fault: where the file goes (made by the test) -> the sentence's end, and the path it names
+_FILE_FAULTS = {
+    "read-only": ("ro", "mnt/out.bin", "mnt/out.bin: the file system is read-only"),
+    "full-mid-write": ("size=64k", "mnt/out.bin", "mnt/out.bin: the disk is full"),
+    "full-at-once": ("size=64k full", "mnt/out.bin", "mnt/out.bin: the disk is full"),
+    "name-too-long": (None, "n" * 256, "the name is too long (its longest part has 256 bytes"),
+    "file-as-folder": (None, "plain/sub/out.bin", "below {tmp}/plain: a file stands where"),
+    "folder-as-file": (None, "plain", "plain: a folder stands where the file goes"),
+}
+
+
+@pytest.mark.parametrize("fault", _FILE_FAULTS)
+@pytest.mark.parametrize("content", ["bytes", "fill"])
+def test_files_write_says_each_fault_in_one_sentence_and_leaves_nothing(tmp_path, fault, content):
+    """Every fault a file system gives a write: one sentence (WriteError, an OSError) naming the
+    path and the fault; the file that was there stays whole, and no temporary file remains."""
+    mount, name, said = _FILE_FAULTS[fault]
+    target, big = tmp_path / name, b"y" * 200_000  # more than the 64k tmpfs holds
+    given = (
+        big
+        if content == "bytes"
+        else (lambda f: [f.write(big[i : i + 1000]) for i in range(0, len(big), 1000)])
+    )
+    scene = _mounted(tmp_path / "mnt", mount.split()[0]) if mount else contextlib.nullcontext()
+    with scene:
+        if fault == "full-at-once":
+            _fill_until_full(tmp_path / "mnt")
+        if fault == "file-as-folder":
+            _write(tmp_path / "plain", "the user's")
+        if fault == "folder-as-file":
+            (tmp_path / "plain" / "inside").mkdir(parents=True)
+        before = _tree(tmp_path)
+        with pytest.raises(files.WriteError) as caught:
+            files.write(target, given)
+        assert isinstance(caught.value, OSError)
+        message = str(caught.value)
+        assert "\n" not in message and message.startswith("cannot write "), message
+        assert said.format(tmp=tmp_path) in message, message
+        assert _tree(tmp_path) == before, "nothing left behind, nothing changed"
+
+
+@pytest.mark.parametrize("stop", ["ctrl-c", "error-in-fill"])
+def test_files_write_stopped_mid_write_keeps_the_old_file_and_no_temporary(tmp_path, stop):
+    """Ctrl-C or an exception raised while the content is written: it goes on as it is (not a
+    WriteError), the old file stays byte for byte, and the temporary file is gone."""
+    target = _write(tmp_path / "out.bin", b"the old file")
+    raised = KeyboardInterrupt if stop == "ctrl-c" else ZeroDivisionError
+
+    def fill(f):
+        f.write(b"half of it")
+        raise raised
+
+    with pytest.raises(raised):
+        files.write(target, fill)
+    assert os.listdir(tmp_path) == ["out.bin"] and target.read_bytes() == b"the old file"
+    files.write(target, "the new file")  # str: UTF-8
+    assert os.listdir(tmp_path) == ["out.bin"] and target.read_text() == "the new file"
+
+
+def test_files_a_killed_writers_temporary_is_removed_by_the_next_writer_alone(tmp_path):
+    """SIGKILL mid-write leaves <name>.<pid>.tmp; the next process writing into that folder
+    removes it, and keeps a live process's temporary file and files that only look alike."""
+    script = (
+        f"import files, time\nfiles.write({str(tmp_path / 'a.bin')!r}, lambda f: time.sleep(60))"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=HERE)
+    left = tmp_path / f"a.bin.{child.pid}.tmp"
+    for _ in range(600):
+        if left.exists():
+            break
+        time.sleep(0.05)
+    child.kill()
+    child.wait()
+    assert left.exists(), "SIGKILL cannot clean up: the name says whose it is"
+    alive = _write(tmp_path / f"b.bin.{os.getppid()}.tmp", "a live writer's")
+    alike = [_write(tmp_path / name, "the user's") for name in ("c.tmp", "d.x.tmp", "e.1.tmp.txt")]
+    files._swept.discard(tmp_path)  # a new process: it has swept nothing yet
+    files.write(tmp_path / "new.bin", b"")
+    assert not left.exists() and alive.exists() and all(path.exists() for path in alike)
+
+
+def test_files_logs_append_whole_lines_and_a_torn_last_line_is_dropped(tmp_path):
+    """append adds whole lines; read_log gives them, and names a last line cut by a kill (no
+    newline), which append then drops rather than continuing onto it."""
+    log = tmp_path / "metrics.jsonl"
+    assert files.read_log(log) == ([], None)
+    files.append(log, '{"step": 1}')
+    files.append(log, '{"step": 2}')
+    assert files.read_log(log) == (['{"step": 1}', '{"step": 2}'], None)
+    log.write_bytes(log.read_bytes() + b'{"ste')  # a kill mid-write, by a writer of old
+    assert files.read_log(log) == (['{"step": 1}', '{"step": 2}'], '{"ste')
+    files.append(log, '{"step": 3}')
+    assert log.read_text() == '{"step": 1}\n{"step": 2}\n{"step": 3}\n'
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,0 +1,139 @@
+"""
+files.py: the one way this project writes a file, and the one sentence when it cannot.
+
+    write(path, content)  content (bytes, str, or fill(f) writing into a binary file) goes into a
+                          temporary file beside path, which is then renamed onto path: a reader
+                          sees the old file or the new one, never half of one. Whatever stops
+                          the write (a full disk, Ctrl-C, an error in fill) removes the temporary
+                          file; an OSError becomes WriteError, one sentence naming the path and
+                          the fault (read-only, full, name too long, a file where a folder goes,
+                          permission).
+    append(path, line)    a line added to a log (metrics.jsonl), the whole log written anew
+    read_log(path)        a log's lines, less a torn last one (a process killed mid-write)
+
+A temporary file is named <name>.<pid>.tmp: whose it is. A process killed outright (SIGKILL, a
+power cut) leaves its own behind; the first write of a later process into that folder removes
+those of processes that are gone.
+Depends on: the standard library alone.
+"""
+
+import contextlib
+import errno
+import os
+import pathlib
+import re
+import sys
+
+# errno -> what stands in the way, said in the sentence (other faults: the system's own words)
+FAULTS = {
+    errno.EROFS: "the file system is read-only",
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.ENAMETOOLONG: "the name is too long",
+    errno.ENOTDIR: "a file stands where a folder of its path goes",
+    errno.EEXIST: "a file stands where a folder of its path goes",  # mkdir over a file
+    errno.EISDIR: "a folder stands where the file goes",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+}
+TEMPORARY = re.compile(r".+\.(\d+)\.tmp")  # <name>.<pid>.tmp
+NAME_MAX = 255  # bytes in one name on the usual file systems (ext4, xfs, APFS, NTFS's 255 chars)
+_swept = set()  # the folders this process has swept
+
+
+class WriteError(OSError):
+    """A file that could not be written; the message, one sentence, names the path and the fault.
+    An OSError, so that code catching OSError catches it too."""
+
+
+def write(path, content) -> None:
+    """Write content (bytes; str, as UTF-8; or a callable fill(f) writing into a binary file)
+    to path, through a temporary file beside it renamed onto it; path's folders are made.
+    Raises WriteError (one sentence) for an OSError; any other exception, Ctrl-C included, goes
+    on as it is. Either way no temporary file is left."""
+    path = pathlib.Path(path)
+    tmp = _temporary(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _sweep(path.parent)
+        with open(tmp, "xb") as f:
+            if callable(content):
+                content(f)
+            else:
+                f.write(content.encode() if isinstance(content, str) else content)
+        os.replace(tmp, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):  # none was made where the folder is read-only
+            tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError) and not isinstance(e, WriteError):
+            raise WriteError(fault(e, path)) from None
+        raise
+
+
+def append(path, line: str) -> None:
+    """Add line (no newline in it) to the log at path: the log is written anew with it, so a
+    process killed meanwhile leaves the old log whole."""
+    path = pathlib.Path(path)
+    old = path.read_bytes() if path.exists() else b""
+    if old and not old.endswith(b"\n"):  # a torn last line (read_log says so): dropped
+        old = old[: old.rfind(b"\n") + 1]
+    write(path, old + line.encode() + b"\n")
+
+
+def read_log(path) -> tuple:
+    """The lines of the log at path -> (lines, torn): torn is the last line, cut by a process
+    killed mid-write (no newline at its end), dropped from lines; else None."""
+    text = pathlib.Path(path).read_text(encoding="utf-8") if pathlib.Path(path).exists() else ""
+    lines = text.split("\n")
+    torn = lines.pop() or None  # "" after the last newline: nothing torn
+    return lines, torn
+
+
+def fault(e: OSError, path) -> str:
+    """The one sentence for e, met writing path: the path (the file in the way, for a file
+    where a folder goes) and the fault."""
+    path = pathlib.Path(path)
+    what = FAULTS.get(e.errno, e.strerror or type(e).__name__)
+    if e.errno in (errno.ENOTDIR, errno.EEXIST):
+        with contextlib.suppress(OSError):  # the first folder of the path that is a file
+            path = next(p for p in reversed(path.parents) if p.exists() and not p.is_dir())
+        return f"cannot write below {path}: {what}"
+    if e.errno == errno.ENAMETOOLONG:
+        longest = max(len(os.fsencode(part)) for part in path.parts)
+        what += f" (its longest part has {longest} bytes; the path {len(os.fsencode(path))})"
+    return f"cannot write {path}: {what}"
+
+
+def _temporary(path: pathlib.Path) -> pathlib.Path:
+    """path's temporary file, <name>.<pid>.tmp, the name cut to fit NAME_MAX."""
+    tail = f".{os.getpid()}.tmp"
+    name = os.fsencode(path.name)[: NAME_MAX - len(tail)].decode(errors="ignore")
+    return path.with_name(name + tail)
+
+
+def _sweep(folder: pathlib.Path) -> None:
+    """Remove folder's temporary files of processes that are gone (once a folder a process)."""
+    if folder in _swept or sys.platform == "win32":  # Windows: os.kill(pid, 0) would kill
+        return
+    _swept.add(folder)
+    for entry in os.scandir(folder):
+        match = TEMPORARY.fullmatch(entry.name)
+        if match and int(match[1]) != os.getpid() and not _alive(int(match[1])):
+            with contextlib.suppress(OSError):
+                os.unlink(entry.path)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process pid runs (one of another user's counts: it may not be signalled)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+if __name__ == "__main__":
+    print("files.py has no command line: it is what the other files write with", file=sys.stderr)
+    raise SystemExit(2)
