@@ -5450,7 +5450,7 @@ def test_diagnose_bad_input_gets_one_clear_line(uea_runs, tmp_path):
     with mock.patch.object(diagnose, "_spread", return_value=np.array([], dtype=int)):
         message = _diag_error([uea_runs[0]])  # as if every sequence had fewer than 2 real tokens
     assert f"no sequence of the test split of {uea_runs[0]} has 2 real tokens" in message
-    usage = [(["--dense", "0"], "--dense"), ([uea_runs[0], "--out", tmp_path], "same folder name")]
+    usage = [([uea_runs[0], "--out", tmp_path], "same folder name")]  # flags alone: below
     usage += [] if torch.cuda.is_available() else [(["--device", "cuda"], "no CUDA device")]
     for flags, what in usage:  # argparse errors: exit status 2
         with pytest.raises(SystemExit) as stop, contextlib.redirect_stderr(io.StringIO()) as err:
@@ -5462,6 +5462,25 @@ def test_diagnose_bad_input_gets_one_clear_line(uea_runs, tmp_path):
     proc = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("error: ")
+
+
+_DIAG_BAD_FLAGS = [  # (flags, argparse's one sentence): the wrong flag named alone, exit 2
+    (["--batches", "0"], "--batches must be at least 1, got 0"),
+    (["--batch-size", "-1"], "--batch-size must be at least 1, got -1"),
+    (["--dense", "0"], "--dense must be at least 1, got 0"),
+    (["--points", "0"], "--points must be at least 1, got 0"),
+    (["--dense", "2", "--points", "0", "--batches", "3"], "--points must be at least 1, got 0"),
+    (["--data-dir", ""], "--data-dir '' names no folder: leave it out for each run's own"),
+    (["--data-dir", " "], "--data-dir ' ' names no folder"),
+]
+
+
+@pytest.mark.parametrize("flags, said", _DIAG_BAD_FLAGS)
+def test_diagnose_a_bad_flag_is_named_alone_before_any_run_is_read(flags, said, tmp_path):
+    with mock.patch.object(diagnose, "load_run", side_effect=AssertionError("a run was read")):
+        with pytest.raises(SystemExit) as stop, contextlib.redirect_stderr(io.StringIO()) as err:
+            diagnose.main([str(tmp_path), *flags])
+    assert stop.value.code == 2 and f"error: {said}" in err.getvalue().splitlines()[-1]
 
 
 def test_diagnose_end_to_end_on_an_lra_run_best_and_last_weights(tmp_path):
@@ -6301,6 +6320,41 @@ def test_readme_and_results_commands_parse(monkeypatch, tmp_path):
                 pytest.fail(f"{doc}: `{written}` does not parse: {said}")
 
 
+_HELP = [  # every top-level module: `python <module> --help` -> exit status, a fragment said
+    ("agf.py", 0, "Run:         python agf.py   -> shapes, fast path == dense"),  # the tours
+    ("gfsa.py", 0, "Run:         python gfsa.py   -> shapes, one exactness check"),
+    ("ksvd_attention.py", 0, "Run:         python ksvd_attention.py  -> shapes, primal == dual"),
+    ("polynomials.py", 0, "Run:         python polynomials.py   -> basis checks"),
+    ("model.py", 0, "Run:   python model.py   -> aux loss, parameters, padding unread"),
+    ("bench.py", 0, "bench.py: what each attention costs as the sequence grows"),  # the tools
+    ("diagnose.py", 0, "diagnose.py: look inside trained runs"),
+    ("lra_data.py", 0, "LRA task"),
+    ("train_lra.py", 0, "train_lra.py: train one attention mechanism on one Long Range Arena"),
+    ("train_uea.py", 0, "train_uea.py: train one attention mechanism on one UEA multivariate"),
+    ("download.py", 2, "download.py has no command line; data is fetched by python train_uea.py"),
+    ("runs.py", 2, "runs.py has no command line: it serves the train scripts; run python train_"),
+    ("uea_data.py", 2, "uea_data.py has no command line; a UEA dataset is read by python train_"),
+    ("test_all.py", 2, "test_all.py has no command line; run python -m pytest -q test_all.py"),
+]
+
+
+@pytest.mark.parametrize("module, status, said", _HELP, ids=_id)
+def test_every_module_help_says_what_it_does_or_what_to_run_instead(module, status, said):
+    """--help: a command line's usage and what it does (a tour: the header, its Run: line), or,
+    from a module without one, exit status 2 and one line naming what to run instead."""
+    assert sorted(row[0] for row in _HELP) == sorted(p.name for p in HERE.glob("*.py"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [sys.executable, module, "--help"], cwd=HERE, capture_output=True, text=True, env=env
+    )
+    assert run.returncode == status, run.stderr[-2000:]
+    if status == 0:
+        assert run.stdout.startswith("usage: ") and said in run.stdout and not run.stderr
+    else:
+        assert run.stderr.strip() == run.stderr.strip().splitlines()[0] and not run.stdout
+        assert run.stderr.startswith(said), run.stderr
+
+
 # ----------------------------------------------------------------------------------------------
 # CUDA: skipped without a GPU (`.ci/gpu` runs them where there is one)
 # ----------------------------------------------------------------------------------------------
@@ -6433,3 +6487,8 @@ def test_cuda_bench_measures_eager_compiled_and_cuda_graphs_side_by_side(tmp_pat
     assert all(float(r["fwdbwd_ms"] or r["step_ms"]) > 0 for r in rows)
     assert all((r["mem_mib"] == "") == (r["mode"] == "graphs") for r in rows)
     assert all(int(r["ops"]) > 0 for r in rows if r["mode"] == "eager")
+
+
+if __name__ == "__main__":  # the suite runs under pytest
+    print("test_all.py has no command line; run python -m pytest -q test_all.py", file=sys.stderr)
+    sys.exit(2)
