@@ -2995,14 +2995,10 @@ def test_uea_data_missing_dataset_or_a_name_with_a_path_says_where_and_how(tmp_p
     assert "https://www.timeseriesclassification.com/dataset.php" in text
     assert "https://timeseriesclassification.com/aeon-toolkit/Heartbeat.zip" in text
     assert text.endswith(", or rerun with --download to fetch and unpack that zip.")
-    # the same message for a TRAIN file alone, and a trailing '/' in the base URL
-    _write(tmp_path / "Heartbeat" / "Heartbeat_TRAIN.ts", _toy_ts([_OK])[0])
-    with pytest.raises(DatasetNotFoundError, match="not found; looked for"):
-        load_uea(str(tmp_path), "Heartbeat")
+    # a TRAIN file alone: the other named (the table below), and a trailing '/' in the base URL
     message = uea_data.missing_dataset_message(str(tmp_path), "X", "https://a.b/zips/")
     assert "https://a.b/zips/X.zip" in message
     # a name with a path ('../etc', 'a/b', '..'): one sentence before anything is read or written
-    shutil.rmtree(tmp_path / "Heartbeat")
     _dataset(tmp_path / "data", [_OK], [_OK])  # a dataset there must not be reached
     data_dir = str(tmp_path / "data" / "sub")
     for name in ("../etc", "..", ".", "", "a/b", "a\\b", "../Toy", "/etc"):
@@ -3012,6 +3008,60 @@ def test_uea_data_missing_dataset_or_a_name_with_a_path_says_where_and_how(tmp_p
             assert str(err.value).startswith(f"{name!r} is no UEA dataset name: a name is a plain")
     names = ["Toy", "Toy_TEST.ts", "Toy_TRAIN.ts", "data"]
     assert sorted(p.name for p in tmp_path.rglob("*")) == names
+
+
+_TS = _toy_ts([_OK])[0]
+_UEA_FOLDERS = [  # (what is under data/: path -> text, or a link's target; the sentence said,
+    # "@": data/), each said by load_uea and, where the zip is not fetched over them, --download
+    ({"Toy/Toy_train.ts": _TS, "Toy/Toy_TEST.ts": _TS}, "found @/Toy/Toy_train.ts, but the file "
+     "read is @/Toy/Toy_TRAIN.ts (the UEA archive's names: case matters, and a dataset's"),
+    ({"Toy/toy_TRAIN.ts": _TS, "Toy/toy_TEST.ts": _TS}, "found @/Toy/toy_TRAIN.ts and @/Toy/toy_"
+     "TEST.ts, but the files read are @/Toy/Toy_TRAIN.ts and @/Toy/Toy_TEST.ts (the UEA"),
+    ({"toy/Toy_TRAIN.ts": _TS, "toy/Toy_TEST.ts": _TS}, "found @/toy/Toy_TRAIN.ts and @/toy/Toy_"),
+    ({"Toy_TRAIN.ts": _TS, "Toy_TEST.ts": _TS}, "found @/Toy_TRAIN.ts and @/Toy_TEST.ts, but the "
+     "files read are @/Toy/Toy_TRAIN.ts and @/Toy/Toy_TEST.ts"),  # no folder of the dataset
+    ({"Toy/Toy_TRAIN.ts": ("gone.ts",), "Toy/Toy_TEST.ts": _TS}, "@/Toy/Toy_TRAIN.ts is a symbolic"
+     " link to gone.ts, which does not exist: restore its target or remove it"),
+    ({"Toy": ("/nowhere/Toy",)}, "@/Toy is a symbolic link to /nowhere/Toy, which does not exist"),
+    ({"": ("../gone",)}, "@ is a symbolic link to ../gone, which does not exist"),  # data/ itself
+    ({"Toy/Toy_TEST.ts": ("Toy_TEST.ts",)}, "@/Toy/Toy_TEST.ts is a symbolic link to Toy_TEST.ts, "
+     "links that loop: restore its target or remove it"),
+    ({"Toy/Toy_TRAIN.ts": _TS}, "UEA dataset 'Toy' is incomplete: @/Toy/Toy_TRAIN.ts is there, but"
+     " not\n  @/Toy/Toy_TEST.ts\nGet it from the UEA archive"),  # --download: fetches TEST
+    ({"Toy/Toy_TRAIN.ts": _TS, "Toy/Toy_TEST.ts": None}, "@/Toy/Toy_TEST.ts: cannot be read (Is a"
+     " directory)"),
+    ({"Toy/Toy_TRAIN.ts": _TS, "Toy/Toy_TEST.ts": ""}, "@/Toy/Toy_TEST.ts: empty file"),  # 0 bytes
+    ({}, "--data-dir '' names no folder: give one ('.' for the current folder)"),  # --data-dir ''
+]  # fmt: skip
+
+
+_UEA_FOLDER_IDS = "train-case name-case folder-case no-folder link-file link-folder link-data-dir"
+_UEA_FOLDER_IDS += " link-loop train-only test-a-folder empty-file empty-data-dir"
+
+
+@pytest.mark.parametrize("made, said", _UEA_FOLDERS, ids=_UEA_FOLDER_IDS.split())
+def test_uea_data_what_stands_where_a_dataset_is_looked_for_is_named(made, said, tmp_path):
+    """A link that leads nowhere, the user's files named but for case (or one folder up), one file
+    of the two, a folder or an empty file as one: one sentence naming it (and, for the first two,
+    --download refuses to fetch over them); nothing in the folder is changed."""
+    data = tmp_path / "data"
+    for path, content in made.items():
+        if isinstance(content, tuple):  # a symbolic link to content[0]
+            (data / path).parent.mkdir(parents=True, exist_ok=True)
+            (data / path).symlink_to(content[0])
+        elif content is None:
+            (data / path).mkdir(parents=True)
+        else:
+            _write(data / path, content)
+    data_dir, before = str(data) if made else "", _tree(tmp_path)
+    with pytest.raises((DatasetNotFoundError, TsFormatError)) as err:
+        load_uea(data_dir, "Toy")
+    assert str(err.value).startswith(said.replace("@", str(data))), str(err.value)
+    if "found" in said or "symbolic link" in said or not made:  # before anything is fetched
+        with pytest.raises(DatasetNotFoundError) as err:
+            uea_data.download_dataset("Toy", data_dir, (tmp_path / "no-server").as_uri())
+        assert str(err.value).startswith(said.replace("@", str(data))) and "\n" not in said
+    assert _tree(tmp_path) == before
 
 
 def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
@@ -3157,12 +3207,24 @@ _DL_RULES = [  # folder state, archive shape -> what is said: the user's files k
     ("absent", "zip-link", "the member 'Toy/Toy_TRAIN.ts' is a link or a device"),
     ("absent", "zip-half", "holds no Toy_TEST.ts"),
     ("absent", "half", "holds no tsv_data/new_aan_pairs.test.tsv"),  # the folder named too
-]
+    # a symbolic link that leads nowhere, where the archive goes: named, neither replaced nor
+    # written through, before anything is fetched
+    ("link-file", "whole", "tsv_data/new_aan_pairs.train.tsv is a symbolic link to gone, which"),
+    ("link-file", "zip", "Toy/Toy_TRAIN.ts is a symbolic link to gone, which does not exist: "),
+    ("link-folder", "whole", "tsv_data is a symbolic link to gone, which does not exist: nothing"),
+    ("link-data-dir", "whole", "data is a symbolic link to gone, which does not exist"),
+    ("link-loop", "whole", "new_aan_pairs.eval.tsv is a symbolic link to new_aan_pairs.eval.tsv, "
+     "links that loop: nothing was unpacked from"),
+]  # fmt: skip
 
 
 def _tree(root: pathlib.Path) -> dict:
-    """Every path under root -> its bytes (None: a folder)."""
-    return {p.relative_to(root): None if p.is_dir() else p.read_bytes() for p in root.rglob("*")}
+    """Every path under root -> its bytes (None: a folder; a symbolic link: its target, a str)."""
+    content = lambda p: None if p.is_dir() else p.read_bytes()  # noqa: E731
+    return {  # rglob goes through no link
+        p.relative_to(root): os.readlink(p) if p.is_symlink() else content(p)
+        for p in root.rglob("*")
+    }
 
 
 def test_download_progress_in_a_log_is_the_start_and_a_line_per_tenth(capsys):
@@ -3285,6 +3347,15 @@ def test_download_place_keeps_the_files_there_and_names_three(tmp_path, capsys):
     _write(dest / "sub", "the user's")
     with pytest.raises(download.FolderError, match=f"^{re.escape(str(dest / 'sub'))} is a file,"):
         download._place(part, dest, download.Archive("http://x/a.tar"))
+    for link in (dest / "sub", dest / "a.txt"):  # a link to nowhere where a folder or file goes
+        link.unlink()
+        link.symlink_to(tmp_path / "gone")
+        with pytest.raises(download.FolderError) as err:
+            download._place(part, dest, download.Archive("http://x/a.tar"))
+        said = f"{link} is a symbolic link to {tmp_path / 'gone'}, which does not exist: nothing"
+        assert str(err.value).startswith(said) and os.readlink(link) == str(tmp_path / "gone")
+        link.unlink()
+        _write(link / "x.txt" if link.name == "sub" else link, "the user's")
 
 
 @pytest.mark.parametrize("state, shape, said", _DL_RULES, ids=_id)
@@ -3318,6 +3389,11 @@ def test_download_rules_folder_states_by_archive_shapes(tmp_path, capsys, state,
     if state == "stale-part":  # a killed process's half-unpacked folder and half download
         _write(dest.parent / f".{dest.name}.part" / "stale.txt", "half")
         _write(dest.parent / f".{dest.name}.download.part", "half")
+    links = {"link-file": dest / list(files)[0], "link-folder": dest, "link-data-dir": data}
+    links["link-loop"] = dest / "new_aan_pairs.eval.tsv"  # a link to itself
+    if state in links:
+        links[state].parent.mkdir(parents=True, exist_ok=True)
+        links[state].symlink_to(links[state].name if state == "link-loop" else "gone")
     if state in ("folder-as-file", "read-only"):
         (dest / "new_aan_pairs.eval.tsv" if state == "folder-as-file" else data).mkdir(parents=True)
     faults = {"read-only": (data, errno.EROFS), "read-only-parent": (root, errno.EROFS)}
@@ -3338,6 +3414,7 @@ def test_download_rules_folder_states_by_archive_shapes(tmp_path, capsys, state,
         assert refused is None or (said and said in refused and "\n" not in refused), refused
         assert refused is None or where in refused
         assert after == before and (asked == [] or said != "kept all")
+        assert asked == [] or state not in links  # a link: refused before the download
         return
     assert said in err  # the user's files named, when kept ("" else)
     assert f"downloading {where if '://' in where else (server / 'whole').as_uri()} (" in err
