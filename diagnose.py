@@ -141,9 +141,9 @@ def load_run(
     uea = "name" in data_args  # uea_data.load_uea(data_dir, name, max_len), else a LRA task
     try:  # (a generated ListOps that is missing is generated again, seeded, as in training)
         data = uea_data.load_uea(**data_args) if uea else lra_data.load_task(**data_args)[0]
-    except uea_data.DatasetNotFoundError:
+    except uea_data.DatasetNotFoundError as e:  # one line (a link to nowhere, say): as it is
         where = f"{data_args['name']} is not in {data_args['data_dir']}"
-        _fail(f"UEA dataset {where}: point --data-dir at its data")
+        _fail(f"UEA dataset {where}: point --data-dir at its data" if "\n" in str(e) else str(e))
     except (uea_data.TsFormatError, lra_data.DataError) as e:
         _fail(f"{e} (point --data-dir at the data of {folder})")
     if uea:

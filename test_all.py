@@ -5515,6 +5515,10 @@ def test_diagnose_bad_input_gets_one_clear_line(uea_runs, tmp_path):
     assert "best.pt cannot be read as a checkpoint" in _diag_error([tmp_path / "best.pt"])
     message = _diag_error([uea_runs[0], "--data-dir", tmp_path])  # the data is not there
     assert "JapaneseVowels is not in" in message and "point --data-dir at its data" in message
+    (tmp_path / "JapaneseVowels").symlink_to(tmp_path / "gone")  # said as uea_data says it
+    message = _diag_error([uea_runs[0], "--data-dir", tmp_path])
+    assert f"JapaneseVowels is a symbolic link to {tmp_path / 'gone'}, which does not" in message
+    (tmp_path / "JapaneseVowels").unlink()
     denied = PermissionError(13, "Permission denied")  # a run folder one may only read
     with mock.patch.object(pathlib.Path, "mkdir", side_effect=denied):
         message = _diag_error([uea_runs[0]])
