@@ -306,6 +306,14 @@ def missing_dataset_message(data_dir: str, name: str, base_url: str, download: b
         missing = test if there[0] == train else train
         looked = f"UEA dataset {name!r} is incomplete: {there[0]} is there, but not\n  {missing}\n"
         put = "the file at the path above"
+    file = next((path for path in train.parents if path.is_file()), None)  # --data-dir a file
+    if file:
+        looked += f"({file} is a file: --data-dir names the folder that holds {name}/)\n"
+    zipped = [p for p in _entries(train.parent.parent) if p.name.lower() == f"{name.lower()}.zip"]
+    if zipped:  # the dataset's zip, not unpacked: --download-url unpacks it from there
+        url = zipped[0].parent.resolve().as_uri()
+        into = f"unzip its two .ts files into {train.parent}, or pass --download-url {url}"
+        looked += f"({zipped[0]} is not unpacked: {into})\n"
     whole = f"{ARCHIVE_PAGE} (Multivariate2018_ts.zip; put {put})"
     one = f"the per-dataset zip {base_url.rstrip('/')}/{name}.zip{rerun}"
     return f"{looked}Get it from the UEA archive, {whole},\nor {one}"
