@@ -37,6 +37,7 @@ Run:         python agf.py   -> shapes, fast path == dense N x N reference, a co
 Depends on:  torch, polynomials.py (copy both)
 """
 
+import argparse
 import math
 import time
 
@@ -263,6 +264,8 @@ def agf_dense_reference(
 
 if __name__ == "__main__":
     # `python agf.py`: a few-second tour of this file; CPU is fine.
+    raw = argparse.RawDescriptionHelpFormatter  # --help: the header above (Run: the tour)
+    argparse.ArgumentParser(description=__doc__, formatter_class=raw).parse_args()
     torch.manual_seed(0)
     B, N, D, H = 2, 64, 64, 2  # LRA width: D = 64, 2 heads of d = 32
     layer = AGFAttention(D, H).double()

@@ -141,9 +141,9 @@ def load_run(
     uea = "name" in data_args  # uea_data.load_uea(data_dir, name, max_len), else a LRA task
     try:  # (a generated ListOps that is missing is generated again, seeded, as in training)
         data = uea_data.load_uea(**data_args) if uea else lra_data.load_task(**data_args)[0]
-    except uea_data.DatasetNotFoundError:
+    except uea_data.DatasetNotFoundError as e:  # one line (a link to nowhere, say): as it is
         where = f"{data_args['name']} is not in {data_args['data_dir']}"
-        _fail(f"UEA dataset {where}: point --data-dir at its data")
+        _fail(f"UEA dataset {where}: point --data-dir at its data" if "\n" in str(e) else str(e))
     except (uea_data.TsFormatError, lra_data.DataError) as e:
         _fail(f"{e} (point --data-dir at the data of {folder})")
     if uea:
@@ -406,8 +406,11 @@ def main(argv: list | None = None) -> list:
     where = "OUT/<run name>/ and OUT/comparison.csv (default: <run>/diagnose/, and\nthe table of "
     add("--out", help=where + "several runs in the folder that holds them, e.g. runs/depth/)")
     args = p.parse_args(argv)
-    if min(args.batches, args.batch_size, args.dense, args.points) < 1:
-        p.error("--batches, --batch-size, --dense and --points must be at least 1")
+    for name in ("batches", "batch_size", "dense", "points"):  # each named alone
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.data_dir is not None and not args.data_dir.strip():  # '' would be the current folder
+        p.error(f"--data-dir {args.data_dir!r} names no folder: leave it out for each run's own")
     if args.device == "cuda" and not torch.cuda.is_available():  # checked before any data is read
         p.error("--device cuda: this machine has no CUDA device")
     # A glob such as runs/sweep/* also matches what an earlier call wrote there (comparison.csv,

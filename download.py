@@ -10,7 +10,8 @@ in the steps of torchvision's download_url and extract_archive:
                   (Ctrl-C, the network, a wrong MD5 or size, a full or read-only disk) leaves
                   nothing half-written, no folder it made, and is one sentence (Failed)
 Into a folder that holds some of the archive's files already, fetch keeps them, byte for byte,
-unpacks the rest and says which it kept; a file where a folder goes (or the reverse) is refused.
+unpacks the rest and says which it kept; a file where a folder goes (or the reverse), or a
+symbolic link that leads nowhere where the archive's files go (broken_link), is refused.
 As under tarfile's "data" filter, a kept member whose path is absolute or holds '..', a link (a
 zip's symlink entry too) or a device is refused.
 Depends on: tqdm (used by uea_data.py for the UEA zips, lra_data.py for the LRA tasks' archives)
@@ -101,6 +102,11 @@ def fetch(archive: Archive, dest, progress: bool = True) -> None:
     made = [path for path in (dest.parent, *dest.parent.parents) if not path.exists()]
     lock = None
     try:
+        for path in (dest, *(dest / name for name in archive.need)):  # and the folders above
+            said = broken_link(path)  # read as absent: it would be replaced, or fail to be made
+            if said:
+                how = f"nothing was unpacked from {archive.url}; restore its target or remove it"
+                raise FolderError(f"{said}: {how}")
         if dest.exists() and not dest.is_dir():
             raise FolderError(f"{dest} is a file, where {archive.url} goes as a folder: move it")
         dest.parent.mkdir(parents=True, exist_ok=True)
@@ -160,6 +166,30 @@ def _failure(e: Exception, url: str, dest: pathlib.Path) -> Failed:
     if e.errno in (errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENOTEMPTY):
         how = "a file stands where a folder goes (or the reverse): move it away"
     return FolderError(f"cannot write {path} ({e.strerror}) to unpack {url}: {how}")
+
+
+def data_folder(data_dir) -> pathlib.Path:
+    """--data-dir as a Path; '' (or blanks) names no folder, where pathlib reads the current one:
+    refused (FolderError), as every reader and writer of data would use the current folder."""
+    if not str(data_dir).strip():
+        said = f"--data-dir {str(data_dir)!r} names no folder"
+        raise FolderError(f"{said}: give one ('.' for the current folder)")
+    return pathlib.Path(data_dir)
+
+
+def broken_link(path) -> str | None:
+    """The sentence naming the first symbolic link on the way to path (a folder above it, or path)
+    that leads nowhere: its target is gone, or links loop; None where there is none. Such a link
+    reads as absent (Path.exists), so a writer would replace it without a word."""
+    path = pathlib.Path(path)
+    for link in (*reversed(path.parents), path):
+        if link.is_symlink():
+            try:
+                link.stat()
+            except OSError as e:
+                end = "links that loop" if e.errno == errno.ELOOP else "which does not exist"
+                return f"{link} is a symbolic link to {os.readlink(link)}, {end}"
+    return None
 
 
 def _line(e: Exception) -> str:
@@ -279,6 +309,11 @@ def _place(part: pathlib.Path, dest: pathlib.Path, archive: Archive) -> None:
         return
     files = sorted(path.relative_to(part) for path in part.rglob("*") if not path.is_dir())
     files.sort(key=lambda path: path.parts[0] in archive.need)  # stable: the needed ones last
+    below = sorted({dest / p for path in files for p in (*path.parents, path) if p.parts})
+    broken = [path for path in below if path.is_symlink() and not path.exists()]  # fetch: above
+    if broken:
+        how = f"nothing was unpacked into {dest}; restore its target or remove it"
+        raise FolderError(f"{broken_link(broken[0])}: {how}, then fetch {archive.url} again")
     kept = {path for path in files if (dest / path).is_file()}
     for path in files:
         above = [dest / folder for folder in path.parents if folder.parts]
@@ -358,3 +393,9 @@ def _lock(folder: pathlib.Path) -> int | None:
         print(f"another process is downloading into {folder}: waiting", file=sys.stderr)
         fcntl.flock(fd, fcntl.LOCK_EX)
     return fd
+
+
+if __name__ == "__main__":  # a library: no command line of its own
+    fetch_by = "python train_uea.py --download, python lra_data.py --download"
+    print(f"download.py has no command line; data is fetched by {fetch_by}", file=sys.stderr)
+    sys.exit(2)

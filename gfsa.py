@@ -34,6 +34,7 @@ Run:         python gfsa.py   -> shapes, one exactness check, the Theorem 3.1 bo
 Depends on:  torch
 """
 
+import argparse
 import math
 import timeit
 from collections.abc import Callable
@@ -439,6 +440,8 @@ def _refuse_dense(what: str, shape: tuple, dtype: torch.dtype, max_bytes: int) -
 
 if __name__ == "__main__":
     # `python gfsa.py`: a few-second tour of this file; CPU is fine.
+    raw = argparse.RawDescriptionHelpFormatter  # --help: the header above (Run: the tour)
+    argparse.ArgumentParser(description=__doc__, formatter_class=raw).parse_args()
     torch.manual_seed(0)
     B, N, D, H = 2, 64, 32, 4
     layer = GFSAttention(D, H, order=3)

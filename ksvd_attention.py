@@ -38,6 +38,7 @@ Run:         python ksvd_attention.py  -> shapes, primal == dual check, a cost c
 Depends on:  torch
 """
 
+import argparse
 import math
 import time
 
@@ -358,6 +359,8 @@ def _check_inputs(x: Tensor, mask: Tensor | None, weight: Tensor) -> None:
 
 if __name__ == "__main__":
     # `python ksvd_attention.py`: a few-second tour of this file; CPU is fine.
+    raw = argparse.RawDescriptionHelpFormatter  # --help: the header above (Run: the tour)
+    argparse.ArgumentParser(description=__doc__, formatter_class=raw).parse_args()
     torch.manual_seed(0)
     B, N, D, H, s = 2, 64, 32, 4, 8
     layer = PrimalAttention(D, H, rank=s, rank_multi=4, max_len=N)  # m = min(64, 8·4) = 32

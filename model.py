@@ -21,6 +21,7 @@ Run:   python model.py   -> aux loss, parameters, padding unread per kind; Ā V 
 Depends on: torch, agf.py (+ polynomials.py), ksvd_attention.py, gfsa.py
 """
 
+import argparse
 import math
 from dataclasses import dataclass, field
 
@@ -335,6 +336,8 @@ def _require(ok: Tensor, message: str, found=lambda: "") -> None:
 
 if __name__ == "__main__":
     # `python model.py`: each attention in both styles; junk in the padding must not change logits.
+    raw = argparse.RawDescriptionHelpFormatter  # --help: the header above (Run: the tour)
+    argparse.ArgumentParser(description=__doc__, formatter_class=raw).parse_args()
     torch.manual_seed(0)
     mask = torch.arange(64) < torch.tensor([[64], [40]])  # (2, 64): 24 padded steps in row 2
     inputs = {"lra": torch.randint(1, 20, (2, 64)), "uea": torch.randn(2, 64, 12)}

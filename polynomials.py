@@ -27,6 +27,7 @@ Run:         python polynomials.py   -> basis checks, a frequency response, Filt
 Depends on:  torch
 """
 
+import argparse
 import math
 import timeit
 
@@ -236,6 +237,8 @@ class FilterSum(torch.autograd.Function):
 
 if __name__ == "__main__":
     # `python polynomials.py`: a few-second tour of this file; CPU is fine.
+    raw = argparse.RawDescriptionHelpFormatter  # --help: the header above (Run: the tour)
+    argparse.ArgumentParser(description=__doc__, formatter_class=raw).parse_args()
     torch.manual_seed(0)
     x = torch.linspace(-1, 1, 101, dtype=torch.float64)
     K = 6

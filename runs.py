@@ -257,3 +257,9 @@ def run(main, cfg, unit: str, errors) -> None:
             with contextlib.suppress(OSError):
                 (out / "lock").unlink()
                 os.removedirs(out)  # nor empty folders above it
+
+
+if __name__ == "__main__":  # a library of train_lra.py and train_uea.py: no command line
+    run = "python train_uea.py or train_lra.py (--help lists their flags)"
+    print(f"runs.py has no command line: it serves the train scripts; run {run}", file=sys.stderr)
+    sys.exit(2)

@@ -2996,14 +2996,10 @@ def test_uea_data_missing_dataset_or_a_name_with_a_path_says_where_and_how(tmp_p
     assert "https://www.timeseriesclassification.com/dataset.php" in text
     assert "https://timeseriesclassification.com/aeon-toolkit/Heartbeat.zip" in text
     assert text.endswith(", or rerun with --download to fetch and unpack that zip.")
-    # the same message for a TRAIN file alone, and a trailing '/' in the base URL
-    _write(tmp_path / "Heartbeat" / "Heartbeat_TRAIN.ts", _toy_ts([_OK])[0])
-    with pytest.raises(DatasetNotFoundError, match="not found; looked for"):
-        load_uea(str(tmp_path), "Heartbeat")
+    # a TRAIN file alone: the other named (the table below), and a trailing '/' in the base URL
     message = uea_data.missing_dataset_message(str(tmp_path), "X", "https://a.b/zips/")
     assert "https://a.b/zips/X.zip" in message
     # a name with a path ('../etc', 'a/b', '..'): one sentence before anything is read or written
-    shutil.rmtree(tmp_path / "Heartbeat")
     _dataset(tmp_path / "data", [_OK], [_OK])  # a dataset there must not be reached
     data_dir = str(tmp_path / "data" / "sub")
     for name in ("../etc", "..", ".", "", "a/b", "a\\b", "../Toy", "/etc"):
@@ -3013,6 +3009,63 @@ def test_uea_data_missing_dataset_or_a_name_with_a_path_says_where_and_how(tmp_p
             assert str(err.value).startswith(f"{name!r} is no UEA dataset name: a name is a plain")
     names = ["Toy", "Toy_TEST.ts", "Toy_TRAIN.ts", "data"]
     assert sorted(p.name for p in tmp_path.rglob("*")) == names
+
+
+_TS = _toy_ts([_OK])[0]
+_UEA_FOLDERS = [  # (what is under data/: path -> text, or a link's target; the sentence said,
+    # "@": data/), each said by load_uea and, where the zip is not fetched over them, --download
+    ({"Toy/Toy_train.ts": _TS, "Toy/Toy_TEST.ts": _TS}, "found @/Toy/Toy_train.ts, but the file "
+     "read is @/Toy/Toy_TRAIN.ts (the UEA archive's names: case matters, and a dataset's"),
+    ({"Toy/toy_TRAIN.ts": _TS, "Toy/toy_TEST.ts": _TS}, "found @/Toy/toy_TRAIN.ts and @/Toy/toy_"
+     "TEST.ts, but the files read are @/Toy/Toy_TRAIN.ts and @/Toy/Toy_TEST.ts (the UEA"),
+    ({"toy/Toy_TRAIN.ts": _TS, "toy/Toy_TEST.ts": _TS}, "found @/toy/Toy_TRAIN.ts and @/toy/Toy_"),
+    ({"Toy_TRAIN.ts": _TS, "Toy_TEST.ts": _TS}, "found @/Toy_TRAIN.ts and @/Toy_TEST.ts, but the "
+     "files read are @/Toy/Toy_TRAIN.ts and @/Toy/Toy_TEST.ts"),  # no folder of the dataset
+    ({"Toy/Toy_TRAIN.ts": ("gone.ts",), "Toy/Toy_TEST.ts": _TS}, "@/Toy/Toy_TRAIN.ts is a symbolic"
+     " link to gone.ts, which does not exist: restore its target or remove it"),
+    ({"Toy": ("/nowhere/Toy",)}, "@/Toy is a symbolic link to /nowhere/Toy, which does not exist"),
+    ({"": ("../gone",)}, "@ is a symbolic link to ../gone, which does not exist"),  # data/ itself
+    ({"Toy/Toy_TEST.ts": ("Toy_TEST.ts",)}, "@/Toy/Toy_TEST.ts is a symbolic link to Toy_TEST.ts, "
+     "links that loop: restore its target or remove it"),
+    ({"Toy/Toy_TRAIN.ts": _TS}, "UEA dataset 'Toy' is incomplete: @/Toy/Toy_TRAIN.ts is there, but"
+     " not\n  @/Toy/Toy_TEST.ts\nGet it from the UEA archive"),  # --download: fetches TEST
+    ({"Toy/Toy_TRAIN.ts": _TS, "Toy/Toy_TEST.ts": None}, "@/Toy/Toy_TEST.ts: cannot be read (Is a"
+     " directory)"),
+    ({"Toy/Toy_TRAIN.ts": _TS, "Toy/Toy_TEST.ts": ""}, "@/Toy/Toy_TEST.ts: empty file"),  # 0 bytes
+    ({}, "--data-dir '' names no folder: give one ('.' for the current folder)"),  # --data-dir ''
+    ({"": _TS}, "\n(@ is a file: --data-dir names the folder that holds Toy/)\nGet it from"),
+    ({"TOY.zip": b"PK"}, "\n(@/TOY.zip is not unpacked: unzip its two .ts files into @/Toy, or "
+     "pass --download-url file://"),  # the dataset's zip (here named in another case)
+]  # fmt: skip
+
+
+_UEA_FOLDER_IDS = "train-case name-case folder-case no-folder link-file link-folder link-data-dir"
+_UEA_FOLDER_IDS += " link-loop train-only test-a-folder empty-file empty-data-dir data-dir-file zip"
+
+
+@pytest.mark.parametrize("made, said", _UEA_FOLDERS, ids=_UEA_FOLDER_IDS.split())
+def test_uea_data_what_stands_where_a_dataset_is_looked_for_is_named(made, said, tmp_path):
+    """A link that leads nowhere, the user's files named but for case (or one folder up), one file
+    of the two, a folder or an empty file as one: one sentence naming it (and, for the first two,
+    --download refuses to fetch over them); nothing in the folder is changed."""
+    data = tmp_path / "data"
+    for path, content in made.items():
+        if isinstance(content, tuple):  # a symbolic link to content[0]
+            (data / path).parent.mkdir(parents=True, exist_ok=True)
+            (data / path).symlink_to(content[0])
+        elif content is None:
+            (data / path).mkdir(parents=True)
+        else:
+            _write(data / path, content)
+    data_dir, before = str(data) if made else "", _tree(tmp_path)
+    with pytest.raises((DatasetNotFoundError, TsFormatError)) as err:
+        load_uea(data_dir, "Toy")
+    assert said.replace("@", str(data)) in str(err.value), str(err.value)
+    if "found" in said or "symbolic link" in said or not made:  # before anything is fetched
+        with pytest.raises(DatasetNotFoundError) as again:
+            uea_data.download_dataset("Toy", data_dir, (tmp_path / "no-server").as_uri())
+        assert str(again.value) == str(err.value) and "\n" not in str(err.value)
+    assert _tree(tmp_path) == before
 
 
 def test_uea_data_download_unpacks_a_local_zip_or_says_what_failed(tmp_path):
@@ -3281,12 +3334,24 @@ _DL_RULES = [  # folder state, archive shape -> what is said: the user's files k
     ("absent", "zip-link", "the member 'Toy/Toy_TRAIN.ts' is a link or a device"),
     ("absent", "zip-half", "holds no Toy_TEST.ts"),
     ("absent", "half", "holds no tsv_data/new_aan_pairs.test.tsv"),  # the folder named too
-]
+    # a symbolic link that leads nowhere, where the archive goes: named, neither replaced nor
+    # written through, before anything is fetched
+    ("link-file", "whole", "tsv_data/new_aan_pairs.train.tsv is a symbolic link to gone, which"),
+    ("link-file", "zip", "Toy/Toy_TRAIN.ts is a symbolic link to gone, which does not exist: "),
+    ("link-folder", "whole", "tsv_data is a symbolic link to gone, which does not exist: nothing"),
+    ("link-data-dir", "whole", "data is a symbolic link to gone, which does not exist"),
+    ("link-loop", "whole", "new_aan_pairs.eval.tsv is a symbolic link to new_aan_pairs.eval.tsv, "
+     "links that loop: nothing was unpacked from"),
+]  # fmt: skip
 
 
 def _tree(root: pathlib.Path) -> dict:
-    """Every path under root -> its bytes (None: a folder)."""
-    return {p.relative_to(root): None if p.is_dir() else p.read_bytes() for p in root.rglob("*")}
+    """Every path under root -> its bytes (None: a folder; a symbolic link: its target, a str)."""
+    content = lambda p: None if p.is_dir() else p.read_bytes()  # noqa: E731
+    return {  # rglob goes through no link
+        p.relative_to(root): os.readlink(p) if p.is_symlink() else content(p)
+        for p in root.rglob("*")
+    }
 
 
 def test_download_progress_in_a_log_is_the_start_and_a_line_per_tenth(capsys):
@@ -3409,6 +3474,15 @@ def test_download_place_keeps_the_files_there_and_names_three(tmp_path, capsys):
     _write(dest / "sub", "the user's")
     with pytest.raises(download.FolderError, match=f"^{re.escape(str(dest / 'sub'))} is a file,"):
         download._place(part, dest, download.Archive("http://x/a.tar"))
+    for link in (dest / "sub", dest / "a.txt"):  # a link to nowhere where a folder or file goes
+        link.unlink()
+        link.symlink_to(tmp_path / "gone")
+        with pytest.raises(download.FolderError) as err:
+            download._place(part, dest, download.Archive("http://x/a.tar"))
+        said = f"{link} is a symbolic link to {tmp_path / 'gone'}, which does not exist: nothing"
+        assert str(err.value).startswith(said) and os.readlink(link) == str(tmp_path / "gone")
+        link.unlink()
+        _write(link / "x.txt" if link.name == "sub" else link, "the user's")
 
 
 @pytest.mark.parametrize("state, shape, said", _DL_RULES, ids=_id)
@@ -3442,6 +3516,11 @@ def test_download_rules_folder_states_by_archive_shapes(tmp_path, capsys, state,
     if state == "stale-part":  # a killed process's half-unpacked folder and half download
         _write(dest.parent / f".{dest.name}.part" / "stale.txt", "half")
         _write(dest.parent / f".{dest.name}.download.part", "half")
+    links = {"link-file": dest / list(files)[0], "link-folder": dest, "link-data-dir": data}
+    links["link-loop"] = dest / "new_aan_pairs.eval.tsv"  # a link to itself
+    if state in links:
+        links[state].parent.mkdir(parents=True, exist_ok=True)
+        links[state].symlink_to(links[state].name if state == "link-loop" else "gone")
     if state in ("folder-as-file", "read-only"):
         (dest / "new_aan_pairs.eval.tsv" if state == "folder-as-file" else data).mkdir(parents=True)
     faults = {"read-only": (data, errno.EROFS), "read-only-parent": (root, errno.EROFS)}
@@ -3462,6 +3541,7 @@ def test_download_rules_folder_states_by_archive_shapes(tmp_path, capsys, state,
         assert refused is None or (said and said in refused and "\n" not in refused), refused
         assert refused is None or where in refused
         assert after == before and (asked == [] or said != "kept all")
+        assert asked == [] or state not in links  # a link: refused before the download
         return
     assert said in err  # the user's files named, when kept ("" else)
     assert f"downloading {where if '://' in where else (server / 'whole').as_uri()} (" in err
@@ -5562,6 +5642,10 @@ def test_diagnose_bad_input_gets_one_clear_line(uea_runs, tmp_path):
     assert "best.pt cannot be read as a checkpoint" in _diag_error([tmp_path / "best.pt"])
     message = _diag_error([uea_runs[0], "--data-dir", tmp_path])  # the data is not there
     assert "JapaneseVowels is not in" in message and "point --data-dir at its data" in message
+    (tmp_path / "JapaneseVowels").symlink_to(tmp_path / "gone")  # said as uea_data says it
+    message = _diag_error([uea_runs[0], "--data-dir", tmp_path])
+    assert f"JapaneseVowels is a symbolic link to {tmp_path / 'gone'}, which does not" in message
+    (tmp_path / "JapaneseVowels").unlink()
     denied = PermissionError(13, "Permission denied")  # a run folder one may only read
     with mock.patch.object(pathlib.Path, "mkdir", side_effect=denied):
         message = _diag_error([uea_runs[0]])
@@ -5574,7 +5658,7 @@ def test_diagnose_bad_input_gets_one_clear_line(uea_runs, tmp_path):
     with mock.patch.object(diagnose, "_spread", return_value=np.array([], dtype=int)):
         message = _diag_error([uea_runs[0]])  # as if every sequence had fewer than 2 real tokens
     assert f"no sequence of the test split of {uea_runs[0]} has 2 real tokens" in message
-    usage = [(["--dense", "0"], "--dense"), ([uea_runs[0], "--out", tmp_path], "same folder name")]
+    usage = [([uea_runs[0], "--out", tmp_path], "same folder name")]  # flags alone: below
     usage += [] if torch.cuda.is_available() else [(["--device", "cuda"], "no CUDA device")]
     for flags, what in usage:  # argparse errors: exit status 2
         with pytest.raises(SystemExit) as stop, contextlib.redirect_stderr(io.StringIO()) as err:
@@ -5586,6 +5670,25 @@ def test_diagnose_bad_input_gets_one_clear_line(uea_runs, tmp_path):
     proc = subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and proc.stderr.startswith("error: ")
+
+
+_DIAG_BAD_FLAGS = [  # (flags, argparse's one sentence): the wrong flag named alone, exit 2
+    (["--batches", "0"], "--batches must be at least 1, got 0"),
+    (["--batch-size", "-1"], "--batch-size must be at least 1, got -1"),
+    (["--dense", "0"], "--dense must be at least 1, got 0"),
+    (["--points", "0"], "--points must be at least 1, got 0"),
+    (["--dense", "2", "--points", "0", "--batches", "3"], "--points must be at least 1, got 0"),
+    (["--data-dir", ""], "--data-dir '' names no folder: leave it out for each run's own"),
+    (["--data-dir", " "], "--data-dir ' ' names no folder"),
+]
+
+
+@pytest.mark.parametrize("flags, said", _DIAG_BAD_FLAGS)
+def test_diagnose_a_bad_flag_is_named_alone_before_any_run_is_read(flags, said, tmp_path):
+    with mock.patch.object(diagnose, "load_run", side_effect=AssertionError("a run was read")):
+        with pytest.raises(SystemExit) as stop, contextlib.redirect_stderr(io.StringIO()) as err:
+            diagnose.main([str(tmp_path), *flags])
+    assert stop.value.code == 2 and f"error: {said}" in err.getvalue().splitlines()[-1]
 
 
 def test_diagnose_end_to_end_on_an_lra_run_best_and_last_weights(tmp_path):
@@ -6425,6 +6528,41 @@ def test_readme_and_results_commands_parse(monkeypatch, tmp_path):
                 pytest.fail(f"{doc}: `{written}` does not parse: {said}")
 
 
+_HELP = [  # every top-level module: `python <module> --help` -> exit status, a fragment said
+    ("agf.py", 0, "Run:         python agf.py   -> shapes, fast path == dense"),  # the tours
+    ("gfsa.py", 0, "Run:         python gfsa.py   -> shapes, one exactness check"),
+    ("ksvd_attention.py", 0, "Run:         python ksvd_attention.py  -> shapes, primal == dual"),
+    ("polynomials.py", 0, "Run:         python polynomials.py   -> basis checks"),
+    ("model.py", 0, "Run:   python model.py   -> aux loss, parameters, padding unread"),
+    ("bench.py", 0, "bench.py: what each attention costs as the sequence grows"),  # the tools
+    ("diagnose.py", 0, "diagnose.py: look inside trained runs"),
+    ("lra_data.py", 0, "LRA task"),
+    ("train_lra.py", 0, "train_lra.py: train one attention mechanism on one Long Range Arena"),
+    ("train_uea.py", 0, "train_uea.py: train one attention mechanism on one UEA multivariate"),
+    ("download.py", 2, "download.py has no command line; data is fetched by python train_uea.py"),
+    ("runs.py", 2, "runs.py has no command line: it serves the train scripts; run python train_"),
+    ("uea_data.py", 2, "uea_data.py has no command line; a UEA dataset is read by python train_"),
+    ("test_all.py", 2, "test_all.py has no command line; run python -m pytest -q test_all.py"),
+]
+
+
+@pytest.mark.parametrize("module, status, said", _HELP, ids=_id)
+def test_every_module_help_says_what_it_does_or_what_to_run_instead(module, status, said):
+    """--help: a command line's usage and what it does (a tour: the header, its Run: line), or,
+    from a module without one, exit status 2 and one line naming what to run instead."""
+    assert sorted(row[0] for row in _HELP) == sorted(p.name for p in HERE.glob("*.py"))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    run = subprocess.run(
+        [sys.executable, module, "--help"], cwd=HERE, capture_output=True, text=True, env=env
+    )
+    assert run.returncode == status, run.stderr[-2000:]
+    if status == 0:
+        assert run.stdout.startswith("usage: ") and said in run.stdout and not run.stderr
+    else:
+        assert run.stderr.strip() == run.stderr.strip().splitlines()[0] and not run.stdout
+        assert run.stderr.startswith(said), run.stderr
+
+
 # ----------------------------------------------------------------------------------------------
 # CUDA: skipped without a GPU (`.ci/gpu` runs them where there is one)
 # ----------------------------------------------------------------------------------------------
@@ -6557,3 +6695,8 @@ def test_cuda_bench_measures_eager_compiled_and_cuda_graphs_side_by_side(tmp_pat
     assert all(float(r["fwdbwd_ms"] or r["step_ms"]) > 0 for r in rows)
     assert all((r["mem_mib"] == "") == (r["mode"] == "graphs") for r in rows)
     assert all(int(r["ops"]) > 0 for r in rows if r["mode"] == "eager")
+
+
+if __name__ == "__main__":  # the suite runs under pytest
+    print("test_all.py has no command line; run python -m pytest -q test_all.py", file=sys.stderr)
+    sys.exit(2)

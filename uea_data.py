@@ -14,6 +14,7 @@ Depends on: numpy, download.py (the training script turns the arrays into tensor
 
 import pathlib
 import re
+import sys
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -67,7 +68,10 @@ def read_ts(path, require_labels: bool = False) -> TsFile:
     """
     header, class_names, series, labels, line_numbers = {}, [], [], [], []
     n_dims, has_label, in_data = None, False, False
-    data = pathlib.Path(path).read_bytes()
+    try:
+        data = pathlib.Path(path).read_bytes()
+    except OSError as e:  # a folder so named, no permission (load_uea names a broken link)
+        raise TsFormatError(path, None, f"cannot be read ({e.strerror})") from None
     if not data.strip():
         raise TsFormatError(path, None, "empty file")
     if b"\0" in data:  # text never holds NUL; zip, gzip, UTF-16 text and other binaries do
@@ -248,8 +252,47 @@ def dataset_paths(data_dir: str, name: str) -> tuple[pathlib.Path, pathlib.Path]
     if not isinstance(name, str) or name in ("", ".", "..") or any(c in name for c in "/\\"):
         what = "a plain folder name such as 'Heartbeat', without '/', '\\' or '..'"
         raise DatasetNotFoundError(f"{name!r} is no UEA dataset name: a name is {what}")
-    folder = pathlib.Path(data_dir) / name
+    try:  # --data-dir '' would read (and with --download write) the current folder
+        folder = download.data_folder(data_dir) / name
+    except download.FolderError as e:
+        raise DatasetNotFoundError(str(e)) from None
     return folder / f"{name}_TRAIN.ts", folder / f"{name}_TEST.ts"
+
+
+def _in_the_way(paths: tuple) -> str | None:
+    """Why the files at paths that are not there are not read, where the folder shows it: a
+    symbolic link that leads nowhere, or the user's files named but for case (or one folder up);
+    None where nothing shows."""
+    missing = [path for path in paths if not path.exists()]
+    for path in missing:
+        said = download.broken_link(path)
+        if said:
+            return f"{said}: restore its target or remove it"
+    found = {path: _look_alikes(path) for path in missing}
+    found = {path: alike[0] for path, alike in found.items() if alike}
+    if not found:
+        return None
+    one = len(found) == 1
+    names, read = (" and ".join(map(str, paths)) for paths in (found.values(), found))
+    what = "the file read is" if one else "the files read are"
+    why = "the UEA archive's names: case matters, and a dataset's files lie in <data-dir>/<Name>/"
+    return f"found {names}, but {what} {read} ({why}): rename or move {'it' if one else 'them'}"
+
+
+def _look_alikes(path: pathlib.Path) -> list:
+    """The files path (<data-dir>/<Name>/<Name>_TRAIN.ts) may be meant by: named so but for case,
+    in <data-dir>/<Name>/ (the folder's name in any case) or in <data-dir> itself."""
+    data_dir, folder, name = path.parent.parent, path.parent.name.lower(), path.name.lower()
+    folders = [data_dir, *(d for d in _entries(data_dir) if d.name.lower() == folder)]
+    return sorted(f for d in folders for f in _entries(d) if f.name.lower() == name and f != path)
+
+
+def _entries(folder: pathlib.Path) -> list:
+    """The paths in folder; none where it is no folder or cannot be read."""
+    try:
+        return list(folder.iterdir())
+    except OSError:
+        return []
 
 
 def missing_dataset_message(data_dir: str, name: str, base_url: str, download: bool = True) -> str:
@@ -257,7 +300,21 @@ def missing_dataset_message(data_dir: str, name: str, base_url: str, download: b
     train, test = dataset_paths(data_dir, name)
     rerun = ", or rerun with --download to fetch and unpack that zip." if download else "."
     looked = f"UEA dataset {name!r} not found; looked for\n  {train}\n  {test}\n"
-    whole = f"{ARCHIVE_PAGE} (Multivariate2018_ts.zip; put the two files at the paths above)"
+    put = "the two files at the paths above"
+    there = [path for path in (train, test) if path.exists()]
+    if there:  # one of the two: --download keeps it and unpacks the other
+        missing = test if there[0] == train else train
+        looked = f"UEA dataset {name!r} is incomplete: {there[0]} is there, but not\n  {missing}\n"
+        put = "the file at the path above"
+    file = next((path for path in train.parents if path.is_file()), None)  # --data-dir a file
+    if file:
+        looked += f"({file} is a file: --data-dir names the folder that holds {name}/)\n"
+    zipped = [p for p in _entries(train.parent.parent) if p.name.lower() == f"{name.lower()}.zip"]
+    if zipped:  # the dataset's zip, not unpacked: --download-url unpacks it from there
+        url = zipped[0].parent.resolve().as_uri()
+        into = f"unzip its two .ts files into {train.parent}, or pass --download-url {url}"
+        looked += f"({zipped[0]} is not unpacked: {into})\n"
+    whole = f"{ARCHIVE_PAGE} (Multivariate2018_ts.zip; put {put})"
     one = f"the per-dataset zip {base_url.rstrip('/')}/{name}.zip{rerun}"
     return f"{looked}Get it from the UEA archive, {whole},\nor {one}"
 
@@ -267,6 +324,9 @@ def download_dataset(name: str, data_dir: str, base_url: str, progress: bool = T
     in the zip, named in any case) into <data-dir>/<Name>/, when either is missing (one there is
     kept, and said); download.py writes nothing else."""
     paths = dataset_paths(data_dir, name)
+    said = _in_the_way(paths)  # the user's files under other names: not fetched over
+    if said:
+        raise DatasetNotFoundError(said)
     url, names = f"{base_url.rstrip('/')}/{name}.zip", [p.name for p in paths]
     keep = "|".join(map(re.escape, names))  # no folder: found by file name alone
     archive = download.Archive(url, keep=keep, need=tuple(names), kind="zip")
@@ -323,7 +383,8 @@ def load_uea(data_dir: str, name: str, max_len: int = 0) -> UEAData:
     """
     train_path, test_path = dataset_paths(data_dir, name)
     if not (train_path.exists() and test_path.exists()):
-        raise DatasetNotFoundError(missing_dataset_message(data_dir, name, ARCHIVE_ZIPS))
+        said = _in_the_way((train_path, test_path))
+        raise DatasetNotFoundError(said or missing_dataset_message(data_dir, name, ARCHIVE_ZIPS))
     train, test = (read_ts(path, require_labels=True) for path in (train_path, test_path))
     f_test, f = test.series[0].shape[1], train.series[0].shape[1]
     if f_test != f:
@@ -423,3 +484,9 @@ def pad_series(series: list, mean: np.ndarray, std: np.ndarray, max_len: int) ->
             x[i, :n] = (np.asarray(s[:n]) - mean) / std
             mask[i, :n] = True
     return x, mask
+
+
+if __name__ == "__main__":  # a library: no command line of its own
+    run = "python train_uea.py --dataset <Name> (--download fetches it)"
+    print(f"uea_data.py has no command line; a UEA dataset is read by {run}", file=sys.stderr)
+    sys.exit(2)
