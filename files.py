@@ -135,5 +135,8 @@ def _alive(pid: int) -> bool:
 
 
 if __name__ == "__main__":
-    print("files.py has no command line: it is what the other files write with", file=sys.stderr)
+    run = "python train_lra.py, train_uea.py or lra_data.py, which write with it"
+    print(
+        f"files.py has no command line: it writes the project's files; run {run}", file=sys.stderr
+    )
     raise SystemExit(2)

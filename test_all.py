@@ -6540,6 +6540,7 @@ _HELP = [  # every top-level module: `python <module> --help` -> exit status, a 
     ("train_lra.py", 0, "train_lra.py: train one attention mechanism on one Long Range Arena"),
     ("train_uea.py", 0, "train_uea.py: train one attention mechanism on one UEA multivariate"),
     ("download.py", 2, "download.py has no command line; data is fetched by python train_uea.py"),
+    ("files.py", 2, "files.py has no command line: it writes the project's files; run python"),
     ("runs.py", 2, "runs.py has no command line: it serves the train scripts; run python train_"),
     ("uea_data.py", 2, "uea_data.py has no command line; a UEA dataset is read by python train_"),
     ("test_all.py", 2, "test_all.py has no command line; run python -m pytest -q test_all.py"),
