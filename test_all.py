@@ -16,6 +16,7 @@ files skip when they are not at UEA_DIR; the CUDA ones, without a GPU.
 """
 
 import argparse
+import codecs
 import collections
 import concurrent.futures
 import contextlib
@@ -34,6 +35,7 @@ import math
 import os
 import pathlib
 import pickle
+import pickletools
 import random
 import re
 import runpy
@@ -1786,6 +1788,131 @@ def test_lra_data_a_damaged_pickle_allocates_no_more_than_its_size(tmp_path):
     assert read[0].x.tolist() == read[1].x.tolist() == [[1, 2, 3, 4, 5, 0, 0, 0]] * 2
 
 
+class _Python2Pickler(pickle._Pickler):
+    """Python 2's pickle at protocol 2, which wrote the CIFAR-10 python batches: a str (and here
+    bytes) as Python 2's str, SHORT_BINSTRING or BINSTRING, read as bytes with encoding="bytes"."""
+
+    def save_str(self, obj):
+        data = obj.encode("latin1") if isinstance(obj, str) else obj
+        if len(data) < 256:
+            self.write(pickle.SHORT_BINSTRING + bytes([len(data)]) + data)
+        else:
+            self.write(pickle.BINSTRING + struct.pack("<i", len(data)) + data)
+        self.memoize(obj)
+
+    dispatch = {**pickle._Pickler.dispatch, str: save_str, bytes: save_str}
+
+
+def _numpy_1(data: bytes) -> bytes:
+    """A pickle of numpy 2 as numpy 1.x writes it: numpy.core.*, not numpy._core.* (FRAMEs, an
+    optional count of the bytes that follow, dropped: the name is one byte shorter)."""
+    frames = [at for opcode, _, at in pickletools.genops(data) if opcode.name == "FRAME"]
+    for at in reversed(frames):
+        data = data[:at] + data[at + 9 :]  # FRAME and its 8-byte count
+    data = data.replace(b"cnumpy._core.", b"cnumpy.core.")  # GLOBAL (protocols 2, 3)
+    short = lambda m: b"\x8c" + bytes([m[1][0] - 1]) + b"numpy.core."  # noqa: E731
+    return re.sub(rb"\x8c(.)numpy\._core\.", short, data, flags=re.S)  # SHORT_BINUNICODE (4, 5)
+
+
+def _as_lists(split: lra_data.Split) -> list:
+    return [np.asarray(value).tolist() for value in vars(split).values()]
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_lra_data_official_pickles_read_with_numpy_1_and_2_names_and_each_protocol(
+    tmp_path, protocol
+):
+    """PyTorch-LRA pickles of every task as mlpen/Nystromformer LRA/datasets/<task>.py writes
+    them (int32 arrays, a numpy scalar label) and CIFAR-10 batches (protocol 2: as Python 2 wrote
+    the release), each with numpy 2's module names and numpy 1's: read as the same content in
+    plain lists and ints (protocol 0: no name at all)."""
+    rng = np.random.default_rng(protocol)
+    for task, vocab in lra_data.VOCAB.items():
+        keys = ["input_ids_0", "input_ids_1"] if task == "retrieval" else ["input_ids_0"]
+        n = 16 if task in ("image", "pathfinder") else 5  # an image: every pixel; else padded
+        pad = np.zeros(16 - n, np.int32)  # as np.concatenate([inputs, np.zeros(96, np.int32)])
+        ids = rng.integers(1, vocab, (4, len(keys), n)).astype(np.int32)
+        labels = [np.int32(i % lra_data.N_CLASSES[task]) for i in range(4)]
+        official = [
+            {**{key: np.r_[ids[i, k], pad] for k, key in enumerate(keys)}, "label": label}
+            for i, label in enumerate(labels)
+        ]
+        plain = [{k: np.asarray(v).tolist() for k, v in item.items()} for item in official]
+        path = _write(tmp_path / "plain.pickle", pickle.dumps(plain, protocol=0))
+        want = _as_lists(lra_data.read_lra_pickle(path, task, 16)[0])
+        for numpy in ("numpy._core.", "numpy.core."):
+            data = pickle.dumps(official, protocol=protocol)
+            data = _numpy_1(data) if numpy == "numpy.core." else data
+            assert numpy.encode() in data and (b"_core" in data) == (numpy == "numpy._core.")
+            path = _write(tmp_path / f"{task}.pickle", data)
+            got = _as_lists(lra_data.read_lra_pickle(path, task, 16)[0])
+            assert got == want, (task, numpy)
+    folder = tmp_path / "cifar-10-batches-py"
+    _lra_cifar(folder)
+    want = {name: _as_lists(split) for name, split in lra_data.read_cifar(folder).items()}
+    batches = {file: pickle.loads(file.read_bytes()) for file in folder.iterdir()}
+    for numpy in ("numpy._core.", "numpy.core."):
+        for file, batch in batches.items():
+            names = [f"{i}.png".encode() for i in range(len(batch[b"labels"]))]
+            official = {**batch, b"batch_label": file.name.encode(), b"filenames": names}
+            if protocol == 2:  # the release's form: Python 2's str keys and strings
+                buffer = io.BytesIO()
+                _Python2Pickler(buffer, protocol=2).dump(
+                    {k.decode(): v for k, v in official.items()}
+                )
+                data = buffer.getvalue()
+                assert b"_codecs" not in data and b"U\x04data" in data, "Python 2's, not 3's"
+            else:
+                data = pickle.dumps(official, protocol=protocol)
+            file.write_bytes(_numpy_1(data) if numpy == "numpy.core." else data)
+        got = {name: _as_lists(split) for name, split in lra_data.read_cifar(folder).items()}
+        assert got == want, numpy
+
+
+class _Calls:
+    """An object whose unpickling calls f(*args), as pickle.loads does with what a file names."""
+
+    def __init__(self, f, *args):
+        self.reduced = (f, args)
+
+    def __reduce__(self):
+        return self.reduced
+
+
+@pytest.mark.parametrize("reader", ["pickle", "cifar"])
+def test_lra_data_a_pickle_that_would_run_code_is_refused_and_runs_nothing(tmp_path, reader):
+    """A PyTorch-LRA pickle or a CIFAR-10 batch that names anything but what data is made of
+    (lra_data.PICKLED): one sentence naming the file and the name, and nothing runs: the file that
+    pickle.loads creates is not there."""
+    made = tmp_path / "made"
+    plants = [  # (an object inside the data, the name the sentence gives, does it make `made`)
+        (_Calls(open, str(made), "w"), "'io.open'", True),
+        (_Calls(os.system, f"touch {made}"), f"'{os.name}.system'", True),
+        (_Calls(eval, f"open({str(made)!r}, 'w')"), "'builtins.eval'", True),  # set is allowed
+        (_Calls(codecs.encode, "text", "rot13"), "_codecs.encode(..., 'rot13')", False),
+    ]
+    for plant, name, makes in plants:
+        if reader == "pickle":
+            file = tmp_path / "listops.train.pickle"
+            content = [dict(input_ids_0=np.arange(1, 4), label=np.int32(1)), plant]
+            for split in ("train", "dev", "test"):
+                _write(tmp_path / f"listops.{split}.pickle", pickle.dumps(content))
+        else:
+            _lra_cifar(tmp_path / "cifar-10-batches-py")
+            file = tmp_path / "cifar-10-batches-py" / "data_batch_1"
+            content = {b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, plant]}
+            _write(file, pickle.dumps(content))
+        with pytest.raises(lra_data.DataError) as refused:
+            task, max_len = ("listops", 8) if reader == "pickle" else ("image", 1024)
+            lra_data.load_task(task, tmp_path, max_len)
+        held = "which no data file holds (numpy arrays, numbers, strings, lists, dicts)"
+        said = f"{file}: the pickle asks for {name}, {held}: refused, as it could run code"
+        assert str(refused.value) == said and not made.exists()
+        pickle.loads(file.read_bytes())  # as the file was read before: it runs
+        assert made.exists() == makes, name
+        made.unlink(missing_ok=True)
+
+
 def _lra_read(kind: str, content, tmp_path: pathlib.Path):
     """Put content where reader `kind` reads it and read it (max_len 8) -> its result."""
     if kind in ("listops", "aan"):
@@ -1887,7 +2014,7 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("cifar", _lra_npy(np.zeros((4, 3072), np.uint8), [0, 1, 2.5, 3]), "3: a label that is not"),
     ("cifar", _lra_npy(np.zeros((4, 3072), np.uint8), "0123"), "3: a label that is not a class"),
     ("cifar", _lra_npy(np.zeros((4, 3072), np.uint8), [0, 1, 2]), "0..9, or not one per image"),
-    ("cifar", b"cos\nnothing\n.", "data_batch_3: not a CIFAR-10 python batch"),  # AttributeError
+    ("cifar", b"cos\nnothing\n.", "data_batch_3: the pickle asks for 'os.nothing', which no"),
     ("cifar", pickle.dumps(np.zeros((4, 3072), np.uint8)), "a pickled ndarray, not a dict"),
     ("cifar", pickle.dumps({b"data": np.zeros((4, 3072), np.uint8)}), "not a CIFAR-10 python"),
     ("cifar", pickle.dumps({b"data": [[1, 2], [3]], b"labels": [0]}), "batch (ValueError("),
@@ -1916,7 +2043,7 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("pickle:listops", [{"input_ids_0": [3]}], "@: not a PyTorch-LRA pickle"),  # no label
     ("pickle:retrieval", [{"input_ids_0": [3], "label": 1}], "@: not a PyTorch-LRA pickle"),
     ("pickle:listops", [], "@: an empty list, no example"),
-    ("pickle:listops", b"cos\nnothing\n.", "@: not a PyTorch-LRA pickle (list of dicts)"),
+    ("pickle:listops", b"cos\nnothing\n.", "@: the pickle asks for 'os.nothing', which no data"),
     ("pickle:listops", [([5], 2.5)], "@: a label that is not a class 0..9 of task listops"),
     ("pickle:listops", [([5.5], 1)], "@: input_ids_0 of item 0 holds something other than"),
     ("pickle:image", [(np.zeros((2, 2, 2)), 1)], "@: input_ids_0 of item 0 holds something"),
