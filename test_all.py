@@ -4366,7 +4366,7 @@ def test_train_lra_and_train_uea_logged_numbers_are_recomputed(tmp_path, script,
     printed = _train_both(tmp_path, script, out, "--lr", "1e-12", "--dropout", "0", *more)[1]
     assert "preset is the GPU setting" not in printed, "the CPU note: for --preset paper only"
     assert (out / "lock").is_file(), "a folder that holds a run keeps its lock file"
-    ckpt, want = torch.load(out / "checkpoint.pt", weights_only=False), {}
+    ckpt, want = torch.load(out / "checkpoint.pt", weights_only=True), {}
     model = Classifier(ModelConfig(**ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
     data = lra_data.load_task(**ckpt["data"])[0] if lra else uea_data.load_uea(**ckpt["data"])
@@ -4629,7 +4629,7 @@ def test_train_lra_and_train_uea_torchrun_two_cpu_processes_match_one(tmp_path, 
     run = _torchrun(script, *argv)
     assert run.stdout.count("RESULT ") == 1 and "cpu x 2" in run.stdout, run.stderr[-3000:]
     paths = [tmp_path / r / "checkpoint.pt" for r in ("one", "two")]
-    one, two = (torch.load(path, weights_only=False)["model"] for path in paths)
+    one, two = (torch.load(path, weights_only=True)["model"] for path in paths)
     # Adam turns a gradient of ~0 into a step of ±lr whose sign depends on rounding (the
     # all-reduce sums in another order), so a few weights may differ by ~lr; a broken DDP
     # (unsynchronised or unscaled gradients) changes nearly all of them.
@@ -4668,7 +4668,7 @@ def test_train_lra_and_train_uea_compile_flag_and_a_diverged_run(tmp_path, scrip
     with mock.patch.object(module, "train_step", nan_after_the_first_checkpoint):
         message = _stops(tmp_path, script, tmp_path / "nan")
     assert "the training loss is nan" in message and "diverged" in message
-    state = torch.load(tmp_path / "nan" / "checkpoint.pt", weights_only=False)["state"]
+    state = torch.load(tmp_path / "nan" / "checkpoint.pt", weights_only=True)["state"]
     assert state[unit] == first and not (tmp_path / "nan" / "result.json").exists()
 
 
@@ -4702,7 +4702,7 @@ def test_runs_a_run_interrupted_and_resumed_continues_exactly(tmp_path, script):
     with mock.patch.object(torch, "compile", lambda model, **kw: model):
         changed = ["--device", "cpu", "--compile"]  # what --resume may change
         straight, resumed, logs = _straight_and_resumed(tmp_path, script, changed=changed)
-    a, b = (torch.load(tmp_path / r / "checkpoint.pt", weights_only=False) for r in "ab")
+    a, b = (torch.load(tmp_path / r / "checkpoint.pt", weights_only=True) for r in "ab")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert logs[0] == logs[1] and len(logs[0]) == 3
     for key in set(straight) - {"wall_s", "config"}:
@@ -4711,7 +4711,7 @@ def test_runs_a_run_interrupted_and_resumed_continues_exactly(tmp_path, script):
     message = _stops(tmp_path, script, tmp_path / "b", *more, "--resume", "--lr", "1")
     assert "other settings" in message and "'lr'" in message
     # a checkpoint from a version with a setting this one lacks: a message, no KeyError
-    ckpt = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
     ckpt["config"]["accumulate"] = 2
     torch.save(ckpt, tmp_path / "b" / "checkpoint.pt")
     message = _stops(tmp_path, script, tmp_path / "b", *more, "--resume")
@@ -4839,6 +4839,54 @@ def test_runs_resume_refuses_what_it_cannot_continue(tmp_path, script):
         (out / "checkpoint.pt").write_bytes(damage)
         message = _stops(tmp_path, script, out, "--resume")
         assert "checkpoint.pt is damaged" in message and "--overwrite" in message
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_runs_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(tmp_path, script):
+    """Every torch.load of the project is weights_only=True. A checkpoint as checkpoint() writes
+    it, now and before (the RNG states: tensors), resumes; one holding what unpickling would call
+    (open, making a file; numpy's RNG state, as other trainers save it) is refused by --resume,
+    best.pt's reading and diagnose.py in one sentence (--resume: how to start again), unrun."""
+    module, unit = SCRIPTS[script]
+    out, made, real, calls = tmp_path / "run", tmp_path / "made", module.train_step, [0]
+
+    def ctrl_c_after_the_first_checkpoint(*args):
+        calls[0] += 1
+        if calls[0] == (2 if script == "train_lra.py" else 1) + 1:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    with mock.patch.object(module, "train_step", ctrl_c_after_the_first_checkpoint):
+        with pytest.raises(SystemExit):
+            _train_both(tmp_path, script, out)
+    file = out / "checkpoint.pt"
+    ckpt = torch.load(file, weights_only=True)
+    rngs = [ckpt["rng"], *([] if ckpt["cuda_rng"] is None else [ckpt["cuda_rng"]])]
+    assert all(rng.dtype == torch.uint8 for rng in rngs), "the format before this version too"
+    good = file.read_bytes()
+    plants = [(_Calls(open, str(made), "w"), "io.open"), (np.random.get_state(), "numpy")]
+    for plant, name in plants:
+        torch.save(dict(ckpt, planted=plant), file)
+        said = f"{file} asks for {name}"
+        message = _stops(tmp_path, script, out, "--resume")
+        which = "which no checkpoint of train_lra.py or train_uea.py holds: it is not read, as it"
+        how = "could run code; start the run again with --overwrite, or choose another --out"
+        assert message.startswith(said) and message.endswith(f"{which} {how}"), message
+        with pytest.raises(SystemExit, match=re.escape(said)):
+            runs.load(file)  # as train_lra.py reads best.pt
+        with pytest.raises(SystemExit, match=re.escape(f"error: {said}")) as refused:
+            diagnose.read_checkpoint(file)
+        assert "it is not read, as it could run code" in str(refused.value) and not made.exists()
+    torch.save(dict(ckpt, planted=_Calls(open, str(made), "w")), file)
+    torch.load(file, weights_only=False)  # as it was read before: it runs
+    assert made.exists()
+    file.write_bytes(good)
+    result, _ = _train_both(tmp_path, script, out, "--resume")
+    assert result[f"{unit}s"] == (4 if unit == "step" else 2)
+    loads = [(f.name, line) for f in [*HERE.glob("*.py"), *(HERE / ".ci").iterdir()]
+             for line in re.findall(r"torch\.load\((?:[^()]|\([^()]*\))*\)", f.read_text())
+             if f.name != "test_all.py"]  # fmt: skip
+    assert len(loads) >= 3 and all("weights_only=True" in line for _, line in loads), loads
 
 
 _FOLDER_STATES = [  # (state, files in the run folder, its checkpoint.pt, flag, outcome)
@@ -5003,7 +5051,7 @@ def test_runs_a_failed_write_is_one_sentence_and_leaves_no_partial_file(tmp_path
         message = _stops(tmp_path, script, out)
     assert message.startswith(f"cannot write {out / 'checkpoint.pt'} (is the disk full?)")
     assert not [p for p in os.listdir(out) if p.endswith(".tmp")]
-    first = torch.load(out / "checkpoint.pt", weights_only=False)["state"]
+    first = torch.load(out / "checkpoint.pt", weights_only=True)["state"]
     assert first[SCRIPTS[script][1]] == (2 if script == "train_lra.py" else 1)
     _train_both(tmp_path, script, out, "--resume")
     assert _result_of(out)
@@ -5569,7 +5617,7 @@ def test_diagnose_bad_input_gets_one_clear_line(uea_runs, tmp_path):
     with mock.patch.object(pathlib.Path, "mkdir", side_effect=denied):
         message = _diag_error([uea_runs[0]])
     assert "(Permission denied): choose a folder to write to with --out" in message
-    ckpt = torch.load(uea_runs[0] / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(uea_runs[0] / "checkpoint.pt", weights_only=True)
     ckpt["model_config"]["n_layers"] = 3
     (tmp_path / "other").mkdir()
     torch.save(ckpt, tmp_path / "other" / "checkpoint.pt")
@@ -5611,7 +5659,7 @@ def test_diagnose_end_to_end_on_an_lra_run_best_and_last_weights(tmp_path):
     choices = [("best", "best.pt", "test", "test_acc")]
     for weights, file, split, key in choices + [("last", "checkpoint.pt", "val", "final_val_acc")]:
         loaded = diagnose.load_run(folder, split=split, n_cases=None, weights=weights)
-        saved = torch.load(folder / file, weights_only=False)
+        saved = torch.load(folder / file, weights_only=True)
         assert all(torch.equal(v, saved["model"][k]) for k, v in loaded.model.state_dict().items())
         data = lra_data.load_task(**saved["data"])[0][split]
         assert (data.lengths >= 2).all()  # so every sequence is in loaded.batches, in order
@@ -6507,7 +6555,7 @@ def test_cuda_lra_resume_continues_the_same_run():
         tmp = pathlib.Path(tmp)
         args = tmp, "train_lra.py", "--device", "cuda", "--no-amp"
         straight, resumed, logs = _straight_and_resumed(*args)
-        a, b = (torch.load(tmp / r / "checkpoint.pt", weights_only=False) for r in "ab")
+        a, b = (torch.load(tmp / r / "checkpoint.pt", weights_only=True) for r in "ab")
         assert a["cuda_rng"] is not None
         for k in a["model"]:
             assert torch.allclose(a["model"][k], b["model"][k], rtol=1e-4, atol=1e-5), k
