@@ -470,11 +470,11 @@ def test_agf_file_runs_alone():
 # ----------------------------------------------------------------------------------------------
 
 
-def _primal_layer(causal=False, reduction="batch"):
-    """A float64 Primal layer: D = 16, H = 2, s = 3, m = 12 sampled tokens, η = 0.1."""
+def _primal_layer(causal=False, reduction="batch", rank=3, rank_multi=4):
+    """A float64 Primal layer: D = 16, H = 2, η = 0.1; by default s = 3, m = 12 sampled tokens."""
     torch.manual_seed(0)
-    kwargs = dict(rank_multi=4, max_len=64, ksvd_weight=0.1, ksvd_reduction=reduction)
-    return PrimalAttention(16, 2, rank=3, causal=causal, **kwargs).to(F64)
+    kwargs = dict(rank_multi=rank_multi, max_len=64, ksvd_weight=0.1, ksvd_reduction=reduction)
+    return PrimalAttention(16, 2, rank=rank, causal=causal, **kwargs).to(F64)
 
 
 def _masks(N: int = 12) -> torch.Tensor:
@@ -486,12 +486,14 @@ def _masks(N: int = 12) -> torch.Tensor:
     return mask
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_primal_scores_equal_dual_reference(causal):
+@pytest.mark.parametrize("causal, r, rank_multi", [(False, 3, 4), (True, 3, 4), (False, 1, 1)])
+def test_primal_scores_equal_dual_reference(causal, r, rank_multi):
     """Remark 3.3: O(N) primal scores with W_e, W_r from dual variables (KKT) == the dual scores
-    E = K_X H_r, R = K_Xᵀ H_e of the N x N kernel (the module's path: the KKT test)."""
-    B, N, H, r = 3, 20, 2, 3
-    layer = _primal_layer(causal)
+    E = K_X H_r, R = K_Xᵀ H_e of the N x N kernel (the module's path: the KKT test); also at the
+    smallest sampling, s = 1 and rank_multi 1 (m = 1), where the layer trains as well."""
+    B, N, H = 3, 20, 2
+    layer = _primal_layer(causal, rank=r, rank_multi=rank_multi)
+    assert layer.n_samples == min(64, r * rank_multi)
     torch.manual_seed(1)
     x, mask = torch.randn(B, N, 16, dtype=F64), _masks(N)[:B]
     with torch.no_grad():
@@ -510,6 +512,10 @@ def test_primal_scores_equal_dual_reference(causal):
     assert e_dual.abs().max() > 0.1 and r_dual.abs().max() > 0.1
     assert torch.allclose(e.masked_fill(~real, 0.0), e_dual, atol=1e-12)
     assert torch.allclose(r_s.masked_fill(~real, 0.0), r_dual, atol=1e-12)
+    y, aux = layer(x, mask)
+    (y.sum() + aux).backward()
+    grads = [p.grad for p in layer.parameters()]
+    assert all(g is not None and g.isfinite().all() for g in grads) and y.isfinite().all()
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -862,6 +868,46 @@ def test_model_dense_references_refuse_an_n_by_n_matrix_too_large():
     assert ksvd_kernel(s, s, None, mask[:, :64], max_bytes=at_cap).shape == (1, H, 64, 64)
     small = attention_matrix(s, s, None, False, "softmax", max_bytes=at_cap)
     assert gfsa_dense_reference(small, s, w, w, w, 2, max_bytes=at_cap)[1].shape == small.shape
+
+
+def test_model_dense_references_cap_float64_matrices_at_their_8_bytes_an_entry():
+    """The cap counts the bytes of the dtype the matrix is made in: float64 inputs, (1, 2, 64, 64)
+    matrices of 65,536 bytes, twice float32's: made at that cap, refused a byte below it and at
+    float32's; at N = 65536 each dense reference (and official GFSA) refuses 64 GiB at once."""
+    N, H, n = 65536, 2, 64
+    cap = 2 * n * n * 8  # (1, 2, 64, 64) float64
+    s, mask = torch.randn(1, H, n, 1, dtype=F64), torch.ones(1, n, dtype=torch.bool)
+    w = torch.zeros(H, dtype=F64)
+    attn = torch.randn(1, H, n, n, dtype=F64).softmax(-1)
+    layer, x = AGFAttention(4, H).double(), torch.randn(1, n, 4, dtype=F64)
+    dense = {  # a dense reference at max_bytes -> what it returns, made from the N x N matrix
+        "agf": lambda b: agf_dense_reference(layer, x, max_bytes=b)[1],
+        "ksvd_kernel": lambda b: ksvd_kernel(s, s, None, mask, max_bytes=b),
+        "ksvd_dual": lambda b: ksvd_dual_reference(s, s, None, s, s, mask, max_bytes=b)[0],
+        "softmax Ā": lambda b: attention_matrix(s, s, None, False, "softmax", max_bytes=b),
+        "linear Ā": lambda b: attention_matrix(s, s, None, False, "linear", max_bytes=b),
+        "gfsa": lambda b: gfsa_dense_reference(attn, s, w, w, w, 2, max_bytes=b)[1],
+    }
+    for name, make in dense.items():
+        assert make(cap).dtype == F64, name
+        for below in (cap - 1, cap // 2):
+            with pytest.raises(MemoryError, match=f"GiB > max_bytes={below}$"):
+                make(below)
+    big = r" \(1, 2, 65536, 65536\).*: 64\.0 GiB( each)? > max_bytes=4294967296$"
+    q, long_mask = torch.randn(1, H, N, 1, dtype=F64), torch.ones(1, N, dtype=torch.bool)
+    huge = torch.zeros((), dtype=F64).expand(1, H, N, N)  # a view: no memory behind it
+    official = GFSAttention(8, H, evaluation="official").double()
+    cases = [
+        ("^x: dense A" + big, lambda: agf_dense_reference(layer, torch.randn(1, N, 4, dtype=F64))),
+        ("^phi_q: dense K_X" + big, lambda: ksvd_kernel(q, q, None, long_mask)),
+        ("^phi_q: dense K_X" + big, lambda: ksvd_dual_reference(q, q, None, q, q, long_mask)),
+        ("^q: dense Ā" + big, lambda: attention_matrix(q, q, None, False, "softmax")),
+        ("^q: dense Ā" + big, lambda: official(torch.randn(1, N, 8, dtype=F64))),
+        ("^attn: dense Ā², G" + big, lambda: gfsa_dense_reference(huge, q, w, w, w, 2)),
+    ]
+    for message, call in cases:
+        with pytest.raises(MemoryError, match=message):
+            call()
 
 
 # Constructor arguments each attention refuses with a ValueError (not an assert, gone under
@@ -4569,6 +4615,32 @@ def test_train_uea_evaluates_the_first_every_eval_every_and_the_last_epoch(tmp_p
     steps = -(-12 // train_uea.parse_config(argv).batch_size)  # a step per batch of 12 cases
     assert bars == [2 * steps, 2 * steps], "epochs 7 and 8; epochs 1 and 2"
     assert (zero["best_test_acc"], zero["best_test_epoch"]) == (0.0, 1), "0 % is a score too"
+
+
+def test_train_uea_a_max_len_below_the_longest_series_clips_and_says_so(tmp_path):
+    """--max-len 4 on Toy (every case 6 steps): each batch trained and tested on holds 4 steps,
+    the model is built for 4, and the run says how many cases it clipped."""
+    _toy_uea(tmp_path)
+    argv = [*TINY, "--dataset", "Toy", "--data-dir", str(tmp_path), "--epochs", "1"]
+    steps, real_step, real_evaluate = [], train_uea.train_step, train_uea.evaluate
+
+    def train_step(model, opt, scaler, x, *rest):
+        steps.append(x.shape[1])
+        return real_step(model, opt, scaler, x, *rest)
+
+    def evaluate(model, data, *rest):
+        steps.append(data.x_test.shape[1])
+        return real_evaluate(model, data, *rest)
+
+    with mock.patch.object(train_uea, "train_step", train_step):
+        with mock.patch.object(train_uea, "evaluate", evaluate):
+            _, printed = _uea_run([*argv, "--max-len", "4", "--out", str(tmp_path / "r")])
+    clips = "max_len 4 clips 12 of 12 TRAIN cases and 12 of 12 TEST cases (longest 6 and 6 steps)"
+    assert clips in printed and steps and set(steps) == {4}
+    ckpt = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=True)
+    assert ckpt["model_config"]["max_len"] == ckpt["data"]["max_len"] == 4
+    _, printed = _uea_run([*argv, "--max-len", "6", "--out", str(tmp_path / "six")])
+    assert "clips" not in printed, "the longest series' length: nothing clipped"
 
 
 def test_train_uea_a_constant_training_channel_is_said_and_does_not_blow_test_up(tmp_path):
