@@ -17,6 +17,7 @@ import argparse
 import contextlib
 import csv
 import hashlib
+import io
 import json
 import multiprocessing
 import os
@@ -424,10 +425,44 @@ def rgb_to_gray(rgb: np.ndarray) -> np.ndarray:
     return (gray * np.float32(255.5)).astype(np.int16)
 
 
+def _latin1(text: str, encoding: str) -> bytes:
+    """Protocol 2 writes bytes as _codecs.encode(text, "latin1"): that call, and no other codec."""
+    if encoding != "latin1":
+        raise DataError(f"_codecs.encode(..., {encoding[:20]!r})")
+    return text.encode("latin1")
+
+
+# What a PyTorch-LRA pickle or a CIFAR-10 batch names besides lists, dicts, numbers and strings
+# (these have opcodes of their own): numpy writes an array as _reconstruct (protocols 2 to 4) or
+# _frombuffer (5), a scalar (a label np.int32(3)) as scalar, each with numpy.dtype; numpy 1.x
+# names their modules numpy.core.*, numpy 2.x numpy._core.*, and both read with this numpy's,
+# those it pickles an array and a scalar with. Protocols 2 and 3 name set, frozenset, bytearray
+# (Python 2: in __builtin__) and protocol 2 bytes as _codecs.encode. No other name is looked up.
+_ARRAY = np.zeros(1)
+_NUMPY = [("multiarray", _ARRAY.__reduce__()[0]), ("numeric", _ARRAY.__reduce_ex__(5)[0])]
+_NUMPY.append(("multiarray", np.int32(0).__reduce__()[0]))
+PICKLED = {(f"numpy.{core}.{m}", f.__name__): f for m, f in _NUMPY for core in ("core", "_core")}
+PICKLED |= {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype}
+PICKLED |= {
+    (m, t.__name__): t for m in ("builtins", "__builtin__") for t in (set, frozenset, bytearray)
+}
+PICKLED[("_codecs", "encode")] = _latin1
+
+
+class _DataUnpickler(pickle.Unpickler):
+    """pickle's Unpickler that finds the names in PICKLED only: DataError naming any other."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in PICKLED:
+            raise DataError(repr(f"{module}.{name}"[:100]))
+        return PICKLED[module, name]
+
+
 def _unpickle(path: pathlib.Path, **options):
-    """path's pickled object; a damaged pickle: pickle.UnpicklingError naming what was raised
-    (the pickle module's documentation: "including (but not necessarily limited to)
-    AttributeError, EOFError, ImportError, and IndexError")."""
+    """path's pickled object, of what the data files hold (PICKLED); a damaged pickle:
+    pickle.UnpicklingError naming what was raised (the pickle module's documentation:
+    "including (but not necessarily limited to) AttributeError, EOFError, ImportError, and
+    IndexError"); any other name: DataError, and nothing it names is called."""
     data = _read(path)
     try:
         # pickle.loads keeps its memo in an array as long as the largest index the file names:
@@ -436,7 +471,11 @@ def _unpickle(path: pathlib.Path, **options):
         for opcode, index, _ in pickletools.genops(data):
             if opcode.name in ("PUT", "BINPUT", "LONG_BINPUT") and index >= len(data):
                 raise ValueError(f"memo index {index} in a pickle of {len(data)} bytes")
-        return pickle.loads(data, **options)
+        return _DataUnpickler(io.BytesIO(data), **options).load()
+    except DataError as e:  # a name no data file holds: unpickling would call it (os.system)
+        what = "which no data file holds (numpy arrays, numbers, strings, lists, dicts)"
+        said = f"{path}: the pickle asks for {e}, {what}: refused, as it could run code"
+        raise DataError(said) from None
     except Exception as e:  # any: a pickle names what to call
         raise pickle.UnpicklingError(f"{type(e).__name__}: {e}"[:200]) from None
 
@@ -458,6 +497,8 @@ def read_cifar(folder: pathlib.Path, max_len: int = 1024) -> dict:
             if not isinstance(batch, dict):
                 raise TypeError(f"a pickled {type(batch).__name__}, not a dict")
             data, labels = np.asarray(batch[b"data"]), batch[b"labels"]
+        except DataError:  # a name no batch holds: _unpickle said it
+            raise
         except (pickle.UnpicklingError, KeyError, TypeError, ValueError) as e:
             raise DataError(f"{file}: not a CIFAR-10 python batch ({e!r})") from None
         if not data.size:  # one empty batch would silently drop a fifth of the images
@@ -578,7 +619,7 @@ def read_pathfinder(folder: pathlib.Path, max_len: int) -> tuple:
 
 
 def read_lra_pickle(path: pathlib.Path, task: str, max_len: int) -> tuple:
-    """A PyTorch-LRA pickle (only open one you trust): dicts of input_ids_0 (, _1), label.
+    """A PyTorch-LRA pickle (read by _unpickle): dicts of input_ids_0 (, _1), label.
 
     Returns:
         (Split, notes): a token example without a real (non-zero) id is skipped, with a note.

@@ -14,6 +14,8 @@ import json
 import math
 import os
 import pathlib
+import pickle
+import re
 import shutil
 import sys
 
@@ -109,7 +111,7 @@ def start(cfg, script: str, unit: str, total: int, may_change=()) -> tuple:
     if "RANK" in os.environ:  # under torchrun (it sets RANK); without: one process, rank 0
         dist.init_process_group("nccl" if cuda else "gloo")
     if RANK and cfg.resume:  # rank 0 has checked it
-        ckpt = torch.load(out / "checkpoint.pt", map_location="cpu", weights_only=False)
+        ckpt = load(out / "checkpoint.pt")
     half = torch.bfloat16 if cuda and torch.cuda.is_bf16_supported() else torch.float16
     return RANK, WORLD, device, torch.autocast(device.type, half, enabled=cuda and cfg.amp), ckpt
 
@@ -152,7 +154,7 @@ def _open(cfg, out: pathlib.Path, script, unit, total, may_change):
         how = "with --overwrite" if held else "without --resume"
         raise SystemExit(f"--resume: there is no checkpoint at {file}; start the run {how}")
     try:
-        ckpt = torch.load(file, map_location="cpu", weights_only=False)
+        ckpt = load(file)
         then = ckpt["config"]
     except Exception as e:  # truncated, empty, or not a checkpoint at all
         raise SystemExit(f"{file} is damaged ({type(e).__name__}): use --overwrite") from None
@@ -172,6 +174,21 @@ def _open(cfg, out: pathlib.Path, script, unit, total, may_change):
         more += "--overwrite starts it again"
         raise SystemExit(f"{out} finished its {done} {unit}s: nothing to resume ({more})")
     return ckpt
+
+
+def load(file: pathlib.Path, **options) -> dict:
+    """A checkpoint or best.pt, read to the CPU with torch.load(weights_only=True): tensors,
+    numbers, strings and their containers, which is all checkpoint() saves. Unpickling anything
+    else could run code, from a run folder someone shared: refused in one sentence, never run."""
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True, **options)
+    except pickle.UnpicklingError as e:
+        name = re.search(r"GLOBAL ([\w.]+)", str(e))  # torch's message names what it refused
+        if name is None:  # damaged: the caller says so
+            raise
+        what = f"{file} asks for {name[1]}, which no checkpoint of train_lra.py or train_uea.py "
+        how = "start the run again with --overwrite, or choose another --out"
+        raise SystemExit(f"{what}holds: it is not read, as it could run code; {how}") from None
 
 
 def checkpoint(parts: dict, state: dict, **more) -> dict:
@@ -244,7 +261,7 @@ def run(main, cfg, unit: str, errors) -> None:
         file = out / "checkpoint.pt"  # rank 0 alone reads it, and only to say where to go on
         how = " before the first checkpoint: the same command starts the run again"
         if RANK == 0 and file.exists():
-            done = torch.load(file, mmap=True, weights_only=False)["state"][unit]
+            done = load(file, mmap=True)["state"][unit]
             how = f"; continue from its {unit} {done} with --resume"
         if RANK == 0:
             sys.stderr.write(f"\n{why}{how}\n")

@@ -16,6 +16,7 @@ files skip when they are not at UEA_DIR; the CUDA ones, without a GPU.
 """
 
 import argparse
+import codecs
 import collections
 import concurrent.futures
 import contextlib
@@ -34,6 +35,7 @@ import math
 import os
 import pathlib
 import pickle
+import pickletools
 import random
 import re
 import runpy
@@ -469,11 +471,11 @@ def test_agf_file_runs_alone():
 # ----------------------------------------------------------------------------------------------
 
 
-def _primal_layer(causal=False, reduction="batch"):
-    """A float64 Primal layer: D = 16, H = 2, s = 3, m = 12 sampled tokens, η = 0.1."""
+def _primal_layer(causal=False, reduction="batch", rank=3, rank_multi=4):
+    """A float64 Primal layer: D = 16, H = 2, η = 0.1; by default s = 3, m = 12 sampled tokens."""
     torch.manual_seed(0)
-    kwargs = dict(rank_multi=4, max_len=64, ksvd_weight=0.1, ksvd_reduction=reduction)
-    return PrimalAttention(16, 2, rank=3, causal=causal, **kwargs).to(F64)
+    kwargs = dict(rank_multi=rank_multi, max_len=64, ksvd_weight=0.1, ksvd_reduction=reduction)
+    return PrimalAttention(16, 2, rank=rank, causal=causal, **kwargs).to(F64)
 
 
 def _masks(N: int = 12) -> torch.Tensor:
@@ -485,12 +487,14 @@ def _masks(N: int = 12) -> torch.Tensor:
     return mask
 
 
-@pytest.mark.parametrize("causal", [False, True])
-def test_primal_scores_equal_dual_reference(causal):
+@pytest.mark.parametrize("causal, r, rank_multi", [(False, 3, 4), (True, 3, 4), (False, 1, 1)])
+def test_primal_scores_equal_dual_reference(causal, r, rank_multi):
     """Remark 3.3: O(N) primal scores with W_e, W_r from dual variables (KKT) == the dual scores
-    E = K_X H_r, R = K_Xᵀ H_e of the N x N kernel (the module's path: the KKT test)."""
-    B, N, H, r = 3, 20, 2, 3
-    layer = _primal_layer(causal)
+    E = K_X H_r, R = K_Xᵀ H_e of the N x N kernel (the module's path: the KKT test); also at the
+    smallest sampling, s = 1 and rank_multi 1 (m = 1), where the layer trains as well."""
+    B, N, H = 3, 20, 2
+    layer = _primal_layer(causal, rank=r, rank_multi=rank_multi)
+    assert layer.n_samples == min(64, r * rank_multi)
     torch.manual_seed(1)
     x, mask = torch.randn(B, N, 16, dtype=F64), _masks(N)[:B]
     with torch.no_grad():
@@ -509,6 +513,10 @@ def test_primal_scores_equal_dual_reference(causal):
     assert e_dual.abs().max() > 0.1 and r_dual.abs().max() > 0.1
     assert torch.allclose(e.masked_fill(~real, 0.0), e_dual, atol=1e-12)
     assert torch.allclose(r_s.masked_fill(~real, 0.0), r_dual, atol=1e-12)
+    y, aux = layer(x, mask)
+    (y.sum() + aux).backward()
+    grads = [p.grad for p in layer.parameters()]
+    assert all(g is not None and g.isfinite().all() for g in grads) and y.isfinite().all()
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -861,6 +869,46 @@ def test_model_dense_references_refuse_an_n_by_n_matrix_too_large():
     assert ksvd_kernel(s, s, None, mask[:, :64], max_bytes=at_cap).shape == (1, H, 64, 64)
     small = attention_matrix(s, s, None, False, "softmax", max_bytes=at_cap)
     assert gfsa_dense_reference(small, s, w, w, w, 2, max_bytes=at_cap)[1].shape == small.shape
+
+
+def test_model_dense_references_cap_float64_matrices_at_their_8_bytes_an_entry():
+    """The cap counts the bytes of the dtype the matrix is made in: float64 inputs, (1, 2, 64, 64)
+    matrices of 65,536 bytes, twice float32's: made at that cap, refused a byte below it and at
+    float32's; at N = 65536 each dense reference (and official GFSA) refuses 64 GiB at once."""
+    N, H, n = 65536, 2, 64
+    cap = 2 * n * n * 8  # (1, 2, 64, 64) float64
+    s, mask = torch.randn(1, H, n, 1, dtype=F64), torch.ones(1, n, dtype=torch.bool)
+    w = torch.zeros(H, dtype=F64)
+    attn = torch.randn(1, H, n, n, dtype=F64).softmax(-1)
+    layer, x = AGFAttention(4, H).double(), torch.randn(1, n, 4, dtype=F64)
+    dense = {  # a dense reference at max_bytes -> what it returns, made from the N x N matrix
+        "agf": lambda b: agf_dense_reference(layer, x, max_bytes=b)[1],
+        "ksvd_kernel": lambda b: ksvd_kernel(s, s, None, mask, max_bytes=b),
+        "ksvd_dual": lambda b: ksvd_dual_reference(s, s, None, s, s, mask, max_bytes=b)[0],
+        "softmax Ā": lambda b: attention_matrix(s, s, None, False, "softmax", max_bytes=b),
+        "linear Ā": lambda b: attention_matrix(s, s, None, False, "linear", max_bytes=b),
+        "gfsa": lambda b: gfsa_dense_reference(attn, s, w, w, w, 2, max_bytes=b)[1],
+    }
+    for name, make in dense.items():
+        assert make(cap).dtype == F64, name
+        for below in (cap - 1, cap // 2):
+            with pytest.raises(MemoryError, match=f"GiB > max_bytes={below}$"):
+                make(below)
+    big = r" \(1, 2, 65536, 65536\).*: 64\.0 GiB( each)? > max_bytes=4294967296$"
+    q, long_mask = torch.randn(1, H, N, 1, dtype=F64), torch.ones(1, N, dtype=torch.bool)
+    huge = torch.zeros((), dtype=F64).expand(1, H, N, N)  # a view: no memory behind it
+    official = GFSAttention(8, H, evaluation="official").double()
+    cases = [
+        ("^x: dense A" + big, lambda: agf_dense_reference(layer, torch.randn(1, N, 4, dtype=F64))),
+        ("^phi_q: dense K_X" + big, lambda: ksvd_kernel(q, q, None, long_mask)),
+        ("^phi_q: dense K_X" + big, lambda: ksvd_dual_reference(q, q, None, q, q, long_mask)),
+        ("^q: dense Ā" + big, lambda: attention_matrix(q, q, None, False, "softmax")),
+        ("^q: dense Ā" + big, lambda: official(torch.randn(1, N, 8, dtype=F64))),
+        ("^attn: dense Ā², G" + big, lambda: gfsa_dense_reference(huge, q, w, w, w, 2)),
+    ]
+    for message, call in cases:
+        with pytest.raises(MemoryError, match=message):
+            call()
 
 
 # Constructor arguments each attention refuses with a ValueError (not an assert, gone under
@@ -1787,6 +1835,131 @@ def test_lra_data_a_damaged_pickle_allocates_no_more_than_its_size(tmp_path):
     assert read[0].x.tolist() == read[1].x.tolist() == [[1, 2, 3, 4, 5, 0, 0, 0]] * 2
 
 
+class _Python2Pickler(pickle._Pickler):
+    """Python 2's pickle at protocol 2, which wrote the CIFAR-10 python batches: a str (and here
+    bytes) as Python 2's str, SHORT_BINSTRING or BINSTRING, read as bytes with encoding="bytes"."""
+
+    def save_str(self, obj):
+        data = obj.encode("latin1") if isinstance(obj, str) else obj
+        if len(data) < 256:
+            self.write(pickle.SHORT_BINSTRING + bytes([len(data)]) + data)
+        else:
+            self.write(pickle.BINSTRING + struct.pack("<i", len(data)) + data)
+        self.memoize(obj)
+
+    dispatch = {**pickle._Pickler.dispatch, str: save_str, bytes: save_str}
+
+
+def _numpy_1(data: bytes) -> bytes:
+    """A pickle of numpy 2 as numpy 1.x writes it: numpy.core.*, not numpy._core.* (FRAMEs, an
+    optional count of the bytes that follow, dropped: the name is one byte shorter)."""
+    frames = [at for opcode, _, at in pickletools.genops(data) if opcode.name == "FRAME"]
+    for at in reversed(frames):
+        data = data[:at] + data[at + 9 :]  # FRAME and its 8-byte count
+    data = data.replace(b"cnumpy._core.", b"cnumpy.core.")  # GLOBAL (protocols 2, 3)
+    short = lambda m: b"\x8c" + bytes([m[1][0] - 1]) + b"numpy.core."  # noqa: E731
+    return re.sub(rb"\x8c(.)numpy\._core\.", short, data, flags=re.S)  # SHORT_BINUNICODE (4, 5)
+
+
+def _as_lists(split: lra_data.Split) -> list:
+    return [np.asarray(value).tolist() for value in vars(split).values()]
+
+
+@pytest.mark.parametrize("protocol", [2, 3, 4, 5])
+def test_lra_data_official_pickles_read_with_numpy_1_and_2_names_and_each_protocol(
+    tmp_path, protocol
+):
+    """PyTorch-LRA pickles of every task as mlpen/Nystromformer LRA/datasets/<task>.py writes
+    them (int32 arrays, a numpy scalar label) and CIFAR-10 batches (protocol 2: as Python 2 wrote
+    the release), each with numpy 2's module names and numpy 1's: read as the same content in
+    plain lists and ints (protocol 0: no name at all)."""
+    rng = np.random.default_rng(protocol)
+    for task, vocab in lra_data.VOCAB.items():
+        keys = ["input_ids_0", "input_ids_1"] if task == "retrieval" else ["input_ids_0"]
+        n = 16 if task in ("image", "pathfinder") else 5  # an image: every pixel; else padded
+        pad = np.zeros(16 - n, np.int32)  # as np.concatenate([inputs, np.zeros(96, np.int32)])
+        ids = rng.integers(1, vocab, (4, len(keys), n)).astype(np.int32)
+        labels = [np.int32(i % lra_data.N_CLASSES[task]) for i in range(4)]
+        official = [
+            {**{key: np.r_[ids[i, k], pad] for k, key in enumerate(keys)}, "label": label}
+            for i, label in enumerate(labels)
+        ]
+        plain = [{k: np.asarray(v).tolist() for k, v in item.items()} for item in official]
+        path = _write(tmp_path / "plain.pickle", pickle.dumps(plain, protocol=0))
+        want = _as_lists(lra_data.read_lra_pickle(path, task, 16)[0])
+        for numpy in ("numpy._core.", "numpy.core."):
+            data = pickle.dumps(official, protocol=protocol)
+            data = _numpy_1(data) if numpy == "numpy.core." else data
+            assert numpy.encode() in data and (b"_core" in data) == (numpy == "numpy._core.")
+            path = _write(tmp_path / f"{task}.pickle", data)
+            got = _as_lists(lra_data.read_lra_pickle(path, task, 16)[0])
+            assert got == want, (task, numpy)
+    folder = tmp_path / "cifar-10-batches-py"
+    _lra_cifar(folder)
+    want = {name: _as_lists(split) for name, split in lra_data.read_cifar(folder).items()}
+    batches = {file: pickle.loads(file.read_bytes()) for file in folder.iterdir()}
+    for numpy in ("numpy._core.", "numpy.core."):
+        for file, batch in batches.items():
+            names = [f"{i}.png".encode() for i in range(len(batch[b"labels"]))]
+            official = {**batch, b"batch_label": file.name.encode(), b"filenames": names}
+            if protocol == 2:  # the release's form: Python 2's str keys and strings
+                buffer = io.BytesIO()
+                _Python2Pickler(buffer, protocol=2).dump(
+                    {k.decode(): v for k, v in official.items()}
+                )
+                data = buffer.getvalue()
+                assert b"_codecs" not in data and b"U\x04data" in data, "Python 2's, not 3's"
+            else:
+                data = pickle.dumps(official, protocol=protocol)
+            file.write_bytes(_numpy_1(data) if numpy == "numpy.core." else data)
+        got = {name: _as_lists(split) for name, split in lra_data.read_cifar(folder).items()}
+        assert got == want, numpy
+
+
+class _Calls:
+    """An object whose unpickling calls f(*args), as pickle.loads does with what a file names."""
+
+    def __init__(self, f, *args):
+        self.reduced = (f, args)
+
+    def __reduce__(self):
+        return self.reduced
+
+
+@pytest.mark.parametrize("reader", ["pickle", "cifar"])
+def test_lra_data_a_pickle_that_would_run_code_is_refused_and_runs_nothing(tmp_path, reader):
+    """A PyTorch-LRA pickle or a CIFAR-10 batch that names anything but what data is made of
+    (lra_data.PICKLED): one sentence naming the file and the name, and nothing runs: the file that
+    pickle.loads creates is not there."""
+    made = tmp_path / "made"
+    plants = [  # (an object inside the data, the name the sentence gives, does it make `made`)
+        (_Calls(open, str(made), "w"), "'io.open'", True),
+        (_Calls(os.system, f"touch {made}"), f"'{os.name}.system'", True),
+        (_Calls(eval, f"open({str(made)!r}, 'w')"), "'builtins.eval'", True),  # set is allowed
+        (_Calls(codecs.encode, "text", "rot13"), "_codecs.encode(..., 'rot13')", False),
+    ]
+    for plant, name, makes in plants:
+        if reader == "pickle":
+            file = tmp_path / "listops.train.pickle"
+            content = [dict(input_ids_0=np.arange(1, 4), label=np.int32(1)), plant]
+            for split in ("train", "dev", "test"):
+                _write(tmp_path / f"listops.{split}.pickle", pickle.dumps(content))
+        else:
+            _lra_cifar(tmp_path / "cifar-10-batches-py")
+            file = tmp_path / "cifar-10-batches-py" / "data_batch_1"
+            content = {b"data": np.zeros((2, 3072), np.uint8), b"labels": [0, plant]}
+            _write(file, pickle.dumps(content))
+        with pytest.raises(lra_data.DataError) as refused:
+            task, max_len = ("listops", 8) if reader == "pickle" else ("image", 1024)
+            lra_data.load_task(task, tmp_path, max_len)
+        held = "which no data file holds (numpy arrays, numbers, strings, lists, dicts)"
+        said = f"{file}: the pickle asks for {name}, {held}: refused, as it could run code"
+        assert str(refused.value) == said and not made.exists()
+        pickle.loads(file.read_bytes())  # as the file was read before: it runs
+        assert made.exists() == makes, name
+        made.unlink(missing_ok=True)
+
+
 def _lra_read(kind: str, content, tmp_path: pathlib.Path):
     """Put content where reader `kind` reads it and read it (max_len 8) -> its result."""
     if kind in ("listops", "aan"):
@@ -1888,7 +2061,7 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("cifar", _lra_npy(np.zeros((4, 3072), np.uint8), [0, 1, 2.5, 3]), "3: a label that is not"),
     ("cifar", _lra_npy(np.zeros((4, 3072), np.uint8), "0123"), "3: a label that is not a class"),
     ("cifar", _lra_npy(np.zeros((4, 3072), np.uint8), [0, 1, 2]), "0..9, or not one per image"),
-    ("cifar", b"cos\nnothing\n.", "data_batch_3: not a CIFAR-10 python batch"),  # AttributeError
+    ("cifar", b"cos\nnothing\n.", "data_batch_3: the pickle asks for 'os.nothing', which no"),
     ("cifar", pickle.dumps(np.zeros((4, 3072), np.uint8)), "a pickled ndarray, not a dict"),
     ("cifar", pickle.dumps({b"data": np.zeros((4, 3072), np.uint8)}), "not a CIFAR-10 python"),
     ("cifar", pickle.dumps({b"data": [[1, 2], [3]], b"labels": [0]}), "batch (ValueError("),
@@ -1917,7 +2090,7 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("pickle:listops", [{"input_ids_0": [3]}], "@: not a PyTorch-LRA pickle"),  # no label
     ("pickle:retrieval", [{"input_ids_0": [3], "label": 1}], "@: not a PyTorch-LRA pickle"),
     ("pickle:listops", [], "@: an empty list, no example"),
-    ("pickle:listops", b"cos\nnothing\n.", "@: not a PyTorch-LRA pickle (list of dicts)"),
+    ("pickle:listops", b"cos\nnothing\n.", "@: the pickle asks for 'os.nothing', which no data"),
     ("pickle:listops", [([5], 2.5)], "@: a label that is not a class 0..9 of task listops"),
     ("pickle:listops", [([5.5], 1)], "@: input_ids_0 of item 0 holds something other than"),
     ("pickle:image", [(np.zeros((2, 2, 2)), 1)], "@: input_ids_0 of item 0 holds something"),
@@ -4443,7 +4616,7 @@ def test_train_lra_and_train_uea_logged_numbers_are_recomputed(tmp_path, script,
     printed = _train_both(tmp_path, script, out, "--lr", "1e-12", "--dropout", "0", *more)[1]
     assert "preset is the GPU setting" not in printed, "the CPU note: for --preset paper only"
     assert (out / "lock").is_file(), "a folder that holds a run keeps its lock file"
-    ckpt, want = torch.load(out / "checkpoint.pt", weights_only=False), {}
+    ckpt, want = torch.load(out / "checkpoint.pt", weights_only=True), {}
     model = Classifier(ModelConfig(**ckpt["model_config"]))
     model.load_state_dict(ckpt["model"])
     data = lra_data.load_task(**ckpt["data"])[0] if lra else uea_data.load_uea(**ckpt["data"])
@@ -4648,6 +4821,32 @@ def test_train_uea_evaluates_the_first_every_eval_every_and_the_last_epoch(tmp_p
     assert (zero["best_test_acc"], zero["best_test_epoch"]) == (0.0, 1), "0 % is a score too"
 
 
+def test_train_uea_a_max_len_below_the_longest_series_clips_and_says_so(tmp_path):
+    """--max-len 4 on Toy (every case 6 steps): each batch trained and tested on holds 4 steps,
+    the model is built for 4, and the run says how many cases it clipped."""
+    _toy_uea(tmp_path)
+    argv = [*TINY, "--dataset", "Toy", "--data-dir", str(tmp_path), "--epochs", "1"]
+    steps, real_step, real_evaluate = [], train_uea.train_step, train_uea.evaluate
+
+    def train_step(model, opt, scaler, x, *rest):
+        steps.append(x.shape[1])
+        return real_step(model, opt, scaler, x, *rest)
+
+    def evaluate(model, data, *rest):
+        steps.append(data.x_test.shape[1])
+        return real_evaluate(model, data, *rest)
+
+    with mock.patch.object(train_uea, "train_step", train_step):
+        with mock.patch.object(train_uea, "evaluate", evaluate):
+            _, printed = _uea_run([*argv, "--max-len", "4", "--out", str(tmp_path / "r")])
+    clips = "max_len 4 clips 12 of 12 TRAIN cases and 12 of 12 TEST cases (longest 6 and 6 steps)"
+    assert clips in printed and steps and set(steps) == {4}
+    ckpt = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=True)
+    assert ckpt["model_config"]["max_len"] == ckpt["data"]["max_len"] == 4
+    _, printed = _uea_run([*argv, "--max-len", "6", "--out", str(tmp_path / "six")])
+    assert "clips" not in printed, "the longest series' length: nothing clipped"
+
+
 def test_train_uea_a_constant_training_channel_is_said_and_does_not_blow_test_up(tmp_path):
     """A channel constant in TRAIN is said and centred, not scaled; no preset is said too."""
     folder = _toy_uea(tmp_path)
@@ -4706,7 +4905,7 @@ def test_train_lra_and_train_uea_torchrun_two_cpu_processes_match_one(tmp_path, 
     run = _torchrun(script, *argv)
     assert run.stdout.count("RESULT ") == 1 and "cpu x 2" in run.stdout, run.stderr[-3000:]
     paths = [tmp_path / r / "checkpoint.pt" for r in ("one", "two")]
-    one, two = (torch.load(path, weights_only=False)["model"] for path in paths)
+    one, two = (torch.load(path, weights_only=True)["model"] for path in paths)
     # Adam turns a gradient of ~0 into a step of ±lr whose sign depends on rounding (the
     # all-reduce sums in another order), so a few weights may differ by ~lr; a broken DDP
     # (unsynchronised or unscaled gradients) changes nearly all of them.
@@ -4745,7 +4944,7 @@ def test_train_lra_and_train_uea_compile_flag_and_a_diverged_run(tmp_path, scrip
     with mock.patch.object(module, "train_step", nan_after_the_first_checkpoint):
         message = _stops(tmp_path, script, tmp_path / "nan")
     assert "the training loss is nan" in message and "diverged" in message
-    state = torch.load(tmp_path / "nan" / "checkpoint.pt", weights_only=False)["state"]
+    state = torch.load(tmp_path / "nan" / "checkpoint.pt", weights_only=True)["state"]
     assert state[unit] == first and not (tmp_path / "nan" / "result.json").exists()
 
 
@@ -4779,7 +4978,7 @@ def test_runs_a_run_interrupted_and_resumed_continues_exactly(tmp_path, script):
     with mock.patch.object(torch, "compile", lambda model, **kw: model):
         changed = ["--device", "cpu", "--compile"]  # what --resume may change
         straight, resumed, logs = _straight_and_resumed(tmp_path, script, changed=changed)
-    a, b = (torch.load(tmp_path / r / "checkpoint.pt", weights_only=False) for r in "ab")
+    a, b = (torch.load(tmp_path / r / "checkpoint.pt", weights_only=True) for r in "ab")
     assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])
     assert logs[0] == logs[1] and len(logs[0]) == 3
     for key in set(straight) - {"wall_s", "config"}:
@@ -4788,7 +4987,7 @@ def test_runs_a_run_interrupted_and_resumed_continues_exactly(tmp_path, script):
     message = _stops(tmp_path, script, tmp_path / "b", *more, "--resume", "--lr", "1")
     assert "other settings" in message and "'lr'" in message
     # a checkpoint from a version with a setting this one lacks: a message, no KeyError
-    ckpt = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(tmp_path / "b" / "checkpoint.pt", weights_only=True)
     ckpt["config"]["accumulate"] = 2
     torch.save(ckpt, tmp_path / "b" / "checkpoint.pt")
     message = _stops(tmp_path, script, tmp_path / "b", *more, "--resume")
@@ -4916,6 +5115,54 @@ def test_runs_resume_refuses_what_it_cannot_continue(tmp_path, script):
         (out / "checkpoint.pt").write_bytes(damage)
         message = _stops(tmp_path, script, out, "--resume")
         assert "checkpoint.pt is damaged" in message and "--overwrite" in message
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_runs_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(tmp_path, script):
+    """Every torch.load of the project is weights_only=True. A checkpoint as checkpoint() writes
+    it, now and before (the RNG states: tensors), resumes; one holding what unpickling would call
+    (open, making a file; numpy's RNG state, as other trainers save it) is refused by --resume,
+    best.pt's reading and diagnose.py in one sentence (--resume: how to start again), unrun."""
+    module, unit = SCRIPTS[script]
+    out, made, real, calls = tmp_path / "run", tmp_path / "made", module.train_step, [0]
+
+    def ctrl_c_after_the_first_checkpoint(*args):
+        calls[0] += 1
+        if calls[0] == (2 if script == "train_lra.py" else 1) + 1:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    with mock.patch.object(module, "train_step", ctrl_c_after_the_first_checkpoint):
+        with pytest.raises(SystemExit):
+            _train_both(tmp_path, script, out)
+    file = out / "checkpoint.pt"
+    ckpt = torch.load(file, weights_only=True)
+    rngs = [ckpt["rng"], *([] if ckpt["cuda_rng"] is None else [ckpt["cuda_rng"]])]
+    assert all(rng.dtype == torch.uint8 for rng in rngs), "the format before this version too"
+    good = file.read_bytes()
+    plants = [(_Calls(open, str(made), "w"), "io.open"), (np.random.get_state(), "numpy")]
+    for plant, name in plants:
+        torch.save(dict(ckpt, planted=plant), file)
+        said = f"{file} asks for {name}"
+        message = _stops(tmp_path, script, out, "--resume")
+        which = "which no checkpoint of train_lra.py or train_uea.py holds: it is not read, as it"
+        how = "could run code; start the run again with --overwrite, or choose another --out"
+        assert message.startswith(said) and message.endswith(f"{which} {how}"), message
+        with pytest.raises(SystemExit, match=re.escape(said)):
+            runs.load(file)  # as train_lra.py reads best.pt
+        with pytest.raises(SystemExit, match=re.escape(f"error: {said}")) as refused:
+            diagnose.read_checkpoint(file)
+        assert "it is not read, as it could run code" in str(refused.value) and not made.exists()
+    torch.save(dict(ckpt, planted=_Calls(open, str(made), "w")), file)
+    torch.load(file, weights_only=False)  # as it was read before: it runs
+    assert made.exists()
+    file.write_bytes(good)
+    result, _ = _train_both(tmp_path, script, out, "--resume")
+    assert result[f"{unit}s"] == (4 if unit == "step" else 2)
+    loads = [(f.name, line) for f in [*HERE.glob("*.py"), *(HERE / ".ci").iterdir()]
+             for line in re.findall(r"torch\.load\((?:[^()]|\([^()]*\))*\)", f.read_text())
+             if f.name != "test_all.py"]  # fmt: skip
+    assert len(loads) >= 3 and all("weights_only=True" in line for _, line in loads), loads
 
 
 _FOLDER_STATES = [  # (state, files in the run folder, its checkpoint.pt, flag, outcome)
@@ -5080,7 +5327,7 @@ def test_runs_a_failed_write_is_one_sentence_and_leaves_no_partial_file(tmp_path
         message = _stops(tmp_path, script, out)
     assert message.startswith(f"cannot write {out / 'checkpoint.pt'} (is the disk full?)")
     assert not [p for p in os.listdir(out) if p.endswith(".tmp")]
-    first = torch.load(out / "checkpoint.pt", weights_only=False)["state"]
+    first = torch.load(out / "checkpoint.pt", weights_only=True)["state"]
     assert first[SCRIPTS[script][1]] == (2 if script == "train_lra.py" else 1)
     _train_both(tmp_path, script, out, "--resume")
     assert _result_of(out)
@@ -5650,7 +5897,7 @@ def test_diagnose_bad_input_gets_one_clear_line(uea_runs, tmp_path):
     with mock.patch.object(pathlib.Path, "mkdir", side_effect=denied):
         message = _diag_error([uea_runs[0]])
     assert "(Permission denied): choose a folder to write to with --out" in message
-    ckpt = torch.load(uea_runs[0] / "checkpoint.pt", weights_only=False)
+    ckpt = torch.load(uea_runs[0] / "checkpoint.pt", weights_only=True)
     ckpt["model_config"]["n_layers"] = 3
     (tmp_path / "other").mkdir()
     torch.save(ckpt, tmp_path / "other" / "checkpoint.pt")
@@ -5711,7 +5958,7 @@ def test_diagnose_end_to_end_on_an_lra_run_best_and_last_weights(tmp_path):
     choices = [("best", "best.pt", "test", "test_acc")]
     for weights, file, split, key in choices + [("last", "checkpoint.pt", "val", "final_val_acc")]:
         loaded = diagnose.load_run(folder, split=split, n_cases=None, weights=weights)
-        saved = torch.load(folder / file, weights_only=False)
+        saved = torch.load(folder / file, weights_only=True)
         assert all(torch.equal(v, saved["model"][k]) for k, v in loaded.model.state_dict().items())
         data = lra_data.load_task(**saved["data"])[0][split]
         assert (data.lengths >= 2).all()  # so every sequence is in loaded.batches, in order
@@ -6643,7 +6890,7 @@ def test_cuda_lra_resume_continues_the_same_run():
         tmp = pathlib.Path(tmp)
         args = tmp, "train_lra.py", "--device", "cuda", "--no-amp"
         straight, resumed, logs = _straight_and_resumed(*args)
-        a, b = (torch.load(tmp / r / "checkpoint.pt", weights_only=False) for r in "ab")
+        a, b = (torch.load(tmp / r / "checkpoint.pt", weights_only=True) for r in "ab")
         assert a["cuda_rng"] is not None
         for k in a["model"]:
             assert torch.allclose(a["model"][k], b["model"][k], rtol=1e-4, atol=1e-5), k

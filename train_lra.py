@@ -200,7 +200,7 @@ def main(cfg: TrainConfig) -> dict:
     # the validation split (as officially), where those weights scored best_val_acc already.
     result, test_acc = None, state["best_val_acc"]
     if master and data["val"] is not data["test"]:
-        model.load_state_dict(torch.load(out / "best.pt", map_location=device)["model"])
+        model.load_state_dict(runs.load(out / "best.pt")["model"])
         # NOTE: differs from the official test loader (drop_last=True): every example counts.
         test_acc, _ = evaluate(fast, data["test"], cfg.batch_size, device, autocast)
     if master:
