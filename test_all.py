@@ -459,6 +459,34 @@ def test_agf_reduced_forms_equal_their_formulas_written_out(variant):
         assert layer.W_sigma.weight.grad.abs().max() == 0 and layer.W_u.weight.grad.abs().max() > 0
 
 
+@pytest.mark.parametrize("variant", ["agf", "uv", "svd"])
+def test_agf_paper_form_equals_the_layer_values_and_gradients(variant):
+    """agf_dense_reference (U, V, Σ, A = U Σ Vᵀ written out, then A·X W_val) == the layer, which
+    runs agf_apply (right to left): y and the gradients in x and every parameter, with junk in
+    the padding; A's rows and columns of padded tokens are 0."""
+    torch.manual_seed(0)
+    layer = AGFAttention(32, 4, variant=variant, fix_theta0=False).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(0.3 * torch.randn_like(p))  # θ off 0: g is not flat, θ̃_0 is not 0
+    x, mask = _inputs(_tiny("uea", n_features=32))  # (3, 20, 32), 2 rows padded
+    x = x.masked_fill(~mask[..., None], 1e3).requires_grad_()
+    weight = torch.randn(3, 20, 32, dtype=F64)
+    out = {}
+    for name, form in (("layer", layer), ("paper", functools.partial(agf_dense_reference, layer))):
+        y = form(x, mask)[0]
+        out[name] = y, torch.autograd.grad((y * weight).sum(), [x, *layer.parameters()])
+    assert torch.allclose(out["paper"][0], out["layer"][0], rtol=0, atol=1e-12), "values"
+    assert (out["layer"][0][~mask] == 0).all(), "padded outputs are 0"
+    names = ["x", *(name for name, _ in layer.named_parameters())]
+    for name, a, b in zip(names, out["paper"][1], out["layer"][1], strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-10), f"gradient in {name}"
+    graph_filter = agf_dense_reference(layer, x, mask)[1]  # (B, H, N, N)
+    pad = ~mask[:, None, :]  # (B, 1, N)
+    assert not graph_filter.masked_select(pad[..., None]).any(), "padded rows of A"
+    assert not graph_filter.masked_select(pad[:, :, None, :]).any(), "padded columns of A"
+
+
 def test_agf_file_runs_alone():
     _runs_alone("agf.py", ["polynomials.py"])
 
