@@ -311,8 +311,9 @@ if __name__ == "__main__":
     same = torch.allclose(y, y_dense, atol=1e-12)
     print(f"fast path == dense A (B, H, N, N) = {tuple(graph_filter.shape)}: {same}")
 
-    # Cost: fwd+bwd time and memory saved for backward as N doubles (expect ~2x each: O(N d²)).
-    layer, saved = AGFAttention(D, H), {}
+    # Cost: fwd+bwd time and memory saved for backward as N doubles (expect ~2x each: O(N d²));
+    # (xR): R times the row above.
+    layer, saved, last = AGFAttention(D, H), {}, None
 
     def pack(t: Tensor) -> Tensor:  # notes the bytes autograd keeps for backward, each storage once
         saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
@@ -327,5 +328,8 @@ if __name__ == "__main__":
                 y, aux = layer(xn, torch.ones(1, n, dtype=torch.bool))
             (y.sum() + aux).backward()
             times.append((time.perf_counter() - t0) * 1e3)
-        mib = sum(saved.values()) / 2**20
-        print(f"N={n:5d}   fwd+bwd {min(times):7.1f} ms   saved for backward {mib:6.1f} MiB")
+        ms, mib = min(times), sum(saved.values()) / 2**20
+        ms_x, mib_x = (f"(x{ms / last[0]:.1f})", f"(x{mib / last[1]:.1f})") if last else ("", "")
+        mib_text = f"saved for backward {mib:6.1f} MiB {mib_x}"
+        print(f"N={n:5d}   fwd+bwd {ms:6.1f} ms {ms_x:6s}   {mib_text}".rstrip())
+        last = ms, mib

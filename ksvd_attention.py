@@ -383,8 +383,9 @@ if __name__ == "__main__":
     same &= torch.allclose(r.masked_fill(~real, 0.0), r_dual)
     print("primal scores == dual (N x N kernel) scores:", same)
 
-    # Cost: one forward + backward as N doubles (expect ~2x per doubling: O(N d s)).
-    layer = PrimalAttention(D, H, rank=s, rank_multi=4, max_len=N)
+    # Cost: one forward + backward as N doubles (expect ~2x per doubling: O(N d s));
+    # (xR): R times the row above.
+    layer, last = PrimalAttention(D, H, rank=s, rank_multi=4, max_len=N), None
     for n in (1024, 2048, 4096, 8192):
         xn, times = torch.randn(4, n, D, requires_grad=True), []
         for _ in range(3):  # best of 3: the first call pays one-off allocation costs
@@ -392,4 +393,6 @@ if __name__ == "__main__":
             yn, auxn = layer(xn)
             (yn.sum() + auxn).backward()
             times.append((time.perf_counter() - t0) * 1e3)
-        print(f"N={n:5d}  fwd+bwd {min(times):7.1f} ms")
+        ms = min(times)
+        print(f"N={n:5d}  fwd+bwd {ms:7.1f} ms" + (f" (x{ms / last:.1f})" if last else ""))
+        last = ms

@@ -207,9 +207,9 @@ def _cli(script: str, *argv, cwd=None, timeout=120) -> subprocess.CompletedProce
     return subprocess.run([sys.executable, str(HERE / script), *argv], **kwargs)
 
 
-def _runs_alone(name: str, needs: list) -> None:
+def _runs_alone(name: str, needs: list) -> list:
     """Copy a mechanism file and only the `needs` (besides torch) its header's "Depends on:" line
-    names into an empty folder and run it: its demo must pass."""
+    names into an empty folder and run it: its demo must pass. Returns the lines it printed."""
     header = (HERE / name).read_text().split('"""')[1]
     for dependency in needs:
         assert dependency in header, f"{name}: header does not mention {dependency}"
@@ -219,6 +219,48 @@ def _runs_alone(name: str, needs: list) -> None:
         run = _cli(os.path.join(tmp, name), cwd=tmp, timeout=300)  # one thread: demos are small
         assert run.returncode == 0, f"{name} does not run alone:\n{run.stderr[-2000:]}"
         assert "False" not in run.stdout, f"{name}: a check in its demo failed:\n{run.stdout}"
+    return run.stdout.splitlines()
+
+
+def _printed(lines: list, patterns: list) -> list:
+    """Each line a tour printed fullmatches its pattern, in order (every number of a line is in a
+    named group, or literal in its pattern) -> the groups of each line, as printed (str; None for
+    an optional group not printed)."""
+    assert len(lines) == len(patterns), "\n".join(lines)
+    found = []
+    for line, pattern in zip(lines, patterns, strict=True):
+        match = re.fullmatch(pattern, line)
+        assert match, f"printed {line!r}, expected {pattern!r}"
+        found.append(match.groupdict())
+    return found
+
+
+def _rounded(printed: str, exact: float) -> bool:
+    """Is `printed` ("20.4", "20,805") `exact` rounded to the decimals it shows?"""
+    half_unit = 0.5 * 10.0 ** -len(printed.partition(".")[2])
+    return abs(float(printed.replace(",", "")) - exact) <= half_unit * (1 + 1e-9) + 1e-12
+
+
+def _growth_printed(rows: list, value: str, ratio: str) -> None:
+    """A tour's cost rows: each "(xR)" is the row's value over the row above's, both as printed,
+    to their rounding; the first row has none; each value is positive."""
+    assert rows[0][ratio] is None, rows[0]
+    for above, row in itertools.pairwise(rows):
+        half_unit = 0.5 * 10.0 ** -len(row[value].partition(".")[2])
+        a, b = float(above[value]), float(row[value])
+        assert a > 0 and b > 0, (above, row)
+        low, high = (b - half_unit) / (a + half_unit), (b + half_unit) / max(a - half_unit, 1e-9)
+        assert low - 0.05 <= float(row[ratio]) <= high + 0.05, f"{value}: {above} -> {row}"
+
+
+# Parameters of each attention, by formula: D·D + D per Linear(D, D); K, H, m, s: its own.
+_PARAMETERS = {
+    "softmax": lambda D, H: 4 * (D * D + D),  # W_qkv (3 maps), W_o
+    "agf": lambda D, H, K=5: 5 * (D * D + D) + K,  # W_u, W_v, W_sigma, W_val, W_o; θ_1..θ_K
+    "gfsa": lambda D, H: 4 * (D * D + D) + H,  # W_qkv, W_o; wK per head
+    # W_q, W_k, W_o; W_e, W_r (H, m, s); Λ (H, s); W_er Linear(2s, d)
+    "primal": lambda D, H, m, s=20: 3 * (D * D + D) + 2 * H * m * s + H * s + (2 * s + 1) * D // H,
+}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -368,8 +410,58 @@ def test_polynomials_filter_is_official_tanh_sum():
     assert repr(PolynomialFilter(2)) == want, "the defaults: Jacobi(0, 0), θ̃_0 frozen"
 
 
-def test_polynomials_file_runs_alone():
-    _runs_alone("polynomials.py", [])
+_FILTER_PRINTED = (  # print(PolynomialFilter(...)), in agf.py's and polynomials.py's tours
+    r"PolynomialFilter\(order=(?P<K>\d+), basis=(?P<basis>\w+), alpha=(?P<alpha>-?\d+\.\d+), "
+    r"beta=(?P<beta>-?\d+\.\d+), frozen θ̃_0=1\)"
+)
+
+
+def _agf_default_filter(printed: dict) -> None:
+    """The filter printed is AGFAttention's default (K, basis, α, β; θ̃_0 frozen)."""
+    defaults = {k: p.default for k, p in inspect.signature(AGFAttention).parameters.items()}
+    assert defaults["fix_theta0"] is True, "frozen θ̃_0=1 is printed"
+    assert int(printed["K"]) == defaults["order"] and printed["basis"] == defaults["basis"]
+    alpha_beta = float(printed["alpha"]), float(printed["beta"])
+    assert alpha_beta == (defaults["alpha"], defaults["beta"])
+
+
+def test_polynomials_tour_runs_alone_and_every_number_it_prints_is_recomputed():
+    """`python polynomials.py`, copied alone: each line as expected; the filter is AGF's default;
+    the grid k / 6, g(s) from the closed form of P_k and tanh(θ) (θ: seed 0), max |P_k(s)| from
+    the closed form on the grid k / 200 (agf.py's "~21": its supremum on [0, 1], by `jacobi`);
+    each time ratio from its printed times."""
+    lines = _runs_alone("polynomials.py", [])
+    numbers = r"\[(?P<values>-?\d+\.\d+(?:, -?\d+\.\d+){4})\]"  # five, 2 decimals each
+    cost = r"N=\s*(?P<N>\d+) x d=64   fwd\+bwd\s+(?P<ms>\d+\.\d\d) ms(?: \(x(?P<ms_x>\d+\.\d)\))?"
+    _, _, filter_line, grid, response, largest, _, *rows = _printed(lines, [
+        r"Jacobi\(-1/2, -1/2\) == c_k \* T_k: True",
+        r"Jacobi\(0, 0\) == Legendre \(P_3 = \(5x\^3 - 3x\)/2\): True",
+        _FILTER_PRINTED,
+        r"s   : " + numbers,
+        r"g\(s\): " + numbers,
+        r"max \|P_k\(s\)\| on \(0, 1\), k <= (?P<K>\d+): (?P<max>\d+\.\d)",
+        r"FilterSum == the plain Σ_k θ̃_k P_k\(s\): True",
+        *[cost] * 4,
+    ])  # fmt: skip
+    _agf_default_filter(filter_line)
+    K, a, b = int(filter_line["K"]), float(filter_line["alpha"]), float(filter_line["beta"])
+    s = np.arange(1, 6) / 6  # 5 points strictly inside (0, 1), evenly spaced
+    torch.manual_seed(0)  # the tour's first draw: θ_1..θ_K ~ N(0, 1)
+    theta = np.tanh(torch.zeros(K).normal_().double().numpy())
+    P = _polynomials_jacobi_closed_form  # independent of the recurrence
+    g = 1.0 + sum(theta[k - 1] * P(k, a, b, s) for k in range(1, K + 1))  # θ̃_0 = 1
+    for name, want in (("s", s), ("g(s)", g)):
+        printed = (grid if name == "s" else response)["values"].split(", ")
+        assert all(map(_rounded, printed, want)), f"{name}: printed {printed}, recomputed {want}"
+    assert int(largest["K"]) == K
+    fine = np.arange(1, 200) / 200  # frequency_response's default grid
+    assert _rounded(largest["max"], max(abs(P(k, a, b, fine)).max() for k in range(K + 1)))
+    on_closed = jacobi(torch.linspace(0, 1, 2001, dtype=F64), K, a, b).abs().max().item()
+    assert float(largest["max"]) <= on_closed, "a maximum inside (0, 1) is at most the supremum"
+    cited = re.findall(r"\|P_k\| up to ~(\d+)", (HERE / "agf.py").read_text())
+    assert cited == [str(round(on_closed))], f"agf.py cites |P_k| up to {cited}: {on_closed:.2f}"
+    assert [int(row["N"]) for row in rows] == [1024, 2048, 4096, 8192]
+    _growth_printed(rows, "ms", "ms_x")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -487,8 +579,46 @@ def test_agf_paper_form_equals_the_layer_values_and_gradients(variant):
     assert not graph_filter.masked_select(pad[:, :, None, :]).any(), "padded columns of A"
 
 
-def test_agf_file_runs_alone():
-    _runs_alone("agf.py", ["polynomials.py"])
+def test_agf_tour_runs_alone_and_every_number_it_prints_is_recomputed():
+    """`python agf.py`, copied alone with polynomials.py: each line as expected; aux from U and V
+    written out (γ · the batch mean of mean|UᵀU - I| + mean|VᵀV - I|), the parameters by formula,
+    the filter AGF's default, A (B, H, N, N); at each N the MiB (2**20 bytes) autograd saves, by
+    bench.saved_tensors; each ratio from its printed values."""
+    lines = _runs_alone("agf.py", ["polynomials.py"])
+    B, N, D, H = 2, 64, 64, 2  # the tour's sizes
+    growth = r"(?: \(x(?P<{}>\d+\.\d)\))?"
+    cost = r"N=\s*(?P<N>\d+)   fwd\+bwd\s+(?P<ms>\d+\.\d) ms" + growth.format("ms_x")
+    cost += r"\s+saved for backward\s+(?P<mib>\d+\.\d) MiB" + growth.format("mib_x")
+    first, filter_line, _, *rows = _printed(lines, [
+        rf"x \({B}, {N}, {D}\) -> y \({B}, {N}, {D}\)   aux_loss=(?P<aux>\d\.\d{{4}})   "
+        r"n_params=(?P<params>\d{1,3}(?:,\d{3})*)",
+        _FILTER_PRINTED,
+        rf"fast path == dense A \(B, H, N, N\) = \({B}, {H}, {N}, {N}\): True",
+        *[cost] * 4,
+    ])  # fmt: skip
+    _agf_default_filter(filter_line)
+    assert _rounded(first["params"], _PARAMETERS["agf"](D, H, int(filter_line["K"])))
+    torch.manual_seed(0)  # the tour's draws: the layer, θ ~ N(0, 1), x
+    layer = AGFAttention(D, H).double()
+    with torch.no_grad():
+        layer.poly_filter.theta.normal_()
+    x, mask = torch.randn(B, N, D, dtype=F64), torch.arange(N) < torch.tensor([[N], [48]])
+    heads = lambda t: t.view(B, N, H, D // H).transpose(1, 2)  # noqa: E731  (B, H, N, d)
+    real = mask[:, None, :, None]
+    with torch.no_grad():
+        u = heads(layer.W_u(x)).softmax(-1) * real  # U: rows of padded tokens 0
+        v = heads(layer.W_v(x)).masked_fill(~real, -torch.inf).softmax(-2)  # V: real tokens
+    eye = torch.eye(D // H, dtype=F64)
+    penalty = [(m[b].mT @ m[b] - eye).abs().mean() for b in range(B) for m in (u, v)]
+    assert _rounded(first["aux"], layer.ortho_weight * sum(penalty).item() / B)
+    layer = AGFAttention(D, H)  # the cost curve's: float32, the sizes alone matter
+    for row, n in zip(rows, (512, 1024, 2048, 4096), strict=True):
+        assert int(row["N"]) == n
+        x = torch.randn(1, n, D, requires_grad=True)
+        saved = bench.saved_tensors(functools.partial(layer, x, torch.ones(1, n, dtype=torch.bool)))
+        assert _rounded(row["mib"], sum(t[2] for t in saved) / 2**20), f"N={n}: {row['mib']} MiB"
+    _growth_printed(rows, "ms", "ms_x")
+    _growth_printed(rows, "mib", "mib_x")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -646,8 +776,33 @@ def test_primal_sampling_takes_evenly_spaced_real_tokens():
     assert few.tolist() == [0, 0, 1, 1, 2, 3]
 
 
-def test_primal_file_runs_alone():
-    _runs_alone("ksvd_attention.py", [])
+def test_primal_tour_runs_alone_and_every_number_it_prints_is_recomputed():
+    """`python ksvd_attention.py`, copied alone: each line as expected; m = min(max_len, s·4),
+    the parameters by formula, aux = η·J² with J written out from e and r (the official LRA
+    formula, its means over the real tokens); each time ratio from its printed times."""
+    lines = _runs_alone("ksvd_attention.py", [])
+    B, N, D, H, s = 2, 64, 32, 4, 8  # the tour's sizes; rank_multi 4, max_len N
+    m = min(N, s * 4)
+    cost = r"N=\s*(?P<N>\d+)  fwd\+bwd\s+(?P<ms>\d+\.\d) ms(?: \(x(?P<ms_x>\d+\.\d)\))?"
+    first, _, *rows = _printed(lines, [
+        rf"x \({B}, {N}, {D}\) -> y \({B}, {N}, {D}\)  aux=(?P<aux>\d\.\d{{4}})  "
+        rf"n_params=(?P<params>\d{{1,3}}(?:,\d{{3}})*)  m={m}",
+        r"primal scores == dual \(N x N kernel\) scores: True",
+        *[cost] * 4,
+    ])  # fmt: skip
+    assert _rounded(first["params"], _PARAMETERS["primal"](D, H, m, s))
+    torch.manual_seed(0)  # the tour's draws: the layer, then x
+    layer = PrimalAttention(D, H, rank=s, rank_multi=4, max_len=N)
+    x, mask = torch.randn(B, N, D), torch.arange(N) < torch.tensor([[N], [48]])
+    with torch.no_grad():
+        e, r = (t.double() for t in layer.scores(x, mask))  # (B, H, N, s) each
+    lam = torch.diag_embed(layer.Lambda.detach().double())  # e @ diag(λ), as model_wrapper.py
+    energy = [torch.einsum("bhnd,hds->bhns", t, lam).norm(dim=-1) ** 2 for t in (e, r)]
+    energy = sum(t.mean(dim=1)[mask].sum() for t in energy) / (2 * mask.sum())  # heads, tokens
+    trace = torch.einsum("hps,hpd->hsd", layer.We, layer.Wr).mean(dim=0).trace().item()
+    assert _rounded(first["aux"], layer.ksvd_weight * (energy.item() - trace) ** 2)
+    assert [int(row["N"]) for row in rows] == [1024, 2048, 4096, 8192]
+    _growth_printed(rows, "ms", "ms_x")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -722,8 +877,45 @@ def test_gfsa_linear_kernel_drops_out_in_training_only():
     assert torch.equal(y, layer(x)[0]), "eval: as with no dropout"
 
 
-def test_gfsa_file_runs_alone():
-    _runs_alone("gfsa.py", [])
+def test_gfsa_tour_runs_alone_and_every_number_it_prints_is_recomputed():
+    """`python gfsa.py`, copied alone: each line as expected; aux 0, the parameters by formula;
+    each E_K from Ā written out and Ā^K as K - 1 products (not matrix_power), Theorem 3.1's
+    bound 2K and the tight 2(K-1) from K; each time ratio from its printed times."""
+    lines = _runs_alone("gfsa.py", [])
+    B, N, D, H, K = 2, 64, 32, 4, 3  # the tour's sizes and order
+    kinds = ("fast", "official", "linear")
+    cell = r"\s+(?P<{0}>\d+\.\d) ms(?: \(x(?P<{0}_x>\d+\.\d)\))?"
+    bound = r"K=(?P<K>\d+): max E_K = (?P<error>\d+\.\d{3})   "
+    bound += r"\(Theorem 3\.1 bound (?P<bound>\d+), tight (?P<tight>\d+)\)"
+    first, _, *rest = _printed(lines, [
+        rf"x \({B}, {N}, {D}\) -> y \({B}, {N}, {D}\)   aux_loss=(?P<aux>\S+)   "
+        r"n_params=(?P<params>\d{1,3}(?:,\d{3})*)",
+        rf"two passes == dense G, wK ≠ 0, K = {K}: True",
+        *[bound] * 3,
+        "    N" + "".join(f"{kind:>18s}" for kind in kinds),
+        *[r"\s*(?P<N>\d+)" + "".join(cell.format(kind) for kind in kinds)] * 3,
+    ])  # fmt: skip
+    errors, rows = rest[:3], rest[4:]
+    assert _rounded(first["params"], _PARAMETERS["gfsa"](D, H))
+    torch.manual_seed(0)  # the tour's draws: the layer, then x
+    layer = GFSAttention(D, H, order=K)
+    x, mask = torch.randn(B, N, D), torch.arange(N) < torch.tensor([[N], [48]])
+    assert first["aux"] == f"{layer(x, mask)[1].item():.1f}" == "0.0", "GFSA has no aux loss"
+    with torch.no_grad():
+        q, k, _ = layer.W_qkv(x).double().view(B, N, 3, H, D // H).permute(2, 0, 3, 1, 4)
+    scores = (q @ k.mT / math.sqrt(D // H)).masked_fill(~mask[:, None, None, :], -math.inf)
+    attn = scores.softmax(-1)  # Ā (B, H, N, N), padded keys weightless
+    assert [int(row["K"]) for row in errors] == [2, 3, 6]
+    for row in errors:
+        order = int(row["K"])
+        assert (int(row["bound"]), int(row["tight"])) == (2 * order, 2 * (order - 1)), row
+        power = functools.reduce(torch.matmul, [attn] * order)  # Ā^K
+        estimate = attn + (order - 1) * (attn @ attn - attn)  # Eq. 4
+        error = (power - estimate).abs().sum(-1).max().item()  # max over (B, H) of ‖·‖∞
+        assert _rounded(row["error"], error), (row, error)
+    assert [int(row["N"]) for row in rows] == [256, 512, 1024]
+    for kind in kinds:
+        _growth_printed(rows, kind, f"{kind}_x")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1257,6 +1449,36 @@ def test_model_classifier_equals_its_forward_written_out(style, kinds, two_tower
     assert torch.allclose(aux, want_aux, rtol=0, atol=1e-10)
     for tower in hidden if two_tower else [hidden]:  # [embedding, block 1, ..., block L]
         assert len(tower) == 4 and all(h.shape == (3, 20, 16) for h in tower)
+
+
+def test_model_tour_every_number_it_prints_is_recomputed():
+    """`python model.py`: a line per attention (KINDS, in order) and style; aux from the forward
+    written out (_classifier_by_hand), the parameters by formula; padding unread; SDPA."""
+    run = _cli("model.py")
+    assert run.returncode == 0, run.stderr[-2000:]
+    row = r"(?P<kind>\S+) +(?P<style>lra|uea)  aux (?P<aux>\d+\.\d{4})  "
+    row += r"params (?P<params>\d{1,3}(?:,\d{3})*)  padding unread: True"
+    last = "SoftmaxAttention: Ā V written out == SDPA: True"
+    *rows, _ = _printed(run.stdout.splitlines(), [row] * 2 * len(KINDS) + [last])
+    assert [(r["kind"], r["style"]) for r in rows] == list(itertools.product(KINDS, ("lra", "uea")))
+    D, H, L, d_ff, hidden, C, N = 64, 2, 2, 128, 128, 5, 64  # ModelConfig's, n_classes, max_len
+    attention = dict(_PARAMETERS, primal=lambda D, H: _PARAMETERS["primal"](D, H, m=min(N, 200)))
+    block = 4 * D + 2 * D * d_ff + d_ff + D  # two LayerNorms, the MLP
+    torch.manual_seed(0)  # the tour's draws: the inputs, then each model
+    mask = torch.arange(N) < torch.tensor([[N], [40]])
+    inputs = {"lra": torch.randint(1, 20, (2, N)), "uea": torch.randn(2, N, 12)}
+    for row in rows:
+        kind, style = row["kind"], row["style"]
+        sizes = dict(vocab_size=20) if style == "lra" else dict(n_features=12)
+        model = Classifier(ModelConfig(C, N, style=style, attention=kind, **sizes)).eval()
+        with torch.no_grad():
+            aux = _classifier_by_hand(model, inputs[style], mask)[1]
+        assert _rounded(row["aux"], aux.item()), (kind, style, aux)
+        layers = ["softmax"] * (L - 1) + ["primal"] if kind == "primal+trans" else [kind] * L
+        embed = 20 * D if style == "lra" else 12 * D + D  # token table, or Linear(F, D)
+        head = D * hidden + hidden + hidden * C + C if style == "lra" else N * D * C + C
+        count = embed + N * D + sum(block + attention[k](D, H) for k in layers) + 2 * D + head
+        assert _rounded(row["params"], count), (kind, style, count)
 
 
 def test_model_layerwise_cosine_similarity():
