@@ -178,8 +178,9 @@ def gfsa_apply(
     # Why two passes: Ā(ĀV) costs O(N²d) per head where Ā@Ā costs O(N³), and neither Ā² nor G
     # is formed; the gain measured against the paper's form: RESULTS.md, "GFSA: two passes".
     # NOTE: differs from the official code, which forms Ā@Ā and G, then G@V; the result is the
-    #       same in exact arithmetic. Its dropout differs too: one mask on Ā shared by both
-    #       factors (NLP) or dropout(G) (vision), because two SDPA calls cannot share one mask.
+    #       same in exact arithmetic.
+    # NOTE: dropout differs from the official code's, one mask on Ā shared by both factors (NLP)
+    #       or dropout(G) (vision): a mask per pass, because two SDPA calls cannot share one.
     av = attend(v)  # Ā V                                                       (B, H, N, d)
     return a0 * v + a1 * av + a2 * attend(av)  # (a0·I + a1·Ā + a2·Ā²) V = G V   (Eq. 6)
 

@@ -97,6 +97,8 @@ def ksvd_objective(
     sq = (e.square() + r.square()).masked_fill(~mask[:, None, :, None], 0.0).sum(dim=2)  # (B,H,s)
     energy = 0.5 * (Lambda.square() * sq).sum(-1).mean(1)  # (B,) Σ_c λ_c² Σ_i e_ic²: no λ ⊙ e kept
     # "trace_no_x": the trace couples the *base* weights, as in the poster and every official run
+    # NOTE: the official code's other trace (its default, without --trace_no_x, which no
+    #       official run uses) is not offered.
     trace = (We * Wr).sum(dim=(-2, -1)).mean()  # mean_h Tr(W_e[h]ᵀ W_r[h]) = mean_h Σ W_e ⊙ W_r
     # clamp(min=1): a batch or sequence without real tokens has energy 0, not 0 / 0 = NaN
     if per_sample:

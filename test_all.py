@@ -415,6 +415,16 @@ def test_polynomials_filter_is_official_tanh_sum():
     assert repr(PolynomialFilter(3, "legendre", fix_theta0=False)) == want, "no α, β; learned"
     want = "PolynomialFilter(order=2, basis=jacobi, alpha=0.0, beta=0.0, frozen θ̃_0=1)"
     assert repr(PolynomialFilter(2)) == want, "the defaults: Jacobi(0, 0), θ̃_0 frozen"
+    # what polynomials.py and RESULTS.md say the plain sum keeps for backward at K = 5, counted
+    s = torch.rand(2, 2, 64, 32, requires_grad=True)
+    plain = PolynomialFilter(5, "jacobi", 2.0, -1.0, lean=False)
+    saved = bench.saved_tensors(functools.partial(plain, s))
+    sizes = [t[2] // (4 * s.numel()) for t in saved if t[2] >= 4 * s.numel()]  # in sizes of s
+    words = "at K = 5, {} tensors of {} times the bytes of s: {} the size of s".split()
+    said = r"\s+(?:#\s+)?".join(r"(\d+)" if w == "{}" else re.escape(w) for w in words)  # any lines
+    for doc in ("polynomials.py", "RESULTS.md"):
+        found = re.findall(said, (HERE / doc).read_text())
+        assert found == [(str(len(sizes)), str(sum(sizes)), str(sizes.count(1)))], (doc, sizes)
 
 
 _FILTER_PRINTED = (  # print(PolynomialFilter(...)), in agf.py's and polynomials.py's tours
