@@ -16,6 +16,7 @@ files skip when they are not at UEA_DIR; the CUDA ones, without a GPU.
 """
 
 import argparse
+import ast
 import collections
 import concurrent.futures
 import contextlib
@@ -6545,6 +6546,83 @@ def test_readme_test_command_is_the_one_ci_runs():
     assert command in (HERE / "README.md").read_text(), "README.md: the test command changed"
     ci = [ln.strip() for ln in (HERE / ".ci" / "run").read_text().splitlines()]
     assert command in ci, ".ci/run no longer runs the README's test command"
+
+
+def _notes_departures() -> list:
+    """NOTES.md's departures from the official code: (item, [(file, function or None), ...]) for
+    each item of its list, from "## Differences from the official code" to "**Same as the
+    official code"; each item ends with "(NOTE: `file.py:function`, ...)"."""
+    text = (HERE / "NOTES.md").read_text()
+    section = text.split("## Differences from the official code\n")[1]
+    section = section.split("**Same as the official code")[0]
+    items = re.findall(r"^- (.*(?:\n  .*)*)", section, flags=re.M)  # an item and its lines
+    departures = []
+    for item in map(" ".join, (item.split() for item in items)):
+        where = re.search(r"\(NOTE: (`[^`]+`(?:, `[^`]+`)*)\)$", item)
+        assert where, f"NOTES.md: a departure does not say where its NOTE is: {item[:70]}"
+        tags = [tag.partition(":")[::2] for tag in re.findall(r"`([^`]+)`", where[1])]
+        departures.append((item, [(file, name or None) for file, name in tags]))
+    return departures
+
+
+def test_readme_notes_every_departure_listed_has_its_note_in_the_file_named():
+    """Each departure NOTES.md lists has a `NOTE:` comment in the file and function it names (the
+    def or class of that name, down to its last line): as many NOTEs there as departures name it."""
+    departures = _notes_departures()
+    assert len(departures) >= 20, departures  # the whole list, not a part cut off
+    named = collections.Counter(tag for _, tags in departures for tag in tags)
+    for (file, name), count in named.items():
+        lines = (HERE / file).read_text().splitlines()
+        first, last = 1, len(lines)
+        if name:
+            nodes = ast.parse("\n".join(lines)).body
+            for part in name.split("."):  # Class.method: the method inside the class
+                kinds = (ast.FunctionDef, ast.ClassDef)
+                node = next((n for n in nodes if isinstance(n, kinds) and n.name == part), None)
+                assert node, f"NOTES.md names {file}:{name}, which has no {part}"
+                nodes = node.body
+            first, last = node.lineno, node.end_lineno
+        notes = sum("NOTE:" in line for line in lines[first - 1 : last])
+        assert notes >= count, f"{file}:{name}: {notes} NOTE: comments for {count} departures"
+
+
+@pytest.mark.parametrize("file, paper, fast", [
+    ("agf.py", "agf_dense_reference", "agf_apply"),
+    ("gfsa.py", "gfsa_dense_reference", "gfsa_apply"),
+    ("polynomials.py", "PolynomialFilter", "FilterSum"),
+])  # fmt: skip
+def test_readme_notes_paper_form_first_then_the_fast_form_with_its_measured_gain(file, paper, fast):
+    """NOTES.md's rule: in a mechanism file the paper's form is defined before the fast form, and
+    the measured gain the file cites (RESULTS.md, "<entry>") is an entry of RESULTS.md."""
+    text = (HERE / file).read_text()
+    where = {n.name: n.lineno for n in ast.parse(text).body if hasattr(n, "name")}
+    assert where[paper] < where[fast], f"{file}: {fast} comes before {paper}"
+    cited = re.findall(r'RESULTS\.md,\s+(?:#\s+)?"([^"]+)"', text)
+    assert cited, f"{file}: no measured gain cited"
+    entries = (HERE / "RESULTS.md").read_text().replace("`", "")  # titles without their code
+    for entry in cited:
+        assert "**" + " ".join(entry.split()) in entries, f"{file} cites RESULTS.md, {entry!r}"
+
+
+def test_readme_file_table_names_every_package_each_file_imports():
+    """README's table of files: each package a file imports (numpy, tqdm, matplotlib, scipy,
+    pytest; anywhere in it, optional ones too) is named in its row's "depends on"."""
+    readme = (HERE / "README.md").read_text()
+    rows = re.findall(r"^\| (`[^|]+\.py`[^|]*) \| [^|]* \| ([^|]*) \|$", readme, flags=re.M)
+    named = {row: set(re.findall(r"[a-z]+", depends)) for row, depends in rows}
+    packages = {"numpy", "tqdm", "matplotlib", "scipy", "pytest"}
+    for row, depends in named.items():
+        if "everything" in depends:  # test_all.py: whatever the other rows name
+            depends |= set.union(*named.values())
+        for file in re.findall(r"`([\w.]+\.py)`", row):
+            imported = set()
+            for node in ast.walk(ast.parse((HERE / file).read_text())):
+                if isinstance(node, ast.Import):
+                    imported |= {alias.name.split(".")[0] for alias in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    imported.add(node.module.split(".")[0])
+            used = imported & packages
+            assert used <= depends, f"README: {file} imports {sorted(used - depends)}, not named"
 
 
 def test_readme_and_results_commands_parse(monkeypatch, tmp_path):
