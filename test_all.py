@@ -252,12 +252,11 @@ def _rounded(printed: str, exact: float) -> bool:
 
 def _growth_printed(rows: list, value: str, ratio: str) -> None:
     """A tour's cost rows: each "(xR)" is the row's value over the row above's, both as printed,
-    to their rounding; the first row has none; each value is positive."""
+    to their rounding; the first row has none."""
     assert rows[0][ratio] is None, rows[0]
     for above, row in itertools.pairwise(rows):
         half_unit = 0.5 * 10.0 ** -len(row[value].partition(".")[2])
         a, b = float(above[value]), float(row[value])
-        assert a > 0 and b > 0, (above, row)
         low, high = (b - half_unit) / (a + half_unit), (b + half_unit) / max(a - half_unit, 1e-9)
         assert low - 0.05 <= float(row[ratio]) <= high + 0.05, f"{value}: {above} -> {row}"
 
