@@ -179,8 +179,9 @@ def gfsa_apply(
     # Why two passes: Ā(ĀV) costs O(N²d) per head where Ā@Ā costs O(N³), and neither Ā² nor G
     # is formed; the gain measured against the paper's form: RESULTS.md, "GFSA: two passes".
     # NOTE: differs from the official code, which forms Ā@Ā and G, then G@V; the result is the
-    #       same in exact arithmetic. Its dropout differs too: one mask on Ā shared by both
-    #       factors (NLP) or dropout(G) (vision), because two SDPA calls cannot share one mask.
+    #       same in exact arithmetic.
+    # NOTE: dropout differs from the official code's, one mask on Ā shared by both factors (NLP)
+    #       or dropout(G) (vision): a mask per pass, because two SDPA calls cannot share one.
     av = attend(v)  # Ā V                                                       (B, H, N, d)
     return a0 * v + a1 * av + a2 * attend(av)  # (a0·I + a1·Ā + a2·Ā²) V = G V   (Eq. 6)
 
@@ -461,7 +462,7 @@ if __name__ == "__main__":
         attn = attention_matrix(q, k, mask, False, "softmax")  # Ā written out: (B, H, N, N)
         ref, _ = gfsa_dense_reference(attn, v, layer.w0, layer.w1, layer.wK, layer.order)
         ref = layer.W_o(ref.transpose(1, 2).reshape(B, N, D)) * mask[..., None]
-    print("two passes == dense G, wK ≠ 0, K = 3:", torch.allclose(y, ref, atol=1e-5))
+    print(f"two passes == dense G, wK ≠ 0, K = {layer.order}:", torch.allclose(y, ref, atol=1e-5))
 
     # Theorem 3.1 on this layer's Ā: the Taylor estimate of Ā^K is exact for K = 2 only.
     attn = attention_matrix(q.double(), k.double(), mask, False, "softmax")
@@ -470,19 +471,24 @@ if __name__ == "__main__":
         print(f"K={K}: max E_K = {err.max():.3f}   (Theorem 3.1 bound {paper}, tight {tight})")
 
     # Cost: forward time as N doubles, fast path (~4x per doubling) vs the official order
-    # (Ā@Ā, ~8x per doubling for large N) vs GFSA on linear attention (~2x per doubling).
+    # (Ā@Ā, ~8x per doubling for large N) vs GFSA on linear attention (~2x per doubling);
+    # (xR): R times the row above.
     kinds = {
         "fast": layer,
         "official": GFSAttention(D, H, order=3, evaluation="official"),
         "linear": GFSAttention(D, H, order=3, kernel="linear"),
     }
-    print("    N" + "".join(f"{name:>12s}" for name in kinds))
+    print("    N" + "".join(f"{name:>18s}" for name in kinds))
 
     def best_of_3_ms(module: nn.Module, xn: Tensor) -> float:
         # best of 3: the first call pays one-off allocation costs
         return min(timeit.repeat(lambda: module(xn), number=1, repeat=3)) * 1e3
 
     with torch.no_grad():
+        last = {}
         for n in (256, 512, 1024):
             xn = torch.randn(1, n, D)
-            print(f"{n:5d}" + "".join(f"{best_of_3_ms(m, xn):9.1f} ms" for m in kinds.values()))
+            now = {name: best_of_3_ms(m, xn) for name, m in kinds.items()}
+            growth = {k: f"(x{now[k] / last[k]:.1f})" if last else "" for k in now}
+            print(f"{n:5d}" + "".join(f"{now[k]:9.1f} ms {growth[k]:>6s}" for k in now).rstrip())
+            last = now

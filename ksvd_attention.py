@@ -98,6 +98,8 @@ def ksvd_objective(
     sq = (e.square() + r.square()).masked_fill(~mask[:, None, :, None], 0.0).sum(dim=2)  # (B,H,s)
     energy = 0.5 * (Lambda.square() * sq).sum(-1).mean(1)  # (B,) Σ_c λ_c² Σ_i e_ic²: no λ ⊙ e kept
     # "trace_no_x": the trace couples the *base* weights, as in the poster and every official run
+    # NOTE: the official code's other trace (its default, without --trace_no_x, which no
+    #       official run uses) is not offered.
     trace = (We * Wr).sum(dim=(-2, -1)).mean()  # mean_h Tr(W_e[h]ᵀ W_r[h]) = mean_h Σ W_e ⊙ W_r
     # clamp(min=1): a batch or sequence without real tokens has energy 0, not 0 / 0 = NaN
     if per_sample:
@@ -386,8 +388,9 @@ if __name__ == "__main__":
     same &= torch.allclose(r.masked_fill(~real, 0.0), r_dual)
     print("primal scores == dual (N x N kernel) scores:", same)
 
-    # Cost: one forward + backward as N doubles (expect ~2x per doubling: O(N d s)).
-    layer = PrimalAttention(D, H, rank=s, rank_multi=4, max_len=N)
+    # Cost: one forward + backward as N doubles (expect ~2x per doubling: O(N d s));
+    # (xR): R times the row above.
+    layer, last = PrimalAttention(D, H, rank=s, rank_multi=4, max_len=N), None
     for n in (1024, 2048, 4096, 8192):
         xn, times = torch.randn(4, n, D, requires_grad=True), []
         for _ in range(3):  # best of 3: the first call pays one-off allocation costs
@@ -395,4 +398,6 @@ if __name__ == "__main__":
             yn, auxn = layer(xn)
             (yn.sum() + auxn).backward()
             times.append((time.perf_counter() - t0) * 1e3)
-        print(f"N={n:5d}  fwd+bwd {min(times):7.1f} ms")
+        ms = min(times)
+        print(f"N={n:5d}  fwd+bwd {ms:7.1f} ms" + (f" (x{ms / last:.1f})" if last else ""))
+        last = ms

@@ -95,6 +95,8 @@ class SoftmaxAttention(nn.Module):
         else:  # 3) the same result, fused: one SDPA call (what it keeps: docstring)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
         # 4) merge heads, project; padded query rows are set to zero (they are never read)
+        # NOTE: differs from the official LRA code (Nystromformer's softmax attention), which
+        #       masks keys only and leaves padded rows as they come.
         y = self.W_o(y.transpose(1, 2).reshape(B, N, D))
         if mask is not None:
             y = y.masked_fill(~mask[..., None], 0.0)

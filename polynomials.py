@@ -71,6 +71,8 @@ def recurrence(basis: str, order: int, alpha: float = 0.0, beta: float = 0.0) ->
     if basis == "monomial":
         return [(1.0, 0.0, 0.0)] * order
     if basis == "chebyshev_t":
+        # NOTE: not in the official code, whose "chebyshev" (kept as it is) is T_k only up to
+        #       the constant above; added so that the true T_k can be compared.
         return [(1.0, 0.0, 0.0)] + [(2.0, 0.0, 1.0)] * (order - 1) if order else []
     known = {"jacobi": (alpha, beta), "legendre": (0.0, 0.0), "chebyshev": (-0.5, -0.5)}
     if basis not in known:
@@ -134,6 +136,8 @@ class PolynomialFilter(nn.Module):
         self.order, self.basis, self.alpha, self.beta = order, basis, alpha, beta
         self.theta = nn.Parameter(torch.zeros(order))  # θ_1..θ_K; tanh(0) = 0: g starts flat
         # θ_0: None means "frozen at θ̃_0 = 1" (a constant needs no parameter)
+        # NOTE: differs from the official polyconv.py, whose frozen θ_0 is a Parameter with
+        #       requires_grad=False: a constant here, so it is not in the state_dict.
         self.theta0: nn.Parameter | None = None if fix_theta0 else nn.Parameter(torch.zeros(()))
         self.lean = lean
 
@@ -175,10 +179,11 @@ def frequency_response(poly_filter: PolynomialFilter, n_points: int = 199) -> tu
 
 
 # Second read: FilterSum, the default path of PolynomialFilter.forward, for memory. Autograd
-# through the plain sum keeps every P_k and every product for backward (15 tensors the size of s
-# at K = 5); FilterSum keeps 2, s and g'(s). Measured on the CPU: one AGF layer (B = 2, D = 64,
-# H = 2, K = 5) at N = 4096 keeps 18.1 MiB instead of 46.1, and the filter's forward + backward
-# is 1.3-2.2x as fast (RESULTS.md, "AGF's polynomial filter: FilterSum against the plain sum").
+# through the plain sum keeps every P_k and every product for backward (at K = 5, 10 tensors of
+# 15 times the bytes of s: 9 the size of s and the K + 1 terms stacked); FilterSum keeps 2, s and
+# g'(s). Measured on the CPU: one AGF layer (B = 2, D = 64, H = 2, K = 5) at N = 4096 keeps
+# 18.1 MiB instead of 46.1, and the filter's forward + backward is 1.3-2.2x as fast (RESULTS.md,
+# "AGF's polynomial filter: FilterSum against the plain sum").
 
 
 def _buffer(s: Tensor, fill: float | None = None) -> Tensor:
@@ -266,9 +271,13 @@ if __name__ == "__main__":
     plain.load_state_dict(poly.state_dict())
     print("FilterSum == the plain Σ_k θ̃_k P_k(s):", torch.allclose(poly(s), plain(s), atol=1e-5))
 
-    # Cost: elementwise, so time grows linearly in the number of entries (here N·d, d = 64).
+    # Cost: elementwise, so time grows linearly in the number of entries (here N·d, d = 64);
+    # (xR): R times the row above.
+    last = None
     for n in (1024, 2048, 4096, 8192):
         s = torch.rand(n, 64, requires_grad=True)
         # best of 3: the first call pays one-off allocation costs (s=s: this pass's s)
         times = timeit.repeat(lambda s=s: poly(s).sum().backward(), number=1, repeat=3)
-        print(f"N={n:5d} x d=64   fwd+bwd {min(times) * 1e3:6.2f} ms")
+        ms = min(times) * 1e3
+        print(f"N={n:5d} x d=64   fwd+bwd {ms:6.2f} ms" + (f" (x{ms / last:.1f})" if last else ""))
+        last = ms

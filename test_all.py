@@ -16,6 +16,7 @@ files skip when they are not at UEA_DIR; the CUDA ones, without a GPU.
 """
 
 import argparse
+import ast
 import codecs
 import collections
 import concurrent.futures
@@ -210,9 +211,9 @@ def _cli(script: str, *argv, cwd=None, timeout=120) -> subprocess.CompletedProce
     return subprocess.run([sys.executable, str(HERE / script), *argv], **kwargs)
 
 
-def _runs_alone(name: str, needs: list) -> None:
+def _runs_alone(name: str, needs: list) -> list:
     """Copy a mechanism file and only the `needs` (besides torch) its header's "Depends on:" line
-    names into an empty folder and run it: its demo must pass."""
+    names into an empty folder and run it: its demo must pass. Returns the lines it printed."""
     header = (HERE / name).read_text().split('"""')[1]
     for dependency in needs:
         assert dependency in header, f"{name}: header does not mention {dependency}"
@@ -222,6 +223,55 @@ def _runs_alone(name: str, needs: list) -> None:
         run = _cli(os.path.join(tmp, name), cwd=tmp, timeout=300)  # one thread: demos are small
         assert run.returncode == 0, f"{name} does not run alone:\n{run.stderr[-2000:]}"
         assert "False" not in run.stdout, f"{name}: a check in its demo failed:\n{run.stdout}"
+    return run.stdout.splitlines()
+
+
+def _printed(lines: list, patterns: list) -> list:
+    """Each line a tour printed fullmatches its pattern, in order (every number of a line is in a
+    named group, or literal in its pattern) -> the groups of each line, as printed (str; None for
+    an optional group not printed)."""
+    assert len(lines) == len(patterns), "\n".join(lines)
+    found = []
+    for line, pattern in zip(lines, patterns, strict=True):
+        match = re.fullmatch(pattern, line)
+        assert match, f"printed {line!r}, expected {pattern!r}"
+        found.append(match.groupdict())
+    return found
+
+
+def _says(error: type, message: str, call, *args, **kwargs) -> None:
+    """call(*args, **kwargs) raises `error` saying `message`, whole: each fact in it (the range
+    found, the size asked for), not only its first words."""
+    with pytest.raises(error) as raised:
+        call(*args, **kwargs)
+    assert str(raised.value) == message
+
+
+def _rounded(printed: str, exact: float) -> bool:
+    """Is `printed` ("20.4", "20,805") `exact` rounded to the decimals it shows?"""
+    half_unit = 0.5 * 10.0 ** -len(printed.partition(".")[2])
+    return abs(float(printed.replace(",", "")) - exact) <= half_unit * (1 + 1e-9) + 1e-12
+
+
+def _growth_printed(rows: list, value: str, ratio: str) -> None:
+    """A tour's cost rows: each "(xR)" is the row's value over the row above's, both as printed,
+    to their rounding; the first row has none."""
+    assert rows[0][ratio] is None, rows[0]
+    for above, row in itertools.pairwise(rows):
+        half_unit = 0.5 * 10.0 ** -len(row[value].partition(".")[2])
+        a, b = float(above[value]), float(row[value])
+        low, high = (b - half_unit) / (a + half_unit), (b + half_unit) / max(a - half_unit, 1e-9)
+        assert low - 0.05 <= float(row[ratio]) <= high + 0.05, f"{value}: {above} -> {row}"
+
+
+# Parameters of each attention, by formula: D·D + D per Linear(D, D); K, H, m, s: its own.
+_PARAMETERS = {
+    "softmax": lambda D, H: 4 * (D * D + D),  # W_qkv (3 maps), W_o
+    "agf": lambda D, H, K=5: 5 * (D * D + D) + K,  # W_u, W_v, W_sigma, W_val, W_o; θ_1..θ_K
+    "gfsa": lambda D, H: 4 * (D * D + D) + H,  # W_qkv, W_o; wK per head
+    # W_q, W_k, W_o; W_e, W_r (H, m, s); Λ (H, s); W_er Linear(2s, d)
+    "primal": lambda D, H, m, s=20: 3 * (D * D + D) + 2 * H * m * s + H * s + (2 * s + 1) * D // H,
+}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -249,10 +299,9 @@ def test_polynomials_jacobi_equals_closed_form_and_scipy(a, b):
     got = jacobi(torch.from_numpy(x), 10, a, b).numpy()
     want = np.stack([_polynomials_jacobi_closed_form(n, a, b, x) for n in range(11)])
     assert np.allclose(got, want, rtol=1e-11, atol=1e-11)
-    with pytest.raises(ValueError, match=r"alpha \+ beta > -2, got alpha=-1.0, beta=-1.0"):
-        jacobi(torch.zeros(1), 1, -1.0, -1.0)  # α + β = -2, the edge itself
-    with pytest.raises(ValueError, match=r"alpha \+ beta > -2, got alpha=-1.0, beta=-2.5"):
-        jacobi(torch.zeros(1), 1, -1.0, -2.5)  # past it
+    for beta in (-1.0, -2.5):  # α + β = -2, the edge itself; past it
+        said = f"Jacobi needs alpha + beta > -2, got alpha=-1.0, beta={beta}"
+        _says(ValueError, said, functools.partial(jacobi, torch.zeros(1), 1, -1.0, beta))
     special = pytest.importorskip("scipy.special")
     want = np.stack([special.eval_jacobi(n, a, b, x) for n in range(11)])
     assert np.allclose(got, want, rtol=1e-11, atol=1e-11)
@@ -360,19 +409,79 @@ def test_polynomials_filter_is_official_tanh_sum():
         assert len(grid) == 199 and grid[99] == 0.5, "the default grid: 199 points"
     for lean in (True, False):  # a float32 filter on float64 s: g in s's dtype, by either sum
         assert PolynomialFilter(4, lean=lean)(s).dtype == torch.float64, f"{lean=}: s's dtype"
+    bases = "('jacobi', 'legendre', 'chebyshev', 'chebyshev_t', 'monomial')"  # what forward runs
     for build in (functools.partial(PolynomialFilter, 3), functools.partial(recurrence, order=3)):
-        with pytest.raises(ValueError, match="unknown basis 'laguerre'"):
-            build("laguerre")
+        _says(ValueError, f"unknown basis 'laguerre'; choose one of {bases}", build, "laguerre")
     want = "PolynomialFilter(order=5, basis=jacobi, alpha=2.0, beta=-1.0, frozen θ̃_0=1)"
     assert repr(PolynomialFilter(5, "jacobi", 2.0, -1.0)) == want, "jacobi: α, β; frozen"
     want = "PolynomialFilter(order=3, basis=legendre, learned θ̃_0)"
     assert repr(PolynomialFilter(3, "legendre", fix_theta0=False)) == want, "no α, β; learned"
     want = "PolynomialFilter(order=2, basis=jacobi, alpha=0.0, beta=0.0, frozen θ̃_0=1)"
     assert repr(PolynomialFilter(2)) == want, "the defaults: Jacobi(0, 0), θ̃_0 frozen"
+    # what polynomials.py and RESULTS.md say the plain sum keeps for backward at K = 5, counted
+    s = torch.rand(2, 2, 64, 32, requires_grad=True)
+    plain = PolynomialFilter(5, "jacobi", 2.0, -1.0, lean=False)
+    saved = bench.saved_tensors(functools.partial(plain, s))
+    sizes = [t[2] // (4 * s.numel()) for t in saved if t[2] >= 4 * s.numel()]  # in sizes of s
+    words = "at K = 5, {} tensors of {} times the bytes of s: {} the size of s".split()
+    said = r"\s+(?:#\s+)?".join(r"(\d+)" if w == "{}" else re.escape(w) for w in words)  # any lines
+    for doc in ("polynomials.py", "RESULTS.md"):
+        found = re.findall(said, (HERE / doc).read_text())
+        assert found == [(str(len(sizes)), str(sum(sizes)), str(sizes.count(1)))], (doc, sizes)
 
 
-def test_polynomials_file_runs_alone():
-    _runs_alone("polynomials.py", [])
+_FILTER_PRINTED = (  # print(PolynomialFilter(...)), in agf.py's and polynomials.py's tours
+    r"PolynomialFilter\(order=(?P<K>\d+), basis=(?P<basis>\w+), alpha=(?P<alpha>-?\d+\.\d+), "
+    r"beta=(?P<beta>-?\d+\.\d+), frozen θ̃_0=1\)"
+)
+
+
+def _agf_default_filter(printed: dict) -> None:
+    """The filter printed is AGFAttention's default (K, basis, α, β; θ̃_0 frozen)."""
+    defaults = {k: p.default for k, p in inspect.signature(AGFAttention).parameters.items()}
+    assert defaults["fix_theta0"] is True, "frozen θ̃_0=1 is printed"
+    assert int(printed["K"]) == defaults["order"] and printed["basis"] == defaults["basis"]
+    alpha_beta = float(printed["alpha"]), float(printed["beta"])
+    assert alpha_beta == (defaults["alpha"], defaults["beta"])
+
+
+def test_polynomials_tour_runs_alone_and_every_number_it_prints_is_recomputed():
+    """`python polynomials.py`, copied alone: each line as expected; the filter is AGF's default;
+    the grid k / 6, g(s) from the closed form of P_k and tanh(θ) (θ: seed 0), max |P_k(s)| from
+    the closed form on the grid k / 200 (agf.py's "~21": its supremum on [0, 1], by `jacobi`);
+    each time ratio from its printed times."""
+    lines = _runs_alone("polynomials.py", [])
+    numbers = r"\[(?P<values>-?\d+\.\d+(?:, -?\d+\.\d+){4})\]"  # five, 2 decimals each
+    cost = r"N=\s*(?P<N>\d+) x d=64   fwd\+bwd\s+(?P<ms>\d+\.\d\d) ms(?: \(x(?P<ms_x>\d+\.\d)\))?"
+    _, _, filter_line, grid, response, largest, _, *rows = _printed(lines, [
+        r"Jacobi\(-1/2, -1/2\) == c_k \* T_k: True",
+        r"Jacobi\(0, 0\) == Legendre \(P_3 = \(5x\^3 - 3x\)/2\): True",
+        _FILTER_PRINTED,
+        r"s   : " + numbers,
+        r"g\(s\): " + numbers,
+        r"max \|P_k\(s\)\| on \(0, 1\), k <= (?P<K>\d+): (?P<max>\d+\.\d)",
+        r"FilterSum == the plain Σ_k θ̃_k P_k\(s\): True",
+        *[cost] * 4,
+    ])  # fmt: skip
+    _agf_default_filter(filter_line)
+    K, a, b = int(filter_line["K"]), float(filter_line["alpha"]), float(filter_line["beta"])
+    s = np.arange(1, 6) / 6  # 5 points strictly inside (0, 1), evenly spaced
+    torch.manual_seed(0)  # the tour's first draw: θ_1..θ_K ~ N(0, 1)
+    theta = np.tanh(torch.zeros(K).normal_().double().numpy())
+    P = _polynomials_jacobi_closed_form  # independent of the recurrence
+    g = 1.0 + sum(theta[k - 1] * P(k, a, b, s) for k in range(1, K + 1))  # θ̃_0 = 1
+    for name, want in (("s", s), ("g(s)", g)):
+        printed = (grid if name == "s" else response)["values"].split(", ")
+        assert all(map(_rounded, printed, want)), f"{name}: printed {printed}, recomputed {want}"
+    assert int(largest["K"]) == K
+    fine = np.arange(1, 200) / 200  # frequency_response's default grid
+    assert _rounded(largest["max"], max(abs(P(k, a, b, fine)).max() for k in range(K + 1)))
+    on_closed = jacobi(torch.linspace(0, 1, 2001, dtype=F64), K, a, b).abs().max().item()
+    assert float(largest["max"]) <= on_closed, "a maximum inside (0, 1) is at most the supremum"
+    cited = re.findall(r"\|P_k\| up to ~(\d+)", (HERE / "agf.py").read_text())
+    assert cited == [str(round(on_closed))], f"agf.py cites |P_k| up to {cited}: {on_closed:.2f}"
+    assert [int(row["N"]) for row in rows] == [1024, 2048, 4096, 8192]
+    _growth_printed(rows, "ms", "ms_x")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -462,8 +571,74 @@ def test_agf_reduced_forms_equal_their_formulas_written_out(variant):
         assert layer.W_sigma.weight.grad.abs().max() == 0 and layer.W_u.weight.grad.abs().max() > 0
 
 
-def test_agf_file_runs_alone():
-    _runs_alone("agf.py", ["polynomials.py"])
+@pytest.mark.parametrize("variant", ["agf", "uv", "svd"])
+def test_agf_paper_form_equals_the_layer_values_and_gradients(variant):
+    """agf_dense_reference (U, V, Σ, A = U Σ Vᵀ written out, then A·X W_val) == the layer, which
+    runs agf_apply (right to left): y and the gradients in x and every parameter, with junk in
+    the padding; A's rows and columns of padded tokens are 0."""
+    torch.manual_seed(0)
+    layer = AGFAttention(32, 4, variant=variant, fix_theta0=False).double()
+    with torch.no_grad():
+        for p in layer.parameters():
+            p.add_(0.3 * torch.randn_like(p))  # θ off 0: g is not flat, θ̃_0 is not 0
+    x, mask = _inputs(_tiny("uea", n_features=32))  # (3, 20, 32), 2 rows padded
+    x = x.masked_fill(~mask[..., None], 1e3).requires_grad_()
+    weight = torch.randn(3, 20, 32, dtype=F64)
+    out = {}
+    for name, form in (("layer", layer), ("paper", functools.partial(agf_dense_reference, layer))):
+        y = form(x, mask)[0]
+        out[name] = y, torch.autograd.grad((y * weight).sum(), [x, *layer.parameters()])
+    assert torch.allclose(out["paper"][0], out["layer"][0], rtol=0, atol=1e-12), "values"
+    assert (out["layer"][0][~mask] == 0).all(), "padded outputs are 0"
+    names = ["x", *(name for name, _ in layer.named_parameters())]
+    for name, a, b in zip(names, out["paper"][1], out["layer"][1], strict=True):
+        assert torch.allclose(a, b, rtol=0, atol=1e-10), f"gradient in {name}"
+    graph_filter = agf_dense_reference(layer, x, mask)[1]  # (B, H, N, N)
+    pad = ~mask[:, None, :]  # (B, 1, N)
+    assert not graph_filter.masked_select(pad[..., None]).any(), "padded rows of A"
+    assert not graph_filter.masked_select(pad[:, :, None, :]).any(), "padded columns of A"
+
+
+def test_agf_tour_runs_alone_and_every_number_it_prints_is_recomputed():
+    """`python agf.py`, copied alone with polynomials.py: each line as expected; aux from U and V
+    written out (γ · the batch mean of mean|UᵀU - I| + mean|VᵀV - I|), the parameters by formula,
+    the filter AGF's default, A (B, H, N, N); at each N the MiB (2**20 bytes) autograd saves, by
+    bench.saved_tensors; each ratio from its printed values."""
+    lines = _runs_alone("agf.py", ["polynomials.py"])
+    B, N, D, H = 2, 64, 64, 2  # the tour's sizes
+    growth = r"(?: \(x(?P<{}>\d+\.\d)\))?"
+    cost = r"N=\s*(?P<N>\d+)   fwd\+bwd\s+(?P<ms>\d+\.\d) ms" + growth.format("ms_x")
+    cost += r"\s+saved for backward\s+(?P<mib>\d+\.\d) MiB" + growth.format("mib_x")
+    first, filter_line, _, *rows = _printed(lines, [
+        rf"x \({B}, {N}, {D}\) -> y \({B}, {N}, {D}\)   aux_loss=(?P<aux>\d\.\d{{4}})   "
+        r"n_params=(?P<params>\d{1,3}(?:,\d{3})*)",
+        _FILTER_PRINTED,
+        rf"fast path == dense A \(B, H, N, N\) = \({B}, {H}, {N}, {N}\): True",
+        *[cost] * 4,
+    ])  # fmt: skip
+    _agf_default_filter(filter_line)
+    assert _rounded(first["params"], _PARAMETERS["agf"](D, H, int(filter_line["K"])))
+    torch.manual_seed(0)  # the tour's draws: the layer, θ ~ N(0, 1), x
+    layer = AGFAttention(D, H).double()
+    with torch.no_grad():
+        layer.poly_filter.theta.normal_()
+    x, mask = torch.randn(B, N, D, dtype=F64), torch.arange(N) < torch.tensor([[N], [48]])
+    heads = lambda t: t.view(B, N, H, D // H).transpose(1, 2)  # noqa: E731  (B, H, N, d)
+    real = mask[:, None, :, None]
+    with torch.no_grad():
+        u = heads(layer.W_u(x)).softmax(-1) * real  # U: rows of padded tokens 0
+        v = heads(layer.W_v(x)).masked_fill(~real, -torch.inf).softmax(-2)  # V: real tokens
+    eye = torch.eye(D // H, dtype=F64)
+    penalty = [(m[b].mT @ m[b] - eye).abs().mean() for b in range(B) for m in (u, v)]
+    assert _rounded(first["aux"], layer.ortho_weight * sum(penalty).item() / B)
+    layer = AGFAttention(D, H)  # the cost curve's: float32, the sizes alone matter
+    for row, n in zip(rows, (512, 1024, 2048, 4096), strict=True):
+        assert int(row["N"]) == n
+        x = torch.randn(1, n, D, requires_grad=True)
+        saved = bench.saved_tensors(functools.partial(layer, x, torch.ones(1, n, dtype=torch.bool)))
+        assert _rounded(row["mib"], sum(t[2] for t in saved) / 2**20), f"N={n}: {row['mib']} MiB"
+    _growth_printed(rows, "ms", "ms_x")
+    _growth_printed(rows, "mib", "mib_x")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -627,8 +802,33 @@ def test_primal_sampling_takes_evenly_spaced_real_tokens():
     assert few.tolist() == [0, 0, 1, 1, 2, 3]
 
 
-def test_primal_file_runs_alone():
-    _runs_alone("ksvd_attention.py", [])
+def test_primal_tour_runs_alone_and_every_number_it_prints_is_recomputed():
+    """`python ksvd_attention.py`, copied alone: each line as expected; m = min(max_len, s·4),
+    the parameters by formula, aux = η·J² with J written out from e and r (the official LRA
+    formula, its means over the real tokens); each time ratio from its printed times."""
+    lines = _runs_alone("ksvd_attention.py", [])
+    B, N, D, H, s = 2, 64, 32, 4, 8  # the tour's sizes; rank_multi 4, max_len N
+    m = min(N, s * 4)
+    cost = r"N=\s*(?P<N>\d+)  fwd\+bwd\s+(?P<ms>\d+\.\d) ms(?: \(x(?P<ms_x>\d+\.\d)\))?"
+    first, _, *rows = _printed(lines, [
+        rf"x \({B}, {N}, {D}\) -> y \({B}, {N}, {D}\)  aux=(?P<aux>\d\.\d{{4}})  "
+        rf"n_params=(?P<params>\d{{1,3}}(?:,\d{{3}})*)  m={m}",
+        r"primal scores == dual \(N x N kernel\) scores: True",
+        *[cost] * 4,
+    ])  # fmt: skip
+    assert _rounded(first["params"], _PARAMETERS["primal"](D, H, m, s))
+    torch.manual_seed(0)  # the tour's draws: the layer, then x
+    layer = PrimalAttention(D, H, rank=s, rank_multi=4, max_len=N)
+    x, mask = torch.randn(B, N, D), torch.arange(N) < torch.tensor([[N], [48]])
+    with torch.no_grad():
+        e, r = (t.double() for t in layer.scores(x, mask))  # (B, H, N, s) each
+    lam = torch.diag_embed(layer.Lambda.detach().double())  # e @ diag(λ), as model_wrapper.py
+    energy = [torch.einsum("bhnd,hds->bhns", t, lam).norm(dim=-1) ** 2 for t in (e, r)]
+    energy = sum(t.mean(dim=1)[mask].sum() for t in energy) / (2 * mask.sum())  # heads, tokens
+    trace = torch.einsum("hps,hpd->hsd", layer.We, layer.Wr).mean(dim=0).trace().item()
+    assert _rounded(first["aux"], layer.ksvd_weight * (energy.item() - trace) ** 2)
+    assert [int(row["N"]) for row in rows] == [1024, 2048, 4096, 8192]
+    _growth_printed(rows, "ms", "ms_x")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -703,8 +903,45 @@ def test_gfsa_linear_kernel_drops_out_in_training_only():
     assert torch.equal(y, layer(x)[0]), "eval: as with no dropout"
 
 
-def test_gfsa_file_runs_alone():
-    _runs_alone("gfsa.py", [])
+def test_gfsa_tour_runs_alone_and_every_number_it_prints_is_recomputed():
+    """`python gfsa.py`, copied alone: each line as expected; aux 0, the parameters by formula;
+    each E_K from Ā written out and Ā^K as K - 1 products (not matrix_power), Theorem 3.1's
+    bound 2K and the tight 2(K-1) from K; each time ratio from its printed times."""
+    lines = _runs_alone("gfsa.py", [])
+    B, N, D, H, K = 2, 64, 32, 4, 3  # the tour's sizes and order
+    kinds = ("fast", "official", "linear")
+    cell = r"\s+(?P<{0}>\d+\.\d) ms(?: \(x(?P<{0}_x>\d+\.\d)\))?"
+    bound = r"K=(?P<K>\d+): max E_K = (?P<error>\d+\.\d{3})   "
+    bound += r"\(Theorem 3\.1 bound (?P<bound>\d+), tight (?P<tight>\d+)\)"
+    first, _, *rest = _printed(lines, [
+        rf"x \({B}, {N}, {D}\) -> y \({B}, {N}, {D}\)   aux_loss=(?P<aux>\S+)   "
+        r"n_params=(?P<params>\d{1,3}(?:,\d{3})*)",
+        rf"two passes == dense G, wK ≠ 0, K = {K}: True",
+        *[bound] * 3,
+        "    N" + "".join(f"{kind:>18s}" for kind in kinds),
+        *[r"\s*(?P<N>\d+)" + "".join(cell.format(kind) for kind in kinds)] * 3,
+    ])  # fmt: skip
+    errors, rows = rest[:3], rest[4:]
+    assert _rounded(first["params"], _PARAMETERS["gfsa"](D, H))
+    torch.manual_seed(0)  # the tour's draws: the layer, then x
+    layer = GFSAttention(D, H, order=K)
+    x, mask = torch.randn(B, N, D), torch.arange(N) < torch.tensor([[N], [48]])
+    assert first["aux"] == f"{layer(x, mask)[1].item():.1f}" == "0.0", "GFSA has no aux loss"
+    with torch.no_grad():
+        q, k, _ = layer.W_qkv(x).double().view(B, N, 3, H, D // H).permute(2, 0, 3, 1, 4)
+    scores = (q @ k.mT / math.sqrt(D // H)).masked_fill(~mask[:, None, None, :], -math.inf)
+    attn = scores.softmax(-1)  # Ā (B, H, N, N), padded keys weightless
+    assert [int(row["K"]) for row in errors] == [2, 3, 6]
+    for row in errors:
+        order = int(row["K"])
+        assert (int(row["bound"]), int(row["tight"])) == (2 * order, 2 * (order - 1)), row
+        power = functools.reduce(torch.matmul, [attn] * order)  # Ā^K
+        estimate = attn + (order - 1) * (attn @ attn - attn)  # Eq. 4
+        error = (power - estimate).abs().sum(-1).max().item()  # max over (B, H) of ‖·‖∞
+        assert _rounded(row["error"], error), (row, error)
+    assert [int(row["N"]) for row in rows] == [256, 512, 1024]
+    for kind in kinds:
+        _growth_printed(rows, kind, f"{kind}_x")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -844,25 +1081,32 @@ def test_model_dense_references_refuse_an_n_by_n_matrix_too_large():
     N, H = 65536, 2
     q, mask = torch.randn(1, H, N, 1), torch.ones(1, N, dtype=torch.bool)
     attn, w = torch.zeros(()).expand(1, H, N, N), torch.zeros(H)  # a view: no memory behind it
-    big = r" \(1, 2, 65536, 65536\).*: 32\.0 GiB( each)? > max_bytes=4294967296$"
+    big, over = f" (1, {H}, {N}, {N})", f": {H * N * N * 4 / 2**30:.1f} GiB > max_bytes={2**32}"
     layer, x, at_cap, s = AGFAttention(4, H), torch.randn(1, 64, 4), 2 * 64 * 64 * 4, q[:, :, :64]
     official = GFSAttention(8, H, evaluation="official")
     bf16 = x.bfloat16()  # A is still float32, in the dtype of AGF's factors
+    f32 = " torch.float32"
+
+    def small(dtype: str, cap: int) -> str:  # a (1, 2, 64, 64) float32 matrix over its cap
+        return f" (1, {H}, 64, 64){dtype}: {at_cap / 2**30:.1f} GiB > max_bytes={cap}"
+
     cases = [
-        ("^x: dense A" + big, lambda: agf_dense_reference(layer, torch.randn(1, N, 4))),
-        ("^phi_q: dense K_X" + big, lambda: ksvd_kernel(q, q, None, mask)),
-        ("^phi_q: dense K_X" + big, lambda: ksvd_dual_reference(q, q, None, q, q, mask)),
-        ("^q: dense Ā" + big, lambda: attention_matrix(q, q, None, False, "softmax")),
-        ("^q: dense Ā" + big, lambda: official(torch.randn(1, N, 8))),
-        ("^attn: dense Ā², G" + big, lambda: gfsa_dense_reference(attn, q, w, w, w, 2)),
-        (f"max_bytes={at_cap - 1}$", lambda: agf_dense_reference(layer, x, max_bytes=at_cap - 1)),
-        (r"64, 64\) torch\.float32: ", lambda: agf_dense_reference(layer, bf16, max_bytes=9)),
-        ("max_bytes=9$", lambda: ksvd_dual_reference(s, s, None, s, s, mask[:, :64], max_bytes=9)),
-        ("max_bytes=9$", lambda: attention_matrix(s, s, None, False, "linear", max_bytes=9)),
-    ]
+        (f"x: dense A{big}{f32}{over}", lambda: agf_dense_reference(layer, torch.randn(1, N, 4))),
+        (f"phi_q: dense K_X{big}{over}", lambda: ksvd_kernel(q, q, None, mask)),
+        (f"phi_q: dense K_X{big}{over}", lambda: ksvd_dual_reference(q, q, None, q, q, mask)),
+        (f"q: dense Ā{big}{f32}{over}", lambda: attention_matrix(q, q, None, False, "softmax")),
+        (f"q: dense Ā{big}{f32}{over}", lambda: official(torch.randn(1, N, 8))),
+        (f"attn: dense Ā², G{big}, each{over}", lambda: gfsa_dense_reference(attn, q, w, w, w, 2)),
+        ("x: dense A" + small(f32, at_cap - 1),
+         lambda: agf_dense_reference(layer, x, max_bytes=at_cap - 1)),
+        ("x: dense A" + small(f32, 9), lambda: agf_dense_reference(layer, bf16, max_bytes=9)),
+        ("phi_q: dense K_X" + small("", 9),
+         lambda: ksvd_dual_reference(s, s, None, s, s, mask[:, :64], max_bytes=9)),
+        ("q: dense Ā" + small(f32, 9),
+         lambda: attention_matrix(s, s, None, False, "linear", max_bytes=9)),
+    ]  # fmt: skip
     for message, call in cases:
-        with pytest.raises(MemoryError, match=message):
-            call()
+        _says(MemoryError, message, call)
     y, graph_filter = agf_dense_reference(layer, x, max_bytes=at_cap)
     assert graph_filter.shape == (1, H, 64, 64) and torch.allclose(y, layer(x)[0], atol=1e-6)
     # the other dense forms at their cap too: K_X, Ā and Ā², G of (1, 2, 64, 64) float32 each
@@ -914,13 +1158,19 @@ def test_model_dense_references_cap_float64_matrices_at_their_8_bytes_an_entry()
 # Constructor arguments each attention refuses with a ValueError (not an assert, gone under
 # python -O), and what it says; every kind also refuses d_model = 16 with n_heads = 3.
 BAD_ARGUMENTS = {
-    "agf": [({"basis": "hermite"}, "unknown basis 'hermite'"), ({"order": -1}, "order K=-1"),
-            ({"variant": "usv"}, "variant='usv'")],
-    "primal": [({"ksvd_reduction": "mean"}, "ksvd_reduction='mean'")],
-    "gfsa": [({"order": 1}, "order K=1"), ({"kernel": "elu"}, "kernel='elu'"),
-             ({"causal": True, "kernel": "linear"}, "causal=True needs kernel='softmax'"),
-             ({"evaluation": "slow"}, "evaluation='slow'"),
-             ({"high_order": "power"}, "high_order='power'")],
+    "agf": [({"basis": "hermite"}, "unknown basis 'hermite'; choose one of ('jacobi', 'legendre', "
+                                   "'chebyshev', 'chebyshev_t', 'monomial')"),
+            ({"order": -1}, "order K=-1 must be >= 0"),
+            ({"variant": "usv"}, "variant='usv': expected 'agf', 'uv' or 'svd'")],
+    "primal": [({"ksvd_reduction": "mean"}, "ksvd_reduction='mean': expected 'batch' or 'sample'"),
+               ({"rank": 0}, "rank=0 must be >= 1"), ({"max_len": 0}, "max_len=0 must be >= 1"),
+               ({"rank_multi": 0}, "rank_multi=0 must be >= 1")],
+    "gfsa": [({"order": 1}, "order K=1: the high-order term needs K >= 2"),
+             ({"kernel": "elu"}, "kernel='elu': expected one of ('softmax', 'linear')"),
+             ({"causal": True, "kernel": "linear"}, "causal=True needs kernel='softmax': Efficient "
+              "Attention's key softmax runs over all N tokens: it has no causal form"),
+             ({"evaluation": "slow"}, "evaluation='slow': expected one of ('fast', 'official')"),
+             ({"high_order": "power"}, "high_order='power': expected one of ('taylor', 'exact')")],
 }  # fmt: skip
 
 
@@ -930,8 +1180,7 @@ def test_model_every_attention_checks_its_inputs_the_same_way(kind):
     for a dtype, ValueError for a shape or device); bad constructor arguments: BAD_ARGUMENTS."""
     bad_arguments = [({"n_heads": 3}, "d_model=16 is not divisible by n_heads=3")]
     for kwargs, message in bad_arguments + BAD_ARGUMENTS.get(kind, []):
-        with pytest.raises(ValueError, match=message):
-            ATTENTION[kind](**{"d_model": 16, "n_heads": 2, **kwargs})
+        _says(ValueError, message, ATTENTION[kind], **{"d_model": 16, "n_heads": 2, **kwargs})
     layer = ATTENTION[kind](16, 2)
     x, ok = torch.randn(2, 8, 16), torch.ones(2, 8, dtype=torch.bool)
     x_ = r"^x: expected torch\.float32 \(the layer's dtype\) of shape \(B, N >= 1, 16\), got "
@@ -954,7 +1203,7 @@ def test_model_every_attention_checks_its_inputs_the_same_way(kind):
             layer(bad_x, bad_mask)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         y, aux = layer(x.bfloat16(), ok)
-        with pytest.raises(TypeError, match=x_ + r"torch\.int64 of shape"):
+        with pytest.raises(TypeError, match=x_ + r"torch\.int64 of shape \(2, 8, 16\)$"):
             layer(x.long(), ok)  # autocast excuses another float dtype only
     assert y.shape == x.shape and torch.isfinite(y).all() and torch.isfinite(aux)
 
@@ -1133,10 +1382,10 @@ def test_model_layer_kinds_expands_a_name_and_checks_a_list():
     """A name expands ("primal+trans": Primal last), a list is kept, a bad one is refused."""
     assert layer_kinds("primal+trans", 3) == ["softmax", "softmax", "primal"]
     assert layer_kinds(["softmax", "agf"], 2) == ["softmax", "agf"]
-    with pytest.raises(ValueError, match="entries for 2 layers"):
-        layer_kinds(["softmax"], 2)
-    with pytest.raises(ValueError, match="unknown attention"):
-        layer_kinds("performer", 2)
+    said = "attention list ['softmax'] has 1 entries for 2 layers"
+    _says(ValueError, said, lambda: layer_kinds(["softmax"], 2))
+    said = "unknown attention 'performer'; choose from ['softmax', 'agf', 'primal', 'gfsa']"
+    _says(ValueError, said, lambda: layer_kinds("performer", 2))
 
 
 def test_model_config_defaults_are_the_lra_setting():
@@ -1165,40 +1414,49 @@ def test_model_bad_inputs_raise_clear_errors():
     two = Classifier(_tiny("lra", two_tower=True))
     tokens, feats = torch.randint(1, 11, (2, 10)), torch.randn(2, 10, 5)
     ok, V, T = torch.ones(2, 10, dtype=torch.bool), ValueError, TypeError
-    mask_ = r"^mask: expected bool of shape \(2, 10\) on cpu, got torch\."
-    feats_ = r"^x: expected torch\.float32 \(the layer's dtype\) of shape \(B, N >= 1, 5\), got "
+    high, low = tokens.clone(), tokens - 5  # one id past the table; ids below 0
+    high[1, 3] = 11
+    found = [f"[{min(t.flatten().tolist())}, {max(t.flatten().tolist())}]" for t in (high, low)]
+    ids, mask2 = "x: token ids must lie in [0, 11), found ", "mask2: expected bool of shape"
+    mask_ = "mask: expected bool of shape (2, 10) on cpu, got torch."
+    feats_ = "x: expected torch.float32 (the layer's dtype) of shape (B, N >= 1, 5), got torch."
+    tokens_ = "x: expected integer token ids of shape (B, N >= 1), got torch."
     cases = [
-        (lra, (tokens, ok.long()), T, mask_ + r"int64 of shape \(2, 10\) on cpu$"),
-        (lra, (tokens.clone().fill_(11), ok), V, r"^x: token ids must lie in \[0, 11\), found \[1"),
-        (lra, (tokens - 5, ok), V, r"^x: token ids must lie in \[0, 11\), found \[-"),
-        (lra, (feats, ok), T, r"^x: expected integer token ids of shape \(B, N >= 1\), got torch"),
-        (lra, (tokens[None], ok), V, r"^x: expected integer token ids .* shape \(1, 2, 10\)$"),
-        (lra, (tokens[:, :0], None), V, r"^x: expected integer token ids .* shape \(2, 0\)$"),
-        (uea, (torch.randn(2, 10, 4), ok), V, feats_ + r"torch\.float32 of shape \(2, 10, 4\)$"),
-        (uea, (feats[..., None], ok), V, feats_ + r"torch\.float32 of shape \(2, 10, 5, 1\)$"),
-        (uea, (torch.randint(0, 3, (2, 10, 5)), ok), T, feats_ + r"torch\.int64 of shape"),
-        (uea, (feats.double(), ok), T, feats_ + r"torch\.float64 of shape \(2, 10, 5\)$"),
-        (lra, (torch.randint(1, 11, (2, 25)), None), V, r"^x: expected N <= max_len = 24 \("),
-        (lra, (tokens, ~ok), V, r"^mask: every sequence needs a real token$"),
-        (lra, (tokens, ok & torch.tensor([[True], [False]])), V, "every sequence needs a real"),
-        (two, (tokens, ok), V, "needs the second document x2"),
-        (two, (tokens, ok, tokens, ok.float()), T, r"^mask2: .* got torch\.float32"),
-        (two, (tokens, ok, tokens[:, :3], ok), V, r"^mask2: expected bool of shape \(2, 3\) on"),
-        (two, (tokens, ok, tokens, ok.to("meta")), V, r"^mask2: expected bool .* on meta$"),
-        (lra, (tokens, ok, tokens, ok), V, "takes no x2"),
-    ]
+        (lra, (tokens, ok.long()), T, mask_ + "int64 of shape (2, 10) on cpu"),
+        (lra, (high, ok), V, ids + found[0]),
+        (lra, (low, ok), V, ids + found[1]),
+        (lra, (feats, ok), T, tokens_ + "float32 of shape (2, 10, 5)"),
+        (lra, (tokens[None], ok), V, tokens_ + "int64 of shape (1, 2, 10)"),
+        (lra, (tokens[:, :0], None), V, tokens_ + "int64 of shape (2, 0)"),
+        (uea, (torch.randn(2, 10, 4), ok), V, feats_ + "float32 of shape (2, 10, 4)"),
+        (uea, (feats[..., None], ok), V, feats_ + "float32 of shape (2, 10, 5, 1)"),
+        (uea, (torch.randint(0, 3, (2, 10, 5)), ok), T, feats_ + "int64 of shape (2, 10, 5)"),
+        (uea, (feats.double(), ok), T, feats_ + "float64 of shape (2, 10, 5)"),
+        (lra, (torch.randint(1, 11, (2, 25)), None), V,
+         "x: expected N <= max_len = 24 (positions), got shape (2, 25)"),
+        (lra, (tokens, ~ok), V, "mask: every sequence needs a real token"),
+        (lra, (tokens, ok & torch.tensor([[True], [False]])), V,
+         "mask: every sequence needs a real token"),
+        (two, (tokens, ok), V, "this model (two_tower=True) needs the second document x2"),
+        (two, (tokens, ok, tokens, ok.float()), T, f"{mask2} (2, 10) on cpu, got torch.float32 "
+         "of shape (2, 10) on cpu"),
+        (two, (tokens, ok, tokens[:, :3], ok), V, f"{mask2} (2, 3) on cpu, got torch.bool of "
+         "shape (2, 10) on cpu"),
+        (two, (tokens, ok, tokens, ok.to("meta")), V, f"{mask2} (2, 10) on cpu, got torch.bool of "
+         "shape (2, 10) on meta"),
+        (lra, (tokens, ok, tokens, ok), V, "this model (two_tower=False) takes no x2"),
+    ]  # fmt: skip
     for model, args, error, message in cases:
-        with pytest.raises(error, match=message):
-            model(*args)
+        _says(error, message, model, *args)
     refused = [
-        ({"n_features": 3}, "exactly one of vocab_size"),
-        ({"vocab_size": 0}, "exactly one of vocab_size"),  # neither
+        ({"n_features": 3}, "set exactly one of vocab_size (tokens) or n_features (features)"),
+        ({"vocab_size": 0}, "set exactly one of vocab_size (tokens) or n_features (features)"),
         ({"style": "vit"}, "style must be 'lra' or 'uea', got 'vit'"),
-        ({"style": "uea", "two_tower": True}, "two_tower needs style='lra'"),
-    ]
+        ({"style": "uea", "two_tower": True},
+         "two_tower needs style='lra' (the UEA head flattens one sequence)"),
+    ]  # fmt: skip
     for kwargs, message in refused:
-        with pytest.raises(ValueError, match=message):
-            Classifier(ModelConfig(**{"vocab_size": 5, **kwargs}))
+        _says(ValueError, message, Classifier, ModelConfig(**{"vocab_size": 5, **kwargs}))
     one = Classifier(ModelConfig(vocab_size=1, max_len=4, d_model=8, n_heads=2, d_ff=8))
     assert isinstance(one.embed, torch.nn.Embedding), "vocab_size 1 (padding alone): token ids"
 
@@ -1278,6 +1536,36 @@ def test_model_classifier_equals_its_forward_written_out(style, kinds, two_tower
     assert torch.allclose(aux, want_aux, rtol=0, atol=1e-10)
     for tower in hidden if two_tower else [hidden]:  # [embedding, block 1, ..., block L]
         assert len(tower) == 4 and all(h.shape == (3, 20, 16) for h in tower)
+
+
+def test_model_tour_every_number_it_prints_is_recomputed():
+    """`python model.py`: a line per attention (KINDS, in order) and style; aux from the forward
+    written out (_classifier_by_hand), the parameters by formula; padding unread; SDPA."""
+    run = _cli("model.py")
+    assert run.returncode == 0, run.stderr[-2000:]
+    row = r"(?P<kind>\S+) +(?P<style>lra|uea)  aux (?P<aux>\d+\.\d{4})  "
+    row += r"params (?P<params>\d{1,3}(?:,\d{3})*)  padding unread: True"
+    last = "SoftmaxAttention: Ā V written out == SDPA: True"
+    *rows, _ = _printed(run.stdout.splitlines(), [row] * 2 * len(KINDS) + [last])
+    assert [(r["kind"], r["style"]) for r in rows] == list(itertools.product(KINDS, ("lra", "uea")))
+    D, H, L, d_ff, hidden, C, N = 64, 2, 2, 128, 128, 5, 64  # ModelConfig's, n_classes, max_len
+    attention = dict(_PARAMETERS, primal=lambda D, H: _PARAMETERS["primal"](D, H, m=min(N, 200)))
+    block = 4 * D + 2 * D * d_ff + d_ff + D  # two LayerNorms, the MLP
+    torch.manual_seed(0)  # the tour's draws: the inputs, then each model
+    mask = torch.arange(N) < torch.tensor([[N], [40]])
+    inputs = {"lra": torch.randint(1, 20, (2, N)), "uea": torch.randn(2, N, 12)}
+    for row in rows:
+        kind, style = row["kind"], row["style"]
+        sizes = dict(vocab_size=20) if style == "lra" else dict(n_features=12)
+        model = Classifier(ModelConfig(C, N, style=style, attention=kind, **sizes)).eval()
+        with torch.no_grad():
+            aux = _classifier_by_hand(model, inputs[style], mask)[1]
+        assert _rounded(row["aux"], aux.item()), (kind, style, aux)
+        layers = ["softmax"] * (L - 1) + ["primal"] if kind == "primal+trans" else [kind] * L
+        embed = 20 * D if style == "lra" else 12 * D + D  # token table, or Linear(F, D)
+        head = D * hidden + hidden + hidden * C + C if style == "lra" else N * D * C + C
+        count = embed + N * D + sum(block + attention[k](D, H) for k in layers) + 2 * D + head
+        assert _rounded(row["params"], count), (kind, style, count)
 
 
 def test_model_layerwise_cosine_similarity():
@@ -1397,19 +1685,18 @@ def test_edge_first_illegal_sizes_are_a_value_error_naming_the_argument():
     """One past each smallest legal size (order -1, rank 0, no heads, H not dividing D, zero
     model sizes; the attentions' orders: BAD_ARGUMENTS): a ValueError naming argument and value."""
     illegal = [
-        (lambda: PolynomialFilter(-1), "order K=-1"),
-        (lambda: PrimalAttention(8, 2, rank=0), "rank=0"),
-        (lambda: PrimalAttention(8, 2, rank_multi=0), "rank_multi=0"),
-        (lambda: PrimalAttention(8, 2, max_len=0), "max_len=0"),
+        (lambda: PolynomialFilter(-1), "order K=-1 must be >= 0"),
+        (lambda: PrimalAttention(8, 2, rank=0), "rank=0 must be >= 1"),
+        (lambda: PrimalAttention(8, 2, rank_multi=0), "rank_multi=0 must be >= 1"),
+        (lambda: PrimalAttention(8, 2, max_len=0), "max_len=0 must be >= 1"),
     ]
     for layer in ATTENTION.values():  # n_heads = 3 at D = 16: BAD_ARGUMENTS' test
-        illegal.append((functools.partial(layer, 8, 0), "n_heads=0"))
+        illegal.append((functools.partial(layer, 8, 0), "d_model=8 is not divisible by n_heads=0"))
     for name in ("n_classes", "max_len", "d_model", "n_layers", "d_ff"):
         config = ModelConfig(vocab_size=5, **{name: 0})
-        illegal.append((functools.partial(Classifier, config), f"{name}=0"))
+        illegal.append((functools.partial(Classifier, config), f"{name}=0 must be >= 1"))
     for build, said in illegal:
-        with pytest.raises(ValueError, match=re.escape(said)):
-            build()
+        _says(ValueError, said, build)
 
 
 @pytest.mark.parametrize("basis", BASES)
@@ -1436,8 +1723,8 @@ def test_edge_cosine_similarity_needs_two_real_tokens():
     want = F.cosine_similarity(h[0, 1], h[0, 3], dim=0)
     got = layerwise_cosine_similarity([h], mask)
     assert torch.allclose(got, want[None], rtol=0, atol=1e-12), "two real tokens: their cosine"
-    with pytest.raises(ValueError, match="at least 2 real tokens"):
-        layerwise_cosine_similarity([h], torch.tensor([[False, True, False, False]]))
+    said = "cosine similarity needs at least 2 real tokens per sequence"
+    _says(ValueError, said, layerwise_cosine_similarity, [h], torch.tensor([[0, 1, 0, 0]]).bool())
 
 
 def test_edge_agf_bf16_input_under_autocast_filters_in_float32():
@@ -6732,6 +7019,83 @@ def test_readme_test_command_is_the_one_ci_runs():
     assert command in (HERE / "README.md").read_text(), "README.md: the test command changed"
     ci = [ln.strip() for ln in (HERE / ".ci" / "run").read_text().splitlines()]
     assert command in ci, ".ci/run no longer runs the README's test command"
+
+
+def _notes_departures() -> list:
+    """NOTES.md's departures from the official code: (item, [(file, function or None), ...]) for
+    each item of its list, from "## Differences from the official code" to "**Same as the
+    official code"; each item ends with "(NOTE: `file.py:function`, ...)"."""
+    text = (HERE / "NOTES.md").read_text()
+    section = text.split("## Differences from the official code\n")[1]
+    section = section.split("**Same as the official code")[0]
+    items = re.findall(r"^- (.*(?:\n  .*)*)", section, flags=re.M)  # an item and its lines
+    departures = []
+    for item in map(" ".join, (item.split() for item in items)):
+        where = re.search(r"\(NOTE: (`[^`]+`(?:, `[^`]+`)*)\)$", item)
+        assert where, f"NOTES.md: a departure does not say where its NOTE is: {item[:70]}"
+        tags = [tag.partition(":")[::2] for tag in re.findall(r"`([^`]+)`", where[1])]
+        departures.append((item, [(file, name or None) for file, name in tags]))
+    return departures
+
+
+def test_readme_notes_every_departure_listed_has_its_note_in_the_file_named():
+    """Each departure NOTES.md lists has a `NOTE:` comment in the file and function it names (the
+    def or class of that name, down to its last line): as many NOTEs there as departures name it."""
+    departures = _notes_departures()
+    assert len(departures) >= 20, departures  # the whole list, not a part cut off
+    named = collections.Counter(tag for _, tags in departures for tag in tags)
+    for (file, name), count in named.items():
+        lines = (HERE / file).read_text().splitlines()
+        first, last = 1, len(lines)
+        if name:
+            nodes = ast.parse("\n".join(lines)).body
+            for part in name.split("."):  # Class.method: the method inside the class
+                kinds = (ast.FunctionDef, ast.ClassDef)
+                node = next((n for n in nodes if isinstance(n, kinds) and n.name == part), None)
+                assert node, f"NOTES.md names {file}:{name}, which has no {part}"
+                nodes = node.body
+            first, last = node.lineno, node.end_lineno
+        notes = sum("NOTE:" in line for line in lines[first - 1 : last])
+        assert notes >= count, f"{file}:{name}: {notes} NOTE: comments for {count} departures"
+
+
+@pytest.mark.parametrize("file, paper, fast", [
+    ("agf.py", "agf_dense_reference", "agf_apply"),
+    ("gfsa.py", "gfsa_dense_reference", "gfsa_apply"),
+    ("polynomials.py", "PolynomialFilter", "FilterSum"),
+])  # fmt: skip
+def test_readme_notes_paper_form_first_then_the_fast_form_with_its_measured_gain(file, paper, fast):
+    """NOTES.md's rule: in a mechanism file the paper's form is defined before the fast form, and
+    the measured gain the file cites (RESULTS.md, "<entry>") is an entry of RESULTS.md."""
+    text = (HERE / file).read_text()
+    where = {n.name: n.lineno for n in ast.parse(text).body if hasattr(n, "name")}
+    assert where[paper] < where[fast], f"{file}: {fast} comes before {paper}"
+    cited = re.findall(r'RESULTS\.md,\s+(?:#\s+)?"([^"]+)"', text)
+    assert cited, f"{file}: no measured gain cited"
+    entries = (HERE / "RESULTS.md").read_text().replace("`", "")  # titles without their code
+    for entry in cited:
+        assert "**" + " ".join(entry.split()) in entries, f"{file} cites RESULTS.md, {entry!r}"
+
+
+def test_readme_file_table_names_every_package_each_file_imports():
+    """README's table of files: each package a file imports (numpy, tqdm, matplotlib, scipy,
+    pytest; anywhere in it, optional ones too) is named in its row's "depends on"."""
+    readme = (HERE / "README.md").read_text()
+    rows = re.findall(r"^\| (`[^|]+\.py`[^|]*) \| [^|]* \| ([^|]*) \|$", readme, flags=re.M)
+    named = {row: set(re.findall(r"[a-z]+", depends)) for row, depends in rows}
+    packages = {"numpy", "tqdm", "matplotlib", "scipy", "pytest"}
+    for row, depends in named.items():
+        if "everything" in depends:  # test_all.py: whatever the other rows name
+            depends |= set.union(*named.values())
+        for file in re.findall(r"`([\w.]+\.py)`", row):
+            imported = set()
+            for node in ast.walk(ast.parse((HERE / file).read_text())):
+                if isinstance(node, ast.Import):
+                    imported |= {alias.name.split(".")[0] for alias in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.module:
+                    imported.add(node.module.split(".")[0])
+            used = imported & packages
+            assert used <= depends, f"README: {file} imports {sorted(used - depends)}, not named"
 
 
 def test_readme_and_results_commands_parse(monkeypatch, tmp_path):
