@@ -1093,7 +1093,7 @@ def test_model_layer_kinds_expands_a_name_and_checks_a_list():
 def test_model_config_defaults_are_the_lra_setting():
     """ModelConfig's defaults say "the LRA setting shared by the three papers": the same widths,
     depth and dropouts as train_lra.py's settings, and a classifier builds from them alone."""
-    lra, cfg = train_lra.TrainConfig(), ModelConfig(vocab_size=17)
+    lra, cfg = train_lra.parse_config([]), ModelConfig(vocab_size=17)
     for name in ("d_model", "n_heads", "n_layers", "d_ff", "dropout"):
         assert getattr(cfg, name) == getattr(lra, name), name
     assert cfg.attn_dropout == lra.dropout, "attention dropout: train_lra.py's --dropout"
@@ -4004,7 +4004,7 @@ def test_train_lra_and_train_uea_flags_alone_build_the_promised_layers(script, a
         module = SCRIPTS[script][0]
         preset = quick_flags if quick else []
         cfg = module.parse_config([*flags, attention, *preset])
-        if attention == module.TrainConfig.attention:  # the default: its preset without the flag
+        if attention == module.PAPER["attention"]:  # the default: its preset without the flag
             assert module.parse_config([*flags[:2], *preset]) == cfg, "no --attention"
         model, opt = (train_lra.build(cfg, cpu) if lra else train_uea.build(cfg, data, cpu))[:2]
         D, H, d_ff = (64, 2, 128) if lra or quick else (512, 8, 2048)
@@ -4814,7 +4814,7 @@ def test_runs_resume_may_change_the_data_flags_and_the_clock(script, changes):
     cfg = module.parse_config(["--out", "unused"])
     with mock.patch.object(runs, "start", start), pytest.raises(_Reached):
         module.main(cfg)
-    assert set(start.call_args.kwargs["may_change"]) == changes
+    assert set(start.call_args.args[4]) == changes
 
 
 def test_runs_resume_sees_a_finished_run_of_any_length(tmp_path):
@@ -4926,11 +4926,13 @@ def test_runs_start_on_a_cpu_without_torchrun(tmp_path):
     cfg = types.SimpleNamespace(out=str(tmp_path / "run"), device="cpu", amp=True)
     cfg.resume, cfg.overwrite = False, False
     try:
-        rank, world, device, autocast, ckpt = runs.start(cfg, "train_lra.py", "step", 4)
+        with contextlib.redirect_stdout(io.StringIO()) as said:
+            rank, world, device, autocast, ckpt = runs.start(cfg, "train_lra.py", "step", 4)
     finally:
         runs._lock.close()  # the lock start took
     assert (rank, world, device, ckpt) == (0, 1, torch.device("cpu"), None)
     assert not autocast._enabled, "autocast is off on the CPU"
+    assert json.loads(said.getvalue()) == vars(cfg), "the settings, printed first"
 
 
 # ----------------------------------------------------------------------------------------------
