@@ -139,6 +139,7 @@ def _help(p, cfg, given: dict, presets: dict, chosen: set) -> None:
     """Print p's help with cfg's value of each flag (", given": on the command line), and where
     the presets (name -> settings) differ, each one's ("else": most presets'), but for the flags
     that choose a preset. Exit 0."""
+    shown = {}
     for key, value in dataclasses.asdict(cfg).items():
         said = f"{value}, given" if key in given else f"{value}"
         each = {name: settings[key] for name, settings in presets.items()}
@@ -146,7 +147,16 @@ def _help(p, cfg, given: dict, presets: dict, chosen: set) -> None:
             usual, n = collections.Counter(each.values()).most_common(1)[0]
             listed = [f"{name} {v}" for name, v in each.items() if n == 1 or v != usual]
             said += "; by preset: " + ", ".join(listed + [f"else {usual}"] * (n > 1))
-        p.set_defaults(**{key: said.replace("%", "%%")})
+        shown[key] = said
+    print_help(p, shown)
+
+
+def print_help(p: argparse.ArgumentParser, values: dict) -> None:
+    """Print p's help with each flag's "%(default)s" the value in `values` that this command
+    takes (a list as the flags write it), then exit 0. The scripts', bench.py's --help."""
+    p.set_defaults(
+        **{k: " ".join(map(str, v)) if isinstance(v, list) else v for k, v in values.items()}
+    )
     p.print_help()
     raise SystemExit(0)
 

@@ -5257,7 +5257,9 @@ def test_diagnose_report_csv_files_and_plots_from_a_mixed_model(tmp_path):
         assert curve == pytest.approx(results["layers"][i - 1]["spectrum"].tolist(), rel=1e-5)
 
     def subplots(rows, cols, **kwargs):  # a stub plt.subplots that keeps what it makes
-        made.append((mock.MagicMock(), [[mock.MagicMock() for _ in range(cols)]]))
+        figure = mock.MagicMock()  # whose savefig writes its file's name
+        figure.savefig.side_effect = lambda path, **kw: pathlib.Path(path).write_text(path.name)
+        made.append((figure, [[mock.MagicMock() for _ in range(cols)]]))
         return made[-1]
 
     made, plt = [], mock.MagicMock(**{"subplots.side_effect": subplots})
@@ -5266,7 +5268,8 @@ def test_diagnose_report_csv_files_and_plots_from_a_mixed_model(tmp_path):
             paths = diagnose.save_figures(data, tmp_path)
     png = [f"{n}.png" for n in names if n != "gfsa_eigenvalues"]
     assert [p.name for p in paths if p.suffix == ".png"] == png
-    assert [pathlib.Path(fig.savefig.call_args[0][0]).name for fig, _ in made] == png
+    saved = [(tmp_path / name).read_text() for name in png]  # renamed once written whole
+    assert saved == [f"{name}.tmp" for name in png] and not list(tmp_path.glob("*.tmp"))
     assert [len(axes[0]) for _, axes in made] == [1, 1, 2, 1]  # GFSA: grid and eigenvalues
     (x, y, style), _ = made[0][1][0][0].plot.call_args  # the cosine curve, embedding first
     assert x == [0, 1, 2, 3, 4] and y == pytest.approx(cosine) and style == "o-"
