@@ -349,7 +349,7 @@ def main(argv=None) -> list:
     path = pathlib.Path(args.csv)
     rows = Rows(path)
 
-    with runs.ctrl_c(lambda: f": the {len(rows.rows)} rows measured are in {path}"):
+    with runs.ctrl_c(lambda: f": the rows measured so far ({len(rows.rows)}) are in {path}"):
         run(args, rows)  # Ctrl-C: one line, saying so
     if not rows.rows:
         sys.exit("nothing was measured")
