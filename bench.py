@@ -6,21 +6,22 @@ bench.py: what each attention costs as the sequence grows, one layer and one tra
     python bench.py --what step               # CPU: training steps of the LRA model, N = 1K, 4K
     python bench.py --device cuda --what layer step --dtypes float32 bfloat16   # eager + compiled
 
---what layer (default): one attention layer (B = --batch, D = 64, H = 2: the LRA width) at each
-N of --ns (default 256 doubling to 8192; CUDA: 32768): fwd_ms, fwdbwd_ms (medians of --repeats
-runs after --warmup), mem_mib (CUDA: the peak of forward + backward; CPU: what autograd saves for
-backward); then the log-log slopes against N >= --fit-min (1 = linear, 2 = quadratic).
---what step: a training step (forward, loss, backward, AdamW) of model.py's Classifier at the
-LRA Text size, batch --step-batch, at each N of --step-ns: step_ms, tokens_per_s, mem_mib.
---compile (default on CUDA) adds compiled rows (torch.compile(fullgraph=True) afresh per point;
-compile_s: the first calls); --dtypes bfloat16 / float16 run under torch.autocast. Output: a CSV
-row per (what, kind, N, dtype, mode) as it is measured; a PNG of the layer rows (matplotlib).
+--what layer: one attention layer (B = --batch, D = 64, H = 2: the LRA width) at each N of --ns:
+fwd_ms, fwdbwd_ms (medians of --repeats runs after --warmup), mem_mib (CUDA: the peak of forward
++ backward; CPU: what autograd saves for backward); then the log-log slopes against N >= --fit-min
+(1 = linear, 2 = quadratic). --what step: a training step (forward, loss, backward, AdamW) of
+model.py's Classifier at the LRA Text size, batch --step-batch, at each N of --step-ns: step_ms,
+tokens_per_s, mem_mib. --compile adds compiled rows (torch.compile(fullgraph=True) afresh per
+point; compile_s: the first calls); --dtypes bfloat16 / float16 run under torch.autocast. Output:
+a CSV row per (what, kind, N, dtype, mode) as it is measured; a PNG of the layer rows
+(matplotlib). --help shows each flag's value (--device cuda --help: a GPU's). Ctrl-C keeps the
+rows measured.
 
 Kinds: softmax (the baseline), agf, primal, gfsa (Ā(ĀV): two attention passes), gfsa-official
 (the official order, Ā@Ā formed: O(N³) per head, run up to N = 2048), gfsa-linear (GFSA on a
 linear attention, O(N d²)); for --what step also primal+trans (Primal in the last layer only).
 
-Depends on: torch, numpy, model.py and the mechanism files
+Depends on: torch, numpy, model.py and the mechanism files, runs.py (--help, Ctrl-C)
 """
 
 import argparse
@@ -290,11 +291,10 @@ def at_least(low: int):
 
 
 def build_parser(whats: tuple = ("layer", "step")) -> argparse.ArgumentParser:
-    """bench.py's command line; whats: the choices of --what. --help shows the values that the
-    flags given beside it lead to (--device cuda --help: the sizes on a GPU)."""
+    """bench.py's command line; whats: the choices of --what."""
     raw = argparse.RawDescriptionHelpFormatter  # the docstring's lines kept
     p = argparse.ArgumentParser(description=__doc__, formatter_class=raw, add_help=False)
-    on = "show this help with the values of the flags given (--device cuda --help: a GPU's)"
+    on = "show this help with the values the flags given lead to"
     p.add_argument("-h", "--help", action="store_true", default=argparse.SUPPRESS, help=on)
 
     def add(*flag, help: str, **kw) -> None:  # each flag's help ends with its value
@@ -305,8 +305,8 @@ def build_parser(whats: tuple = ("layer", "step")) -> argparse.ArgumentParser:
     add("--kinds", nargs="+", default=kinds, choices=kinds, help="each --what takes its own")
     dtypes = ["float32", "bfloat16", "float16"]
     add("--dtypes", nargs="+", default=dtypes[:1], choices=dtypes, help="float32 or autocast")
-    also = "also torch.compile each point (by default on CUDA)"
-    add("--compile", action=argparse.BooleanOptionalAction, default=None, help=also)
+    compiled = dict(action=argparse.BooleanOptionalAction, default=None)  # default: on CUDA
+    add("--compile", **compiled, help="also torch.compile each point")
     add("--device", default="cpu", choices=["cpu", "cuda"], help="where to measure")
     add("--ns", type=at_least(1), nargs="+", help="layer: N (256 doubling to 8192; CUDA: 32768)")
     add("--fit-min", type=at_least(1), default=1024, help="smallest N of the slopes")

@@ -98,22 +98,19 @@ def parse(Config, doc: str, choices: dict, values, out: str, argv=None, presets=
     shared = {f.name for f in dataclasses.fields(Settings)}  # CUDA_VISIBLE_DEVICES
     for f in sorted(dataclasses.fields(Config), key=lambda f: f.name in shared):  # own first
         kind = dict(action=argparse.BooleanOptionalAction) if f.type is bool else dict(type=f.type)
-        kind.update(
-            choices=choices.get(f.name), help=f.metadata["help"] + " (default: %(default)s)"
-        )
-        p.add_argument("--" + f.name.replace("_", "-"), **kind)
+        kind["help"] = f.metadata["help"].replace("%", "%%") + " (default: %(default)s)"
+        p.add_argument("--" + f.name.replace("_", "-"), choices=choices.get(f.name), **kind)
     given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
     helping = given.pop("help", False)
     cfg = Config(**{**values(given, p.error), **given})
     cuda = torch.cuda.is_available() and cfg.device != "cpu"
     cfg.compile = cuda if cfg.compile is None else cfg.compile  # nanoGPT's default: on a GPU
     cfg.out = cfg.out or out.format(**dataclasses.asdict(cfg))
-    if helping:  # each preset as this command with its flags
+    if helping:  # each preset's settings: this command's, with its flags
+        rows = {name: {**given, **flags} for name, flags in (presets or {}).items()}
         defaults = {f.name: f.default for f in dataclasses.fields(Config)}
-        presets = presets or {}
-        rows = {name: {**given, **flags} for name, flags in presets.items()}
         rows = {k: {**defaults, **values(g, p.error), **g} for k, g in rows.items()}
-        _help(p, cfg, given, rows, {k for flags in presets.values() for k in flags})
+        _help(p, cfg, given, rows, {k for flags in (presets or {}).values() for k in flags})
     for f in dataclasses.fields(cfg):
         low, high, value = f.metadata["low"], f.metadata["high"], getattr(cfg, f.name)
         name = "--" + f.name.replace("_", "-")
@@ -154,9 +151,8 @@ def _help(p, cfg, given: dict, presets: dict, chosen: set) -> None:
 def print_help(p: argparse.ArgumentParser, values: dict) -> None:
     """Print p's help with each flag's "%(default)s" the value in `values` that this command
     takes (a list as the flags write it), then exit 0. The scripts', bench.py's --help."""
-    p.set_defaults(
-        **{k: " ".join(map(str, v)) if isinstance(v, list) else v for k, v in values.items()}
-    )
+    for key, value in values.items():
+        p.set_defaults(**{key: " ".join(map(str, value)) if isinstance(value, list) else value})
     p.print_help()
     raise SystemExit(0)
 

@@ -265,7 +265,7 @@ def main(cfg: TrainConfig) -> dict:
     # would have seen; each process takes its share of every batch.
     hide = not master or None  # None: shown on a terminal only
     bar = tqdm(total=cfg.steps, initial=state["step"], desc=cfg.attention, disable=hide)
-    sums, said_rate = torch.zeros(3, device=device), False  # said_rate: once per start
+    sums = torch.zeros(3, device=device)
     first_step, elapsed_before, t0 = state["step"], state["elapsed"], time.time()  # this start's
     while state["step"] < cfg.steps:
         epoch, k = divmod(state["step"], n_train // cfg.batch_size)
@@ -296,9 +296,8 @@ def main(cfg: TrainConfig) -> dict:
         stop = torch.tensor(float(cfg.time_limit > 0 and late), device=device)
         if ddp:
             dist.broadcast(stop, 0)  # rank 0's clock decides for every process
-        if master and not said_rate:
+        if master and step - first_step <= cfg.eval_every:  # the first evaluation of this start
             tqdm.write(_expected_finish(cfg, first_step, step, per_step), file=sys.stdout)
-            said_rate = True
         record = dict(step=step, lr=lr, train_loss=round(train_loss, 5))
         record.update(train_acc=round(train_acc, 5), val_acc=round(val_acc, 5))
         record.update(val_loss=round(val_loss, 5), time_s=round(state["elapsed"], 1))

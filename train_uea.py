@@ -7,9 +7,8 @@ train_uea.py: train one attention mechanism on one UEA multivariate time-series 
     python train_uea.py --dataset UWaveGestureLibrary --download     # fetch a missing dataset
     python train_uea.py --dataset Heartbeat --attention agf --help   # the values that run takes
 
-Read top to bottom: the settings (this script's flags, then the values each dataset's preset
-gives them; the flags both scripts have are runs.Settings'), the model and its optimizer, a
-training step, the data, an evaluation, and main, which runs them.
+Read top to bottom: the settings (the flags, and the values each dataset's preset gives them), the
+data, the model and its optimizer, a training step, an evaluation, and main, which runs them.
 Data (--data-dir): <Name>/<Name>_TRAIN.ts and _TEST.ts as in timeseriesclassification.com.
 Protocol: best_test_acc, the papers' (Flowformer, Primal-Attention, AGF): the best TEST accuracy
 of the evaluations (epoch 1, every 2nd, the last); beside it final_test_acc, the last, unselected.
@@ -138,7 +137,16 @@ def parse_config(argv=None) -> TrainConfig:
     return runs.parse(TrainConfig, __doc__, choices, presets, out, argv, each)
 
 
-# 2. The model and its optimizer, a training step, the data, an evaluation ----------------------
+# 2. Data, 3. the model and its optimizer -------------------------------------------------------
+def to_batch(data: uea_data.UEAData, split: str, idx: np.ndarray, device) -> tuple:
+    """Features x (B, N, F), bool mask (B, N) and labels y (B,) of `split`, on `device`."""
+    arrays = (getattr(data, f"{name}_{split}") for name in ("x", "mask", "y"))
+    batch = tuple(torch.from_numpy(a[idx]) for a in arrays)
+    if torch.device(device).type == "cuda":  # from pinned memory, without waiting for the GPU
+        batch = tuple(t.pin_memory().to(device, non_blocking=True) for t in batch)
+    return batch
+
+
 def build(cfg: TrainConfig, data: uea_data.UEAData, device: torch.device) -> tuple:
     """-> (model, optimizer, GradScaler), with the same initial weights in every process."""
     torch.manual_seed(cfg.seed)
@@ -164,6 +172,7 @@ def build(cfg: TrainConfig, data: uea_data.UEAData, device: torch.device) -> tup
     return model, optimizer(model.parameters(), lr=cfg.lr), scaler
 
 
+# 4. A training step, an evaluation -------------------------------------------------------------
 def train_step(model, opt, scaler, x, mask, y, cfg: TrainConfig, autocast) -> tuple:
     """One optimizer step -> (loss, aux loss, number of correct predictions), as tensors."""
     opt.zero_grad(set_to_none=True)
@@ -179,15 +188,6 @@ def train_step(model, opt, scaler, x, mask, y, cfg: TrainConfig, autocast) -> tu
     scaler.step(opt)
     scaler.update()
     return loss.detach(), aux.detach().float(), (logits.argmax(-1) == y).sum()
-
-
-def to_batch(data: uea_data.UEAData, split: str, idx: np.ndarray, device) -> tuple:
-    """Features x (B, N, F), bool mask (B, N) and labels y (B,) of `split`, on `device`."""
-    arrays = (getattr(data, f"{name}_{split}") for name in ("x", "mask", "y"))
-    batch = tuple(torch.from_numpy(a[idx]) for a in arrays)
-    if torch.device(device).type == "cuda":  # from pinned memory, without waiting for the GPU
-        batch = tuple(t.pin_memory().to(device, non_blocking=True) for t in batch)
-    return batch
 
 
 @torch.no_grad()
@@ -207,7 +207,7 @@ def evaluate(model, data: uea_data.UEAData, batch_size: int, device, autocast) -
     return correct / n, loss / n
 
 
-# 3. main: the run folder, the data, the model, the loop, the result ----------------------------
+# 5. main: the run folder, the data, the model, the loop, the result ----------------------------
 def main(cfg: TrainConfig) -> dict:
     """Train, evaluate on TEST under both protocols, write the run folder -> the result dict."""
     # 1) the run folder, locked and checked before anything is read or written (--resume may
