@@ -24,8 +24,10 @@ What a glob matches that is no run (comparison.csv, PNGs), or a run it cannot re
 with a note. Writes summary.txt and each figure as CSV (and PNG) to <run>/diagnose/ (--split
 train: train/ in it; then LRA --weights last: last/ in that) or OUT/<run name>/; several runs add
 comparison.csv (--split train: comparison_train.csv) and a cosine_per_layer plot beside them.
+Ctrl-C keeps the files of the runs diagnosed (each file is written whole or not at all).
 Dims: B batch, N tokens, D width, H heads, d = D/H. Depends on torch, numpy, model.py, the four
-mechanism files, lra_data.py and uea_data.py (to read a split's inputs); matplotlib optional.
+mechanism files, lra_data.py and uea_data.py (to read a split's inputs), runs.py (Ctrl-C's line);
+matplotlib optional.
 """
 
 import argparse
