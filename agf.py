@@ -146,6 +146,9 @@ def orthogonality_penalty(u: Tensor, v: Tensor) -> Tensor:
     return (gram_u - eye).abs().mean(dim=(1, 2, 3)) + (gram_v - eye).abs().mean(dim=(1, 2, 3))
 
 
+VARIANTS = ("agf", "uv", "svd")  # AGF; A = U Vᵀ; A = U Σ Vᵀ with Σ unfiltered (AGFAttention)
+
+
 class AGFAttention(nn.Module):
     """Multi-head AGF attention: Y = U(X) g(Σ(X)) V(X)ᵀ X W_val, then W_o.   (AGF README)
 
@@ -187,7 +190,7 @@ class AGFAttention(nn.Module):
         super().__init__()
         if n_heads < 1 or d_model % n_heads:  # n_heads 0: a ValueError, not ZeroDivisionError
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
-        if variant not in ("agf", "uv", "svd"):
+        if variant not in VARIANTS:
             raise ValueError(f"variant={variant!r}: expected 'agf', 'uv' or 'svd'")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
         self.ortho_weight, self.variant = ortho_weight, variant

@@ -6,21 +6,22 @@ bench.py: what each attention costs as the sequence grows, one layer and one tra
     python bench.py --what step               # CPU: training steps of the LRA model, N = 1K, 4K
     python bench.py --device cuda --what layer step --dtypes float32 bfloat16   # eager + compiled
 
---what layer (default): one attention layer (B = --batch, D = 64, H = 2: the LRA width) at each
-N of --ns (default 256 doubling to 8192; CUDA: 32768): fwd_ms, fwdbwd_ms (medians of --repeats
-runs after --warmup), mem_mib (CUDA: the peak of forward + backward; CPU: what autograd saves for
-backward); then the log-log slopes against N >= --fit-min (1 = linear, 2 = quadratic).
---what step: a training step (forward, loss, backward, AdamW) of model.py's Classifier at the
-LRA Text size, batch --step-batch, at each N of --step-ns: step_ms, tokens_per_s, mem_mib.
---compile (default on CUDA) adds compiled rows (torch.compile(fullgraph=True) afresh per point;
-compile_s: the first calls); --dtypes bfloat16 / float16 run under torch.autocast. Output: a CSV
-row per (what, kind, N, dtype, mode) as it is measured; a PNG of the layer rows (matplotlib).
+--what layer: one attention layer (B = --batch, D = 64, H = 2: the LRA width) at each N of --ns:
+fwd_ms, fwdbwd_ms (medians of --repeats runs after --warmup), mem_mib (CUDA: the peak of forward
++ backward; CPU: what autograd saves for backward); then the log-log slopes against N >= --fit-min
+(1 = linear, 2 = quadratic). --what step: a training step (forward, loss, backward, AdamW) of
+model.py's Classifier at the LRA Text size, batch --step-batch, at each N of --step-ns: step_ms,
+tokens_per_s, mem_mib. --compile adds compiled rows (torch.compile(fullgraph=True) afresh per
+point; compile_s: the first calls); --dtypes bfloat16 / float16 run under torch.autocast. Output:
+a CSV row per (what, kind, N, dtype, mode) as it is measured; a PNG of the layer rows
+(matplotlib). --help shows each flag's value (--device cuda --help: a GPU's). Ctrl-C keeps the
+rows measured.
 
 Kinds: softmax (the baseline), agf, primal, gfsa (Ā(ĀV): two attention passes), gfsa-official
 (the official order, Ā@Ā formed: O(N³) per head, run up to N = 2048), gfsa-linear (GFSA on a
 linear attention, O(N d²)); for --what step also primal+trans (Primal in the last layer only).
 
-Depends on: torch, numpy, model.py and the mechanism files
+Depends on: torch, numpy, model.py and the mechanism files, runs.py (--help, Ctrl-C)
 """
 
 import argparse
@@ -36,6 +37,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import runs
 from model import Classifier, ModelConfig, build_attention
 
 # name -> (model.py attention kind, constructor keyword arguments)
@@ -291,25 +293,29 @@ def at_least(low: int):
 def build_parser(whats: tuple = ("layer", "step")) -> argparse.ArgumentParser:
     """bench.py's command line; whats: the choices of --what."""
     raw = argparse.RawDescriptionHelpFormatter  # the docstring's lines kept
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=raw)
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=raw, add_help=False)
+    on = "show this help with the values the flags given lead to"
+    p.add_argument("-h", "--help", action="store_true", default=argparse.SUPPRESS, help=on)
+
+    def add(*flag, help: str, **kw) -> None:  # each flag's help ends with its value
+        p.add_argument(*flag, help=help + " (default: %(default)s)", **kw)
+
     kinds = list(dict.fromkeys([*KINDS, *STEP_KINDS]))
-    p.add_argument("--what", nargs="+", default=["layer"], choices=whats)
-    each = "default: all; each --what takes the kinds it has"
-    p.add_argument("--kinds", nargs="+", default=kinds, choices=kinds, help=each)
+    add("--what", nargs="+", default=["layer"], choices=whats, help="a layer, a training step")
+    add("--kinds", nargs="+", default=kinds, choices=kinds, help="each --what takes its own")
     dtypes = ["float32", "bfloat16", "float16"]
-    p.add_argument("--dtypes", nargs="+", default=dtypes[:1], choices=dtypes)
-    also = "also torch.compile each point (default: on CUDA only)"
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help=also)
-    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    doubling = "layer: N (default: 256, doubling, to 8192; CUDA: to 32768)"
-    p.add_argument("--ns", type=at_least(1), nargs="+", help=doubling)
-    p.add_argument("--fit-min", type=at_least(1), default=1024, help="smallest N of the slopes")
-    p.add_argument("--batch", type=at_least(1), default=2, help="layer: batch size B")
-    p.add_argument("--step-ns", type=at_least(1), nargs="+", default=[1024, 4096])
-    p.add_argument("--step-batch", type=at_least(1), default=32, help="step: batch size (LRA)")
-    p.add_argument("--repeats", type=at_least(1), default=5, help="timed runs per point")
-    p.add_argument("--warmup", type=at_least(0), default=2, help="untimed runs first")
-    p.add_argument("--csv", help="default: runs/bench/bench_<device>.csv (_2, _3, ... if taken)")
+    add("--dtypes", nargs="+", default=dtypes[:1], choices=dtypes, help="float32 or autocast")
+    compiled = dict(action=argparse.BooleanOptionalAction, default=None)  # default: on CUDA
+    add("--compile", **compiled, help="also torch.compile each point")
+    add("--device", default="cpu", choices=["cpu", "cuda"], help="where to measure")
+    add("--ns", type=at_least(1), nargs="+", help="layer: N (256 doubling to 8192; CUDA: 32768)")
+    add("--fit-min", type=at_least(1), default=1024, help="smallest N of the slopes")
+    add("--batch", type=at_least(1), default=2, help="layer: batch size B")
+    add("--step-ns", type=at_least(1), nargs="+", default=[1024, 4096], help="step: N")
+    add("--step-batch", type=at_least(1), default=32, help="step: batch size (LRA)")
+    add("--repeats", type=at_least(1), default=5, help="timed runs per point")
+    add("--warmup", type=at_least(0), default=2, help="untimed runs first")
+    add("--csv", help="runs/bench/bench_<device>.csv (_2, _3, ... if taken)")
     return p
 
 
@@ -318,8 +324,6 @@ def parse_args(argv=None, parser=None) -> argparse.Namespace:
     depend on the device; args.modes: the modes measured at each point."""
     p = parser or build_parser()
     args = p.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        p.error(f"--device cuda: this machine has no CUDA GPU (torch {torch.__version__})")
     args.ns = args.ns or [256 * 2**i for i in range(8 if args.device == "cuda" else 6)]
     why = {"layer": "primal+trans is a model (--what step), not a layer", "step": "layers only"}
     for what, kinds in (("layer", KINDS), ("step", STEP_KINDS)):
@@ -330,6 +334,10 @@ def parse_args(argv=None, parser=None) -> argparse.Namespace:
     names = (f"runs/bench/bench_{args.device}_{i}.csv" for i in itertools.count(2))
     names = itertools.chain([f"runs/bench/bench_{args.device}.csv"], names)
     args.csv = args.csv or next(n for n in names if not pathlib.Path(n).exists())  # none replaced
+    if vars(args).pop("help", False):
+        runs.print_help(p, {k: v for k, v in vars(args).items() if k != "modes"})
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device cuda: this machine has no CUDA GPU (torch {torch.__version__})")
     return args
 
 
@@ -340,7 +348,9 @@ def main(argv=None) -> list:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads, {modes}", flush=True)
     path = pathlib.Path(args.csv)
     rows = Rows(path)
-    run(args, rows)
+
+    with runs.ctrl_c(lambda: f": the rows measured so far ({len(rows.rows)}) are in {path}"):
+        run(args, rows)  # Ctrl-C: one line, saying so
     if not rows.rows:
         sys.exit("nothing was measured")
     print(f"wrote {path}")

@@ -24,12 +24,16 @@ What a glob matches that is no run (comparison.csv, PNGs), or a run it cannot re
 with a note. Writes summary.txt and each figure as CSV (and PNG) to <run>/diagnose/ (--split
 train: train/ in it; then LRA --weights last: last/ in that) or OUT/<run name>/; several runs add
 comparison.csv (--split train: comparison_train.csv) and a cosine_per_layer plot beside them.
+Ctrl-C keeps the files of the runs diagnosed (each file is written whole or not at all).
 Dims: B batch, N tokens, D width, H heads, d = D/H. Depends on torch, numpy, model.py, the four
-mechanism files, lra_data.py and uea_data.py (to read a split's inputs); matplotlib optional.
+mechanism files, lra_data.py and uea_data.py (to read a split's inputs), runs.py (Ctrl-C's line);
+matplotlib optional.
 """
 
 import argparse
 import csv
+import functools
+import io
 import json
 import os
 import pathlib
@@ -42,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import lra_data
+import runs
 import uea_data
 from agf import agf_dense_reference
 from gfsa import attention_matrix, filter_coefficients, gfsa_dense_reference
@@ -340,12 +345,24 @@ def figures(results: dict) -> list:
     return out + [[("singular_values", "k", "cumulative share of sigma", "-", spectra)]]
 
 
+def _whole(path: pathlib.Path, write) -> pathlib.Path:
+    """write(a temporary file), then rename it to path: each file is whole or absent, and an
+    interruption (Ctrl-C) leaves no temporary file."""
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
 def write_csv(path: pathlib.Path, header: list, rows) -> pathlib.Path:
     """One CSV file; floats with 6 significant digits."""
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        rows = ([f"{v:.6g}" if isinstance(v, float) else v for v in row] for row in rows)
-        csv.writer(f).writerows([header, *rows])
-    return path
+    text = io.StringIO()
+    rows = ([f"{v:.6g}" if isinstance(v, float) else v for v in row] for row in rows)
+    csv.writer(text).writerows([header, *rows])
+    return _whole(path, lambda tmp: tmp.write_text(text.getvalue(), "utf-8", newline=""))
 
 
 def save_figures(data: list, out: pathlib.Path, title: str = "") -> list:
@@ -375,9 +392,9 @@ def save_figures(data: list, out: pathlib.Path, title: str = "") -> list:
             ax.legend(fontsize=7)
         fig.suptitle(title, fontsize=9)
         fig.tight_layout()
-        fig.savefig(out / f"{panels[0][0]}.png", dpi=120)
+        png = out / f"{panels[0][0]}.png"
+        paths.append(_whole(png, functools.partial(fig.savefig, dpi=120, format="png")))
         plt.close(fig)
-        paths.append(out / f"{panels[0][0]}.png")
     return paths
 
 
@@ -395,21 +412,24 @@ def comparison_table(rows: list) -> tuple[list, list]:
     return header, [line.rstrip() for line in lines]
 
 
-def main(argv: list | None = None) -> list:
-    """Diagnose every RUN -> one results dict each (with "row", its comparison table row)."""
+def main(argv: list | None = None, written: list | None = None) -> list:
+    """Diagnose every RUN -> one results dict each (with "row", its comparison table row).
+    written: a list to which each run's output folder is added once its files are written."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     add = p.add_argument
     add("runs", nargs="+", metavar="RUN", help="run folder, its checkpoint.pt, or an LRA best.pt")
-    add("--data-dir", help="where the data is now (default: each run's own --data-dir)")
-    add("--split", default="test", choices=("test", "train"), help="which data (default test)")
-    add("--batches", type=int, default=4, help="batches for the cosine similarity (default 4)")
-    add("--batch-size", type=int, default=16, help="sequences per batch (default 16)")
-    add("--dense", type=int, default=8, help="sequences for the N x N analyses (default 8)")
-    add("--points", type=int, default=199, help="grid of the filter responses (default 199)")
-    add("--device", default="cpu", choices=("cpu", "cuda"), help="cpu (default) or cuda")
-    add("--weights", choices=("best", "last"), help="best.pt (LRA's default), checkpoint.pt (last)")
-    where = "OUT/<run name>/ and OUT/comparison.csv (default: <run>/diagnose/, and\nthe table of "
-    add("--out", help=where + "several runs in the folder that holds them, e.g. runs/depth/)")
+    add("--data-dir", help="where the data is now; without it, each run's own --data-dir")
+    value = " (default: %(default)s)"  # the values a flag takes when not given
+    add("--split", default="test", choices=("test", "train"), help="which data" + value)
+    add("--batches", type=int, default=4, help="batches for the cosine similarity" + value)
+    add("--batch-size", type=int, default=16, help="sequences per batch" + value)
+    add("--dense", type=int, default=8, help="sequences for the N x N analyses" + value)
+    add("--points", type=int, default=199, help="grid of the filter responses" + value)
+    add("--device", default="cpu", choices=("cpu", "cuda"), help="where to compute" + value)
+    weights = "best.pt or checkpoint.pt (last); without it, best.pt where there is one (LRA)"
+    add("--weights", choices=("best", "last"), help=weights)
+    where = "OUT/<run name>/ and OUT/comparison.csv; without it <run>/diagnose/, and the\ntable"
+    add("--out", help=where + " of several runs in the folder that holds them, e.g. runs/depth/")
     args = p.parse_args(argv)
     for name in ("batches", "batch_size", "dense", "points"):  # each named alone
         if getattr(args, name) < 1:
@@ -421,15 +441,16 @@ def main(argv: list | None = None) -> list:
     # A glob such as runs/sweep/* also matches what an earlier call wrote there (comparison.csv,
     # PNGs, an --out folder): files other than *.pt are skipped here, such folders by load_run.
     given = list(map(pathlib.Path, args.runs))
-    runs = [q for q in given if not q.is_file() or q.suffix == ".pt"]
-    skipped = [f"{q} is a file, not a run folder or *.pt" for q in given if q not in runs]
-    names = [(q if q.is_dir() else q.parent).resolve().name for q in runs]
+    folders = [q for q in given if not q.is_file() or q.suffix == ".pt"]
+    skipped = [f"{q} is a file, not a run folder or *.pt" for q in given if q not in folders]
+    names = [(q if q.is_dir() else q.parent).resolve().name for q in folders]
     if args.out and len(set(names)) < len(names):
         p.error(f"--out: runs of the same folder name would share an output folder: {names}")
     _say(*(f"skipped: {reason}" for reason in skipped))
     everything, tag = [], "" if args.split == "test" else f"_{args.split}"  # train/, *_train.csv
     how = (args.data_dir, args.split, args.batches * args.batch_size, args.batch_size, args.device)
-    for path, name in zip(runs, names, strict=True):
+    written = [] if written is None else written
+    for path, name in zip(folders, names, strict=True):
         try:
             run = load_run(path, *how, args.weights)
         except (NotARun, SystemExit) as e:  # of several runs, one that cannot be read is skipped
@@ -446,11 +467,14 @@ def main(argv: list | None = None) -> list:
             out = out / "last"  # beside the analysis of best.pt, the LRA default, not over it
         try:  # a run folder one may read but not write to (another's, read-only)
             out.mkdir(parents=True, exist_ok=True)
-            (out / "summary.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+            text = "\n".join(lines) + "\n"
+            write = functools.partial(pathlib.Path.write_text, data=text, encoding="utf-8")
+            _whole(out / "summary.txt", write)
             paths = [f.name for f in save_figures(data, out, run.label)]
         except OSError as e:
             _fail(f"cannot write to {out} ({e.strerror}): choose a folder to write to with --out")
         _say(f"wrote summary.txt and {len(paths)} files to {out}: {' '.join(paths)}")
+        written.append(out)  # its files whole
         cos = results["cosine"].tolist()
         row = dict(run=str(run.folder.resolve()), weights=run.weights, layers=len(cos) - 1)
         row.update(attention=run.model.cfg.attention, cos_last=cos[-1])
@@ -474,4 +498,12 @@ def main(argv: list | None = None) -> list:
 
 
 if __name__ == "__main__":
-    main()
+    done = []  # the output folders written: what Ctrl-C keeps (each file whole or absent)
+
+    def kept() -> str:
+        if not done:
+            return ": no run's files are written"
+        return f": the files of {len(done)} runs are written, the last to {done[-1]}"
+
+    with runs.ctrl_c(kept):
+        main(written=done)

@@ -207,6 +207,9 @@ def attention_pass(
     return attend
 
 
+HIGH_ORDER = ("taylor", "exact")  # Ā^K as Eq. 4's estimate (the paper's), or exactly
+
+
 class GFSAttention(nn.Module):
     """Multi-head self-attention with Ā·V replaced by the GFSA graph filter G·V.  (Eqs. 5, 6)
 
@@ -259,7 +262,7 @@ class GFSAttention(nn.Module):
         for name, value, choices in (
             ("kernel", kernel, ("softmax", "linear")),
             ("evaluation", evaluation, ("fast", "official")),
-            ("high_order", high_order, ("taylor", "exact")),
+            ("high_order", high_order, HIGH_ORDER),
         ):
             if value not in choices:
                 raise ValueError(f"{name}={value!r}: expected one of {choices}")

@@ -1,15 +1,18 @@
 """
 runs.py: what train_lra.py and train_uea.py do alike, kept out of their way (as nanoGPT's
-configurator.py beside its train.py): flags, torchrun's processes, the run folder, checkpoints,
-writes that never leave half a file. A run folder holds config.json, metrics.jsonl,
-checkpoint.pt, best.pt (LRA), result.json, diagnose/ and `lock`, held by the running process
-with fcntl.flock: the operating system releases it when the process ends, however it ends
-(without fcntl, as on Windows, the run says that the folder is not locked).
+configurator.py beside its train.py): the flags both have and --help with the values a run takes,
+torchrun's processes, the run folder, checkpoints, writes that never leave half a file, the RESULT
+line, and Ctrl-C's one line (bench.py and diagnose.py end in it too). A run folder holds
+config.json, metrics.jsonl, checkpoint.pt, best.pt (LRA), result.json, diagnose/ and `lock`, held
+by the running process with fcntl.flock: the operating system releases it when the process ends,
+however it ends (without fcntl, as on Windows, the run says that the folder is not locked).
 """
 
 import argparse
+import collections
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -42,22 +45,49 @@ def flag(default, help: str, low=None, high=None):  # help: argparse's word
 
 
 @dataclasses.dataclass
-class Settings:  # the flags of a run both scripts share; each script's TrainConfig adds its own
-    out: str = flag("", "run folder (default runs/<task|dataset>/<attention>-<preset>-seed<seed>)")
+class Settings:  # the flags both scripts have; None: each script's PAPER dict gives the value
+    attention: str = flag(None, "the attention of every layer (primal+trans: Primal in the last)")
+    preset: str = flag(None, "paper (the official scripts' settings) | quick (small, CPU)")
+    data_dir: str = flag(None, "where the data is")
+    download: bool = flag(None, "fetch the data into --data-dir when it is missing")
+    download_url: str = flag(None, "a mirror or file:// copy to fetch from (implies --download)")
+    seed: int = flag(None, "seed of the weights, dropout and the batch order", 0, SEEDS)
+    lr: float = flag(None, "(peak) learning rate (> 0)")
+    batch_size: int = flag(None, "examples per step, all processes together", 1)
+    eval_every: int = flag(None, "evaluate every this many steps (LRA) or epochs (UEA)", 1)
+    d_model: int = flag(None, "D, model width", 1)
+    n_heads: int = flag(None, "H, heads (D must be divisible by H)", 1)
+    n_layers: int = flag(None, "layers", 1)
+    d_ff: int = flag(None, "feed-forward width", 1)
+    dropout: float = flag(None, "dropout in the blocks", 0, 1)
+    agf_order: int = flag(None, "AGF: polynomial order K", 0)
+    agf_alpha: float = flag(None, "AGF: Jacobi α")
+    agf_beta: float = flag(None, "AGF: Jacobi β")
+    agf_gamma: float = flag(None, "AGF: orthogonality weight γ (official --eta)", 0)
+    agf_variant: str = flag(None, "AGF: agf | uv (A = U Vᵀ) | svd (A = U Σ Vᵀ, Σ unfiltered)")
+    primal_rank: int = flag(None, "Primal-Attention: rank s (official --low_rank)", 1)
+    primal_eta: float = flag(None, "Primal-Attention: KSVD weight η", 0)
+    gfsa_order: int = flag(None, "GFSA: order K of the high-order term", 2)
+    gfsa_high_order: str = flag(None, "GFSA: Ā^K as taylor (Eq. 4, the paper) | exact")
+    # the run folder and the machine: the same in both scripts
+    out: str = flag("", "run folder (runs/<task|dataset>/<attention>-<preset>-seed<seed>)")
     resume: bool = flag(False, "continue the run in --out from its checkpoint.pt")
     overwrite: bool = flag(False, "start afresh in a folder that holds a run (deleting its files)")
     device: str = flag("auto", "auto (CUDA when there is one) | cpu | cuda")
     amp: bool = flag(True, "mixed precision on CUDA (bf16, else fp16 with loss scaling)")
-    compile: bool = flag(
-        None, "torch.compile the model (default: on CUDA only); each new batch shape compiles first"
-    )
+    compile: bool = flag(None, "torch.compile the model (by default where CUDA is used)")
 
 
-def parse(Config, doc: str, choices: dict, presets, out: str, argv=None):
-    """The flags (or `argv`) -> Config: defaults < presets(given, error) < flags, all checked.
-    presets returns the preset values for the flags given; it may refuse with error(message).
-    out: the run folder's pattern, filled with the settings, where --out is not given."""
-    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawTextHelpFormatter)
+def parse(Config, doc: str, choices: dict, values, out: str, argv=None, presets=None):
+    """The flags (or `argv`) -> Config: values(given, error) < the flags given, all checked.
+    values(given, error): the script's settings and its presets for the flags given (all but
+    the run folder's); it may refuse with error(message). out: the run folder's pattern, filled
+    with the settings, where --out is not given. --help shows each flag's value for the flags
+    given beside it and, where they differ, the value of each preset (name -> its flags)."""
+    wrap = argparse.RawDescriptionHelpFormatter  # the docstring's lines kept, the flags' wrapped
+    p = argparse.ArgumentParser(description=doc, formatter_class=wrap, add_help=False)
+    on = "show this help with the values of the flags given (--task text --help: Text's)"
+    p.add_argument("-h", "--help", action="store_true", default=argparse.SUPPRESS, help=on)
 
     def quietly(message):  # rank 0 says it and exits: torchrun then ends the others, which
         with contextlib.suppress(Exception):  # meanwhile wait where rank 0 would meet them
@@ -67,12 +97,22 @@ def parse(Config, doc: str, choices: dict, presets, out: str, argv=None):
     if RANK:  # every process parses the same flags: rank 0 alone says what is wrong
         p.error = quietly
     choices = dict(choices, device=("auto", "cpu", "cuda"))  # one GPU per process: pick it with
-    for f in dataclasses.fields(Config):  # CUDA_VISIBLE_DEVICES; a bool is --amp / --no-amp
+    shared = {f.name for f in dataclasses.fields(Settings)}  # CUDA_VISIBLE_DEVICES
+    for f in sorted(dataclasses.fields(Config), key=lambda f: f.name in shared):  # own first
         kind = dict(action=argparse.BooleanOptionalAction) if f.type is bool else dict(type=f.type)
-        kind["help"] = f"{f.metadata['help']} (default: {f.default})"
+        kind["help"] = f.metadata["help"].replace("%", "%%") + " (default: %(default)s)"
         p.add_argument("--" + f.name.replace("_", "-"), choices=choices.get(f.name), **kind)
     given = {k: v for k, v in vars(p.parse_args(argv)).items() if v is not None}
-    cfg = Config(**{**presets(given, p.error), **given})
+    helping = given.pop("help", False)
+    cfg = Config(**{**values(given, p.error), **given})
+    cuda = torch.cuda.is_available() and cfg.device != "cpu"
+    cfg.compile = cuda if cfg.compile is None else cfg.compile  # nanoGPT's default: on a GPU
+    cfg.out = cfg.out or out.format(**dataclasses.asdict(cfg))
+    if helping:  # each preset's settings: this command's, with its flags
+        rows = {name: {**given, **flags} for name, flags in (presets or {}).items()}
+        defaults = {f.name: f.default for f in dataclasses.fields(Config)}
+        rows = {k: {**defaults, **values(g, p.error), **g} for k, g in rows.items()}
+        _help(p, cfg, given, rows, {k for flags in (presets or {}).values() for k in flags})
     for f in dataclasses.fields(cfg):
         low, high, value = f.metadata["low"], f.metadata["high"], getattr(cfg, f.name)
         name = "--" + f.name.replace("_", "-")
@@ -81,7 +121,6 @@ def parse(Config, doc: str, choices: dict, presets, out: str, argv=None):
         if (low is not None and value < low) or (high is not None and value >= high):
             where = f"at least {low}" if high is None else f"in [{low}, {high})"
             p.error(f"{name} must be {where}, got {value}")
-    cuda = torch.cuda.is_available() and cfg.device != "cpu"
     if cfg.lr <= 0:
         p.error(f"--lr must be positive, got {cfg.lr}")
     if cfg.d_model % cfg.n_heads:
@@ -92,18 +131,43 @@ def parse(Config, doc: str, choices: dict, presets, out: str, argv=None):
         p.error(f"--batch-size {cfg.batch_size} is not divisible by {WORLD} processes")
     if cfg.resume and cfg.overwrite:
         p.error("--resume continues a run and --overwrite deletes it: give one of them")
-    cfg.compile = cuda if cfg.compile is None else cfg.compile  # nanoGPT's default: on a GPU
-    cfg.out = cfg.out or out.format(**dataclasses.asdict(cfg))
     return cfg
 
 
+def _help(p, cfg, given: dict, presets: dict, chosen: set) -> None:
+    """Print p's help with cfg's value of each flag (", given": on the command line), and where
+    the presets (name -> settings) differ, each one's ("else": most presets'), but for the flags
+    that choose a preset. Exit 0."""
+    shown = {}
+    for key, value in dataclasses.asdict(cfg).items():
+        said = f"{value}, given" if key in given else f"{value}"
+        each = {name: settings[key] for name, settings in presets.items()}
+        if len(set(each.values())) > 1 and key not in chosen:
+            usual, n = collections.Counter(each.values()).most_common(1)[0]
+            listed = [f"{name} {v}" for name, v in each.items() if n == 1 or v != usual]
+            said += "; by preset: " + ", ".join(listed + [f"else {usual}"] * (n > 1))
+        shown[key] = said
+    print_help(p, shown)
+
+
+def print_help(p: argparse.ArgumentParser, values: dict) -> None:
+    """Print p's help with each flag's "%(default)s" the value in `values` that this command
+    takes (a list as the flags write it), then exit 0. The scripts', bench.py's --help."""
+    for key, value in values.items():
+        p.set_defaults(**{key: " ".join(map(str, value)) if isinstance(value, list) else value})
+    p.print_help()
+    raise SystemExit(0)
+
+
 def start(cfg, script: str, unit: str, total: int, may_change=()) -> tuple:
-    """Rank 0 locks and checks the run folder cfg.out, then torchrun's processes meet (one per
-    GPU, or per share of a CPU) -> (rank, world, device, autocast, the checkpoint to resume or
-    None). unit: "step" or "epoch", counted to `total`; may_change: what else --resume may change.
-    A refusal is said by rank 0 before the others meet it: torchrun ends them where they wait."""
+    """Rank 0 locks and checks the run folder cfg.out and prints the settings, then torchrun's
+    processes meet (one per GPU, or per share of a CPU) -> (rank, world, device, autocast, the
+    checkpoint to resume or None). unit: "step" or "epoch", counted to `total`; may_change: what
+    else --resume may change. Rank 0 says a refusal: torchrun ends the others where they wait."""
     out = pathlib.Path(cfg.out)
     ckpt = _open(cfg, out, script, unit, total, MAY_CHANGE | set(may_change)) if RANK == 0 else None
+    if RANK == 0:
+        print(json.dumps(vars(cfg)), flush=True)  # the resolved settings first
     cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
     device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', 0)}" if cuda else "cpu")
     if cuda:
@@ -191,6 +255,32 @@ def load(file: pathlib.Path, **options) -> dict:
         raise SystemExit(f"{what}holds: it is not read, as it could run code; {how}") from None
 
 
+def prepare(cfg, ckpt, parts: dict, state: dict, about: dict, data: dict) -> tuple:
+    """Go on from the checkpoint, or start afresh (restore); write config.json -> (fast, net):
+    the model compiled (fixed shapes: one graph per batch shape) and what trains (DDP under
+    torchrun); parts["model"] holds the weights, which both share. Rank 0 first checks that
+    `data` (name -> array) are those the run began with: their shapes and a digest of each."""
+    arrays = {k: a for k, a in data.items() if a is not None and RANK == 0}  # (None: no array)
+    hashed = {k: a if a.flags.c_contiguous else a.copy() for k, a in arrays.items()}
+    now = {k: [list(a.shape), hashlib.blake2b(a).hexdigest()[:16]] for k, a in hashed.items()}
+    then = (ckpt or {}).get("data_digest", now)  # the checkpoint of an older version has none
+    if RANK == 0 and then != now:
+        changed = []
+        for name in (k for k in {**then, **now} if then.get(k) != now.get(k)):
+            a, b = (tuple(d[0]) if d else "none" for d in (then.get(name), now.get(name)))
+            changed.append(f"{name} {a} then, {b} now" if a != b else f"{name}: other values")
+        why = f"the data differ from those the run began with ({'; '.join(changed)})"
+        raise SystemExit(f"--resume: {why}: resume with those, or start again with --overwrite")
+    restore(ckpt, parts, state, seed=cfg.seed + RANK)
+    model = parts["model"]
+    about.update(config=dataclasses.asdict(cfg), model_config=dataclasses.asdict(model.cfg))
+    about.update(data_digest=now)  # in every checkpoint: the settings, the model's, the data's
+    if RANK == 0:
+        save(pathlib.Path(cfg.out, "config.json"), about["config"])  # the settings of this start
+    fast = torch.compile(model, dynamic=False) if cfg.compile else model
+    return fast, torch.nn.parallel.DistributedDataParallel(fast) if "RANK" in os.environ else fast
+
+
 def checkpoint(parts: dict, state: dict, **more) -> dict:
     """What a resumed run needs: each part's state_dict, the counters, the RNGs (dropout goes on
     with the masks it would have drawn), and `more` (settings, the model's configuration)."""
@@ -212,9 +302,33 @@ def restore(ckpt, parts: dict, state: dict, seed: int) -> None:
         torch.cuda.set_rng_state(ckpt["cuda_rng"])
 
 
+def means(sums: torch.Tensor, where: str) -> list:
+    """sums (..., count) of every process (all-reduced under torchrun), divided by the count;
+    the first, the training loss, must be finite. sums is zeroed for the next ones."""
+    if "RANK" in os.environ:
+        dist.all_reduce(sums)
+    *totals, count = sums.tolist()
+    sums.zero_()
+    if not math.isfinite(totals[0]):
+        why = "the run diverged (a smaller --lr may help); its last good checkpoint stays"
+        raise SystemExit(f"the training loss is {totals[0] / count} {where}: {why}")
+    return [total / count for total in totals]
+
+
+def log(out: pathlib.Path, parts: dict, state: dict, about: dict, record: dict) -> str:
+    """Rank 0 writes the checkpoint, then the record to metrics.jsonl (a crash in between loses
+    a log line, not a step) -> the record as a line to print ("" in the other processes)."""
+    if RANK:
+        return ""
+    save(out / "checkpoint.pt", checkpoint(parts, state, **about))
+    save(out / "metrics.jsonl", record)
+    return "  ".join(f"{k} {v:.4g}" for k, v in record.items())
+
+
 def save(path: pathlib.Path, obj) -> None:
     """Write obj to path (.json: JSON; .jsonl: a line appended; else torch.save) through a
-    temporary file and a rename: a crash leaves the old file whole, a failed write one sentence."""
+    temporary file and a rename: a crash leaves the old file whole, a failed write one sentence,
+    Ctrl-C in the middle no temporary file."""
     tmp = path.with_name(path.name + ".tmp")
     try:
         if path.suffix == ".json":
@@ -224,17 +338,23 @@ def save(path: pathlib.Path, obj) -> None:
         else:
             torch.save(obj, tmp)
         os.replace(tmp, path)
-    except (OSError, RuntimeError) as e:  # torch.save says RuntimeError when the disk is full
+    except BaseException as e:  # torch.save says RuntimeError when the disk is full
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
+        if not isinstance(e, (OSError, RuntimeError)):
+            raise
         why = e.strerror if isinstance(e, OSError) and e.strerror else "is the disk full?"
         raise SystemExit(
             f"cannot write {path} ({why}): the run stops; --resume goes on from its last checkpoint"
         ) from None
 
 
-def finish(out: pathlib.Path, result: dict) -> dict:
-    """Rank 0 writes result.json and prints RESULT {json} as the last line; processes part."""
+def finish(out: pathlib.Path, result: dict, device=None) -> dict:
+    """Rank 0 writes result.json (with the device, where given) and prints RESULT {json} as the
+    last line; the processes part."""
+    if result is not None and device is not None:
+        gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        result["device"] = f"{gpu} x {WORLD}"
     bad = [k for k, v in (result or {}).items() if v != v or v in (math.inf, -math.inf)]
     if bad:
         raise SystemExit(f"the result's {', '.join(bad)} is not a finite number: nothing written")
@@ -247,25 +367,37 @@ def finish(out: pathlib.Path, result: dict) -> dict:
     return result
 
 
-def run(main, cfg, unit: str, errors) -> None:
-    """main(cfg), from the command line: Ctrl-C or a closed stdout (`| head`; exit status 130,
-    as a shell's Ctrl-C) and an error of the data (`errors`) end in one sentence, no traceback.
-    However it ends, a run folder this process locked that holds only `lock` is removed."""
-    out = pathlib.Path(cfg.out)
+@contextlib.contextmanager
+def ctrl_c(kept):
+    """Ctrl-C, or a closed stdout (`| head`), inside: rank 0 says why and kept() (what was kept
+    and how to go on) in one line on stderr, and the process exits with status 130 (as a
+    shell's Ctrl-C), no traceback."""
     try:
-        main(cfg)
-    except (KeyboardInterrupt, BrokenPipeError) as e:  # Ctrl-C, or `| head` closed stdout
+        yield
+    except (KeyboardInterrupt, BrokenPipeError) as e:
         why = "interrupted" if isinstance(e, KeyboardInterrupt) else "its output was closed"
         if isinstance(e, BrokenPipeError):  # and Python's flush of stdout at exit says nothing
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        file = out / "checkpoint.pt"  # rank 0 alone reads it, and only to say where to go on
-        how = " before the first checkpoint: the same command starts the run again"
-        if RANK == 0 and file.exists():
-            done = load(file, mmap=True)["state"][unit]
-            how = f"; continue from its {unit} {done} with --resume"
         if RANK == 0:
-            sys.stderr.write(f"\n{why}{how}\n")
+            sys.stderr.write(f"\n{why}{kept()}\n")
         raise SystemExit(130) from None
+
+
+def run(main, cfg, unit: str, errors) -> None:
+    """main(cfg), from the command line: Ctrl-C, a closed stdout and an error of the data
+    (`errors`) end in one sentence, no traceback. However it ends, a run folder this process
+    locked that holds only `lock` is removed."""
+    out = pathlib.Path(cfg.out)
+
+    def kept() -> str:  # rank 0 alone reads the checkpoint, and only to say where to go on
+        if not (out / "checkpoint.pt").exists():
+            return " before the first checkpoint: the same command starts the run again"
+        done = load(out / "checkpoint.pt", mmap=True)["state"][unit]
+        return f"; continue from its {unit} {done} with --resume"
+
+    try:
+        with ctrl_c(kept):
+            main(cfg)
     except errors as e:
         raise SystemExit(f"error: {e}") from None
     finally:  # a run that never began (a refused download, say) leaves no folder behind

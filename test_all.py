@@ -1391,7 +1391,7 @@ def test_model_layer_kinds_expands_a_name_and_checks_a_list():
 def test_model_config_defaults_are_the_lra_setting():
     """ModelConfig's defaults say "the LRA setting shared by the three papers": the same widths,
     depth and dropouts as train_lra.py's settings, and a classifier builds from them alone."""
-    lra, cfg = train_lra.TrainConfig(), ModelConfig(vocab_size=17)
+    lra, cfg = train_lra.parse_config([]), ModelConfig(vocab_size=17)
     for name in ("d_model", "n_heads", "n_layers", "d_ff", "dropout"):
         assert getattr(cfg, name) == getattr(lra, name), name
     assert cfg.attn_dropout == lra.dropout, "attention dropout: train_lra.py's --dropout"
@@ -4364,6 +4364,75 @@ def test_train_lra_and_train_uea_every_flag_reaches_its_setting(script):
             assert getattr(cfg, f.name) == value if ok else f"{name} must be " in said.getvalue()
 
 
+def _help_of(parse, argv: list) -> dict:
+    """parse(argv + ["--help"]), 1000 columns wide (no line wraps) -> each flag (its dashed name)
+    -> its "(default: V[, given][; by preset: A a, B b, else v])" as (V, given, {A: a, B: b,
+    "else": v}), or None where it says none."""
+    out, wide = io.StringIO(), mock.patch.dict(os.environ, COLUMNS="1000")
+    with wide, contextlib.redirect_stdout(out), pytest.raises(SystemExit) as stop:
+        parse([*map(str, argv), "--help"])
+    assert stop.value.code == 0, out.getvalue()
+    shown = {}
+    for block in re.split(r"\n  (?=-)", out.getvalue().split("\noptions:\n")[1]):
+        text = " ".join(block.split())
+        name = re.match(r"(?:-h, )?--([\w-]+)", text).group(1)
+        said = re.search(r"\(default: (.*?)(, given)?(?:; by preset: (.*))?\)$", text)
+        each = said and said[3] and dict(item.rsplit(" ", 1) for item in said[3].split(", "))
+        shown[name] = said and (said[1], bool(said[2]), each or {})
+    return shown
+
+
+# --help of each script for each task or dataset, attention and preset; the presets by name
+_HELPS = {"train_lra.py": [["--task", t, "--attention", a] for t in lra_data.VOCAB for a in KINDS]}
+_HELPS["train_lra.py"] += [["--preset", "quick", "--attention", a] for a in KINDS]
+_HELPS["train_uea.py"] = [
+    ["--dataset", d, "--attention", a, "--preset", p]
+    for d in ["Toy", *train_uea.AGF] for a in KINDS for p in ("paper", "quick")
+]  # fmt: skip
+
+
+def _preset_flags(script: str, preset: str, argv: list) -> list:
+    """The flags that choose `preset` (as --help names it) in the command argv."""
+    quick = preset == "quick"  # quick: LRA's ListOps, or the UEA dataset of argv
+    if script == "train_lra.py":
+        return ["--task", "listops" if quick else preset, "--preset", "quick" if quick else "paper"]
+    dataset = argv[argv.index("--dataset") + 1] if quick else preset
+    return ["--dataset", dataset, "--preset", "quick" if quick else "paper"]
+
+
+@pytest.mark.parametrize("script", SCRIPTS, ids=_id)
+def test_train_lra_and_train_uea_help_shows_the_values_the_run_takes(tmp_path, script):
+    """For every task or dataset, attention and preset, --help gives each flag the value the run
+    of those flags takes (its config.json), and lists each preset's value where they differ:
+    each the value of that preset's run; a flag given says so. One run's config.json is read."""
+    module, names = (
+        SCRIPTS[script][0],
+        {f.name: f for f in dataclasses.fields(SCRIPTS[script][0].TrainConfig)},
+    )
+    run = functools.lru_cache(maxsize=None)(
+        lambda argv: dataclasses.asdict(module.parse_config(list(argv)))
+    )
+    every = [*lra_data.VOCAB, "quick"] if script == "train_lra.py" else [*train_uea.AGF, "quick"]
+    for argv in _HELPS[script]:
+        shown, config = _help_of(module.parse_config, argv), run(tuple(argv))
+        assert {k.replace("-", "_") for k, v in shown.items() if v} == set(names), argv
+        for name, value in config.items():
+            said, given, each = shown[name.replace("_", "-")]
+            flag = "--" + name.replace("_", "-")
+            assert (said, given) == (str(value), flag in argv), (argv, name)
+            for preset in every if each else ():  # each preset's run: this one, its flags added
+                other = run(tuple([*argv, *_preset_flags(script, preset, argv)]))
+                assert str(other[name]) == each.get(preset, each.get("else")), (argv, preset)
+    # the values of one run (tiny, --help first): those in its config.json
+    argv = _argv(tmp_path, script, tmp_path / "run", "--attention", "agf")
+    shown = _help_of(module.parse_config, argv)
+    _train_both(tmp_path, script, tmp_path / "run", "--attention", "agf")
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert {k: shown[k.replace("_", "-")][0] for k in config} == {
+        k: str(v) for k, v in config.items()
+    }
+
+
 class _Reached(Exception):
     """Raised by a stand-in where a flag's value arrives: main() stops there."""
 
@@ -4668,7 +4737,7 @@ def test_train_lra_and_train_uea_flags_alone_build_the_promised_layers(script, a
         module = SCRIPTS[script][0]
         preset = quick_flags if quick else []
         cfg = module.parse_config([*flags, attention, *preset])
-        if attention == module.TrainConfig.attention:  # the default: its preset without the flag
+        if attention == module.PAPER["attention"]:  # the default: its preset without the flag
             assert module.parse_config([*flags[:2], *preset]) == cfg, "no --attention"
         model, opt = (train_lra.build(cfg, cpu) if lra else train_uea.build(cfg, data, cpu))[:2]
         D, H, d_ff = (64, 2, 128) if lra or quick else (512, 8, 2048)
@@ -5235,12 +5304,9 @@ def test_train_lra_and_train_uea_compile_flag_and_a_diverged_run(tmp_path, scrip
     assert state[unit] == first and not (tmp_path / "nan" / "result.json").exists()
 
 
-def _straight_and_resumed(tmp: pathlib.Path, script: str, *more, changed=()) -> tuple:
-    """A run straight (tmp/a); one stopped by Ctrl-C after its first checkpoint (exit 130) and
-    resumed with `changed` (tmp/b) -> (straight result, resumed result, [their two logs])."""
-    module, unit = SCRIPTS[script]
-    more = [*(["--steps", "6"] if script == "train_lra.py" else ["--epochs", "3"]), *more]
-    straight, _ = _train_both(tmp, script, tmp / "a", *more)
+def _stopped_after_the_first_checkpoint(tmp: pathlib.Path, script: str, out, *more) -> None:
+    """A tiny run of either script into out, stopped by Ctrl-C after its first checkpoint."""
+    module = SCRIPTS[script][0]
     real, calls = module.train_step, [0]
     per_checkpoint = 2 if script == "train_lra.py" else 1  # steps (Toy: 1 step an epoch)
 
@@ -5252,8 +5318,16 @@ def _straight_and_resumed(tmp: pathlib.Path, script: str, *more, changed=()) -> 
 
     with mock.patch.object(module, "train_step", ctrl_c_after_the_first_checkpoint):
         with pytest.raises(SystemExit) as stop:
-            _train_both(tmp, script, tmp / "b", *more)
+            _train_both(tmp, script, out, *more)
     assert stop.value.code == 130
+
+
+def _straight_and_resumed(tmp: pathlib.Path, script: str, *more, changed=()) -> tuple:
+    """A run straight (tmp/a); one stopped by Ctrl-C after its first checkpoint (exit 130) and
+    resumed with `changed` (tmp/b) -> (straight result, resumed result, [their two logs])."""
+    more = [*(["--steps", "6"] if script == "train_lra.py" else ["--epochs", "3"]), *more]
+    straight, _ = _train_both(tmp, script, tmp / "a", *more)
+    _stopped_after_the_first_checkpoint(tmp, script, tmp / "b", *more)
     resumed, _ = _train_both(tmp, script, tmp / "b", *more, "--resume", *changed)
     return straight, resumed, [[{**r, "time_s": 0} for r in _log(tmp / r)] for r in "ab"]
 
@@ -5292,6 +5366,45 @@ def test_runs_a_run_interrupted_and_resumed_continues_exactly(tmp_path, script):
         assert set_cuda.called == restored, (cuda_rng, gpu)
 
 
+def _edit(path: pathlib.Path, edit) -> None:
+    """path's lines after the header (ListOps: its first line; a .ts file: up to @data) through
+    edit(lines) -> lines."""
+    head, body = re.match(r"(.*?@data\n|[^\n]*\n)(.*)", path.read_text(), re.S).groups()
+    path.write_text(head + "".join(edit(body.splitlines(True))))
+
+
+_DATA_CHANGES = [  # (script, the file changed, how, what the refusal names)
+    ("train_uea.py", "Toy/Toy_TRAIN.ts", lambda rows: rows[:8],  # cut to 8 of its 12 cases
+     "TRAIN series (12, 6, 2) then, (8, 6, 2) now; TRAIN labels (12,) then, (8,) now; "
+     "TEST series: other values; standardisation statistics: other values"),
+    ("train_uea.py", "Toy/Toy_TEST.ts", lambda rows: ["9.0" + rows[0][rows[0].index(","):],
+     *rows[1:]], "TEST series: other values"),  # one value
+    ("train_lra.py", "listops-quick/basic_train.tsv", lambda rows: [rows[0][:-2] + str(
+     (int(rows[0][-2]) + 1) % 10) + "\n", *rows[1:]], "train y: other values"),  # one label
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("script, file, edit, said", _DATA_CHANGES, ids=_id)
+def test_runs_resume_refuses_data_that_changed_naming_what(tmp_path, script, file, edit, said):
+    """Data changed between two starts (the counts, the values, TRAIN's standardisation
+    statistics): --resume refuses in one sentence naming what changed, and goes on once the
+    data are those the run began with (continuing exactly: the test above)."""
+    data = tmp_path / "mine"  # UEA: not the Toy data _argv writes anew
+    more = ["--steps", "6"] if script == "train_lra.py" else ["--epochs", "3"]
+    more += ["--data-dir", str(data)]
+    if script == "train_uea.py":
+        _toy_uea(data)
+    _stopped_after_the_first_checkpoint(tmp_path, script, tmp_path / "run", *more)
+    before = (data / file).read_text()
+    _edit(data / file, edit)
+    message = _stops(tmp_path, script, tmp_path / "run", *more, "--resume")
+    how = "resume with those, or start again with --overwrite"
+    assert message == f"--resume: the data differ from those the run began with ({said}): {how}"
+    (data / file).write_text(before)
+    result, _ = _train_both(tmp_path, script, tmp_path / "run", *more, "--resume")
+    assert result["steps_reached" if script == "train_lra.py" else "epochs"] == int(more[1])
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_runs_ctrl_c_says_how_to_go_on(tmp_path, script):
     """Ctrl-C: exit 130, one sentence: before the first checkpoint, that the same command starts
@@ -5314,6 +5427,38 @@ def test_runs_ctrl_c_says_how_to_go_on(tmp_path, script):
     done = 4 if unit == "step" else 2
     assert stop.value.code == 130
     assert f"interrupted; continue from its {unit} {done} with --resume" in err.getvalue()
+
+
+@pytest.mark.parametrize("program", ["train_uea.py", "bench.py", "diagnose.py"])
+def test_runs_ctrl_c_is_one_line_saying_what_was_kept(tmp_path, program):
+    """SIGINT once the program has printed a known line (a UEA epoch, a bench row, a run's files
+    diagnosed): one line on stderr saying what was kept, exit 130, no temporary file left."""
+    if program == "train_uea.py":
+        argv = _argv(tmp_path, program, tmp_path / "run", "--epochs", "100000")
+        after, said = "epoch 1 ", r"interrupted; continue from its epoch \d+ with --resume"
+    elif program == "bench.py":
+        sizes = [str(64 * 2**i) for i in range(9)]
+        argv = ["--kinds", "softmax", "--ns", *sizes, "--repeats", "9", "--csv", tmp_path / "b.csv"]
+        after = "layer softmax"
+        said = rf"interrupted: the rows measured so far \(\d+\) are in {tmp_path / 'b.csv'}"
+    else:  # the same run 99 times: diagnosed one after the other
+        argv = [_train_both(tmp_path, "train_uea.py", tmp_path / "run")[1] and tmp_path / "run"]
+        after, said = "wrote summary.txt", r"interrupted: the files of \d+ runs are written, the "
+        said += f"last to {tmp_path / 'run' / 'diagnose'}"
+        argv *= 99
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, HERE / program, *argv]
+    with subprocess.Popen(
+        command, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as run:
+        assert any(line.startswith(after) for line in run.stdout), run.stderr.read()
+        run.send_signal(signal.SIGINT)
+        err = run.communicate(timeout=60)[1]
+    assert run.returncode == 130 and re.fullmatch(f"\n{said}\n", err), err
+    assert not list(tmp_path.rglob("*.tmp")), "no temporary file"
+    if program == "bench.py":  # the rows said: the CSV's, each whole
+        rows = list(csv.DictReader(open(tmp_path / "b.csv")))
+        assert err.split("(")[1].startswith(f"{len(rows)})") and rows[-1]["mem_mib"]
 
 
 @pytest.mark.parametrize(
@@ -5552,7 +5697,7 @@ def test_runs_resume_may_change_the_data_flags_and_the_clock(script, changes):
     cfg = module.parse_config(["--out", "unused"])
     with mock.patch.object(runs, "start", start), pytest.raises(_Reached):
         module.main(cfg)
-    assert set(start.call_args.kwargs["may_change"]) == changes
+    assert set(start.call_args.args[4]) == changes
 
 
 def test_runs_resume_sees_a_finished_run_of_any_length(tmp_path):
@@ -5599,7 +5744,7 @@ def test_runs_a_run_stopped_before_its_test_finishes_it_on_resume(tmp_path):
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_runs_a_failed_write_is_one_sentence_and_leaves_no_partial_file(tmp_path, script):
     """A full disk half-way through the second checkpoint, or a lost permission: one sentence,
-    the first checkpoint whole, no temporary file; --resume goes on."""
+    the first checkpoint whole, no temporary file; --resume goes on. Ctrl-C: no temporary file."""
     out = tmp_path / "run"
     real, calls = torch.save, [0]
 
@@ -5618,6 +5763,14 @@ def test_runs_a_failed_write_is_one_sentence_and_leaves_no_partial_file(tmp_path
     assert first[SCRIPTS[script][1]] == (2 if script == "train_lra.py" else 1)
     _train_both(tmp_path, script, out, "--resume")
     assert _result_of(out)
+
+    def ctrl_c(obj, path, *args, **kwargs):  # Ctrl-C half-way through the first checkpoint
+        pathlib.Path(path).write_bytes(b"half a file")
+        raise KeyboardInterrupt
+
+    with mock.patch.object(torch, "save", ctrl_c), pytest.raises(SystemExit) as stop:
+        _train_both(tmp_path, script, tmp_path / "ctrl-c")
+    assert stop.value.code == 130 and not list((tmp_path / "ctrl-c").glob("*.tmp"))
     resource = pytest.importorskip("resource")  # POSIX only, as SIGXFSZ
     log, limits = (out / "metrics.jsonl").read_bytes(), resource.getrlimit(resource.RLIMIT_FSIZE)
     handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not a signal ending pytest
@@ -5664,11 +5817,13 @@ def test_runs_start_on_a_cpu_without_torchrun(tmp_path):
     cfg = types.SimpleNamespace(out=str(tmp_path / "run"), device="cpu", amp=True)
     cfg.resume, cfg.overwrite = False, False
     try:
-        rank, world, device, autocast, ckpt = runs.start(cfg, "train_lra.py", "step", 4)
+        with contextlib.redirect_stdout(io.StringIO()) as said:
+            rank, world, device, autocast, ckpt = runs.start(cfg, "train_lra.py", "step", 4)
     finally:
         runs._lock.close()  # the lock start took
     assert (rank, world, device, ckpt) == (0, 1, torch.device("cpu"), None)
     assert not autocast._enabled, "autocast is off on the CPU"
+    assert json.loads(said.getvalue()) == vars(cfg), "the settings, printed first"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -5993,7 +6148,9 @@ def test_diagnose_report_csv_files_and_plots_from_a_mixed_model(tmp_path):
         assert curve == pytest.approx(results["layers"][i - 1]["spectrum"].tolist(), rel=1e-5)
 
     def subplots(rows, cols, **kwargs):  # a stub plt.subplots that keeps what it makes
-        made.append((mock.MagicMock(), [[mock.MagicMock() for _ in range(cols)]]))
+        figure = mock.MagicMock()  # whose savefig writes its file's name
+        figure.savefig.side_effect = lambda path, **kw: pathlib.Path(path).write_text(path.name)
+        made.append((figure, [[mock.MagicMock() for _ in range(cols)]]))
         return made[-1]
 
     made, plt = [], mock.MagicMock(**{"subplots.side_effect": subplots})
@@ -6002,7 +6159,8 @@ def test_diagnose_report_csv_files_and_plots_from_a_mixed_model(tmp_path):
             paths = diagnose.save_figures(data, tmp_path)
     png = [f"{n}.png" for n in names if n != "gfsa_eigenvalues"]
     assert [p.name for p in paths if p.suffix == ".png"] == png
-    assert [pathlib.Path(fig.savefig.call_args[0][0]).name for fig, _ in made] == png
+    saved = [(tmp_path / name).read_text() for name in png]  # renamed once written whole
+    assert saved == [f"{name}.tmp" for name in png] and not list(tmp_path.glob("*.tmp"))
     assert [len(axes[0]) for _, axes in made] == [1, 1, 2, 1]  # GFSA: grid and eigenvalues
     (x, y, style), _ = made[0][1][0][0].plot.call_args  # the cosine curve, embedding first
     assert x == [0, 1, 2, 3, 4] and y == pytest.approx(cosine) and style == "o-"
@@ -6254,7 +6412,11 @@ def test_diagnose_end_to_end_on_an_lra_run_best_and_last_weights(tmp_path):
 
 
 def test_diagnose_flag_defaults_are_those_its_help_says(monkeypatch):
-    """--split test, 4 batches of 16, --dense 8, --points 199, --device cpu, best.pt first."""
+    """Each default --help prints is what the run takes (--split, --batches x --batch-size
+    sequences in batches of --batch-size, --dense, --points, --device); the flags without one
+    (--data-dir, --weights, --out) say in words what happens, and are None."""
+    said = {k: v[0] for k, v in _help_of(diagnose.main, ["run"]).items() if v}
+    assert set(said) == {"split", "batches", "batch-size", "dense", "points", "device"}
     seen = {}
 
     def load_run(path, *how):
@@ -6269,7 +6431,11 @@ def test_diagnose_flag_defaults_are_those_its_help_says(monkeypatch):
     monkeypatch.setattr(diagnose, "diagnose", measure)
     with pytest.raises(KeyboardInterrupt):
         diagnose.main(["runs/x"])
-    assert seen == dict(load_run=(None, "test", 64, 16, "cpu", None), diagnose=(8, 199))
+    batches, size, dense, points = (
+        int(said[k]) for k in ("batches", "batch-size", "dense", "points")
+    )
+    how = (None, said["split"], batches * size, size, said["device"], None)
+    assert seen == dict(load_run=how, diagnose=(dense, points))
 
 
 def test_diagnose_summary_counts_at_their_boundaries_and_the_table_aligns():
@@ -6418,6 +6584,20 @@ def test_bench_compiles_by_default_on_cuda_only(monkeypatch, argv, modes, gpu_mo
         said.update(kinds=[*bench.KINDS, "primal+trans"])
         args = vars(bench.parse_args([]))
         assert {k: args[k] for k in said} == said
+
+
+@pytest.mark.parametrize("argv", ["", "--device cuda", "--compile --what step", "--ns 8 --csv b"])
+def test_bench_help_shows_the_values_the_run_takes(argv):
+    """--help (with the flags given beside it) prints each flag's value as the run takes it:
+    the sizes, modes and CSV that follow from --device; a list as its flag writes it."""
+    with mock.patch.object(torch.cuda, "is_available", return_value=True):
+        shown = _help_of(bench.parse_args, argv.split())
+        args = vars(bench.parse_args(argv.split()))
+    said = {k.replace("-", "_"): v[0] for k, v in shown.items() if v}
+    assert set(said) == set(args) - {"modes"}, "every flag says its value"
+    for name in said:
+        value = args[name]
+        assert said[name] == (" ".join(map(str, value)) if isinstance(value, list) else str(value))
 
 
 def _bench_run(monkeypatch, tmp_path, layers: dict, argv: list) -> list:
