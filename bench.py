@@ -26,6 +26,8 @@ Depends on: torch, numpy, model.py and the mechanism files, runs.py (--help, Ctr
 
 import argparse
 import csv
+import functools
+import io
 import itertools
 import math
 import pathlib
@@ -37,6 +39,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import files
 import runs
 from model import Classifier, ModelConfig, build_attention
 
@@ -180,17 +183,20 @@ class Rows:
 
     def __init__(self, path: pathlib.Path, columns: tuple = COLUMNS):
         try:  # before any time is spent measuring
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(",".join(columns) + "\n")
-        except OSError as e:
-            sys.exit(f"--csv: cannot write {path} ({e.strerror})")
+            files.write(path, ",".join(columns) + "\n")
+        except files.WriteError as e:
+            sys.exit(f"--csv: {e}")
         self.path, self.columns, self.rows = path, columns, []
 
     def add(self, row: dict) -> None:
         self.rows.append(row)
         text = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in row.items()}
-        with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, self.columns, restval="").writerow(text)
+        line = io.StringIO()
+        csv.DictWriter(line, self.columns, restval="", lineterminator="").writerow(text)
+        try:
+            files.append(self.path, line.getvalue())
+        except files.WriteError as e:  # the disk filled meanwhile, say: the rows so far stay
+            sys.exit(f"--csv: {e}")
         head = "{what:5s} {kind:13s} {dtype:8s} {mode:8s} N={N:6d}".format(**row)
         print(head, *(f" {k} {v}" for k, v in text.items() if k not in ROW_KEY), flush=True)
 
@@ -274,7 +280,7 @@ def plot(rows: list, path: pathlib.Path) -> None:
             ax.set_ylabel(col)
     axes[0].legend(fontsize=6)
     fig.tight_layout()
-    fig.savefig(path.with_suffix(".png"), dpi=120)
+    files.write(path.with_suffix(".png"), functools.partial(fig.savefig, dpi=120, format="png"))
     print(f"wrote {path.with_suffix('.png')}")
 
 

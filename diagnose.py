@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+import files
 import lra_data
 import runs
 import uea_data
@@ -345,24 +346,13 @@ def figures(results: dict) -> list:
     return out + [[("singular_values", "k", "cumulative share of sigma", "-", spectra)]]
 
 
-def _whole(path: pathlib.Path, write) -> pathlib.Path:
-    """write(a temporary file), then rename it to path: each file is whole or absent, and an
-    interruption (Ctrl-C) leaves no temporary file."""
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
-
-
 def write_csv(path: pathlib.Path, header: list, rows) -> pathlib.Path:
     """One CSV file; floats with 6 significant digits."""
     text = io.StringIO()
     rows = ([f"{v:.6g}" if isinstance(v, float) else v for v in row] for row in rows)
     csv.writer(text).writerows([header, *rows])
-    return _whole(path, lambda tmp: tmp.write_text(text.getvalue(), "utf-8", newline=""))
+    files.write(path, text.getvalue())
+    return path
 
 
 def save_figures(data: list, out: pathlib.Path, title: str = "") -> list:
@@ -393,7 +383,8 @@ def save_figures(data: list, out: pathlib.Path, title: str = "") -> list:
         fig.suptitle(title, fontsize=9)
         fig.tight_layout()
         png = out / f"{panels[0][0]}.png"
-        paths.append(_whole(png, functools.partial(fig.savefig, dpi=120, format="png")))
+        files.write(png, functools.partial(fig.savefig, dpi=120, format="png"))
+        paths.append(png)
         plt.close(fig)
     return paths
 
@@ -466,13 +457,10 @@ def main(argv: list | None = None, written: list | None = None) -> list:
         if run.weights.startswith("checkpoint.pt") and (run.folder / "best.pt").is_file():
             out = out / "last"  # beside the analysis of best.pt, the LRA default, not over it
         try:  # a run folder one may read but not write to (another's, read-only)
-            out.mkdir(parents=True, exist_ok=True)
-            text = "\n".join(lines) + "\n"
-            write = functools.partial(pathlib.Path.write_text, data=text, encoding="utf-8")
-            _whole(out / "summary.txt", write)
+            files.write(out / "summary.txt", "\n".join(lines) + "\n")
             paths = [f.name for f in save_figures(data, out, run.label)]
-        except OSError as e:
-            _fail(f"cannot write to {out} ({e.strerror}): choose a folder to write to with --out")
+        except files.WriteError as e:
+            _fail(f"{e}: choose a folder to write to with --out")
         _say(f"wrote summary.txt and {len(paths)} files to {out}: {' '.join(paths)}")
         written.append(out)  # its files whole
         cos = results["cosine"].tolist()
@@ -489,11 +477,14 @@ def main(argv: list | None = None, written: list | None = None) -> list:
         _say("", "cosine similarity per layer (embedding first), accuracy", *lines)
         beside = os.path.commonpath([r["row"]["run"] for r in everything])  # holds the runs
         path = pathlib.Path(args.out or beside, f"comparison{tag}.csv")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _say(f"wrote {write_csv(path, header, [[r.get(k, '') for k in header] for r in rows])}")
         cos = {r["name"]: (range(len(r["cosine"])), r["cosine"]) for r in everything}
         panel = (f"cosine_per_layer{tag}", "layer (0 = embedding)", "cosine similarity", "o-", cos)
-        save_figures([[panel]], path.parent, "mean pairwise cosine similarity of the real tokens")
+        title = "mean pairwise cosine similarity of the real tokens"
+        try:
+            _say(f"wrote {write_csv(path, header, [[r.get(k, '') for k in header] for r in rows])}")
+            save_figures([[panel]], path.parent, title)
+        except files.WriteError as e:
+            _fail(f"{e}: choose a folder to write to with --out")
     return everything
 
 

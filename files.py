@@ -93,7 +93,7 @@ def fault(e: OSError, path) -> str:
     """The one sentence for e, met writing path: the path (the file in the way, for a file
     where a folder goes) and the fault."""
     path = pathlib.Path(path)
-    what = FAULTS.get(e.errno, e.strerror or type(e).__name__)
+    what = FAULTS.get(e.errno, e.strerror or str(e) or type(e).__name__)
     if e.errno in (errno.ENOTDIR, errno.EEXIST):
         with contextlib.suppress(OSError):  # the first folder of the path that is a file
             path = next(p for p in reversed(path.parents) if p.exists() and not p.is_dir())

@@ -13,6 +13,7 @@ import collections
 import contextlib
 import dataclasses
 import hashlib
+import io
 import json
 import math
 import os
@@ -25,6 +26,8 @@ import sys
 import torch
 import torch.distributed as dist
 
+import files
+
 try:
     import fcntl
 except ImportError:  # Windows
@@ -34,9 +37,16 @@ RANK, WORLD = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1
 SEEDS = 2**32  # numpy's and torch's seeds lie in [0, 2**32)
 # What a run or diagnose.py writes into a run folder; --overwrite removes these and nothing else
 WRITTEN = {"config.json", "metrics.jsonl", "checkpoint.pt", "best.pt", "result.json", "diagnose"}
-WRITTEN |= {name + ".tmp" for name in WRITTEN}
 MAY_CHANGE = {"resume", "overwrite", "device", "out", "compile"}  # on --resume; and the script's
 _lock = None  # this process's lock file: open, it holds the lock of its run folder
+
+
+def _written(name: str) -> bool:
+    """Whether a run (or diagnose.py) writes a file of this name: one of WRITTEN, or its
+    temporary file (files.py's <name>.<pid>.tmp; <name>.tmp, as older versions named it)."""
+    if files.TEMPORARY.fullmatch(name):
+        name = name.rsplit(".", 2)[0]
+    return name.removesuffix(".tmp") in WRITTEN
 
 
 def flag(default, help: str, low=None, high=None):  # help: argparse's word
@@ -197,8 +207,8 @@ def _open(cfg, out: pathlib.Path, script, unit, total, may_change):
         print(f"no fcntl on this system: {out} is not locked; start one run per folder")
     # From here on this process alone writes to out, and checks what is in it now
     found = {p.name for p in out.iterdir()} - {"lock"}
-    if found - WRITTEN and not cfg.resume:  # nothing a run did not write is ever deleted
-        unknown = ", ".join(sorted(found - WRITTEN))
+    unknown = ", ".join(sorted(name for name in found if not _written(name)))
+    if unknown and not cfg.resume:  # nothing a run did not write is ever deleted
         raise SystemExit(f"{out} holds files that no run wrote ({unknown}): choose another --out")
     # A run is there once it has a checkpoint or a result; what a start stopped before its first
     # checkpoint left (config.json, say) is no run: a fresh start replaces it, as --overwrite
@@ -237,6 +247,10 @@ def _open(cfg, out: pathlib.Path, script, unit, total, may_change):
         more = f"--{unit}s above {done} continues it, " if f"{unit}s" in may_change else ""
         more += "--overwrite starts it again"
         raise SystemExit(f"{out} finished its {done} {unit}s: nothing to resume ({more})")
+    torn = files.read_log(out / "metrics.jsonl")[1]  # a process killed while writing a line
+    if torn is not None:  # (files.append never leaves one; a copy cut short, an editor might)
+        what = f"its last line, cut off, is dropped ({len(torn)} characters without an end)"
+        print(f"{out / 'metrics.jsonl'}: {what}", flush=True)
     return ckpt
 
 
@@ -326,27 +340,26 @@ def log(out: pathlib.Path, parts: dict, state: dict, about: dict, record: dict) 
 
 
 def save(path: pathlib.Path, obj) -> None:
-    """Write obj to path (.json: JSON; .jsonl: a line appended; else torch.save) through a
-    temporary file and a rename: a crash leaves the old file whole, a failed write one sentence,
-    Ctrl-C in the middle no temporary file."""
-    tmp = path.with_name(path.name + ".tmp")
+    """Write obj to path (.json: JSON; .jsonl: a line appended; else torch.save) through
+    files.write: a crash leaves the old file whole, Ctrl-C no temporary file, and a failed write
+    stops the run in one sentence that says how to go on."""
+    if path.suffix == ".json":
+        content = json.dumps(obj, indent=2, allow_nan=False)
+    elif path.suffix != ".jsonl":
+        buffer = io.BytesIO()  # in memory first: torch.save says RuntimeError on a full disk
+        torch.save(obj, buffer)
+        content = buffer.getvalue()
     try:
-        if path.suffix == ".json":
-            tmp.write_text(json.dumps(obj, indent=2, allow_nan=False))
-        elif path.suffix == ".jsonl":
-            tmp.write_text((path.read_text() if path.exists() else "") + json.dumps(obj) + "\n")
+        if path.suffix == ".jsonl":
+            files.append(path, json.dumps(obj))
         else:
-            torch.save(obj, tmp)
-        os.replace(tmp, path)
-    except BaseException as e:  # torch.save says RuntimeError when the disk is full
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
-        if not isinstance(e, (OSError, RuntimeError)):
-            raise
-        why = e.strerror if isinstance(e, OSError) and e.strerror else "is the disk full?"
-        raise SystemExit(
-            f"cannot write {path} ({why}): the run stops; --resume goes on from its last checkpoint"
-        ) from None
+            files.write(path, content)
+    except OSError as e:  # a WriteError, or a log that cannot be read
+        how = "--resume goes on from its last checkpoint"
+        if not (path.parent / "checkpoint.pt").exists():
+            how = "there is no checkpoint yet: once it is mended, the same command starts again"
+        said = str(e) if isinstance(e, files.WriteError) else files.fault(e, path)
+        raise SystemExit(f"{said}: the run stops; {how}") from None
 
 
 def finish(out: pathlib.Path, result: dict, device=None) -> dict:

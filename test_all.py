@@ -5741,34 +5741,50 @@ def test_runs_a_run_stopped_before_its_test_finishes_it_on_resume(tmp_path):
         assert resumed[key] == straight[key], key
 
 
+@contextlib.contextmanager
+def _write_fault(target: str, nth: int, fault: BaseException):
+    """files.write fails at its nth file named target: half the bytes go into the temporary
+    file, then fault is raised (a full disk, a lost permission, Ctrl-C), as the system would."""
+    real, seen = open, [0]
+
+    class Half(io.FileIO):
+        def write(self, data):
+            super().write(bytes(data)[: len(data) // 2])
+            raise fault
+
+    def faulty_open(path, mode="r", *args, **kwargs):
+        if pathlib.Path(path).name.startswith(f"{target}.") and mode == "xb":
+            seen[0] += 1
+            if seen[0] == nth:
+                return Half(path, mode)
+        return real(path, mode, *args, **kwargs)
+
+    with mock.patch.object(files, "open", faulty_open, create=True):
+        yield
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_runs_a_failed_write_is_one_sentence_and_leaves_no_partial_file(tmp_path, script):
     """A full disk half-way through the second checkpoint, or a lost permission: one sentence,
-    the first checkpoint whole, no temporary file; --resume goes on. Ctrl-C: no temporary file."""
-    out = tmp_path / "run"
-    real, calls = torch.save, [0]
-
-    def disk_full(obj, path, *args, **kwargs):
-        calls[0] += str(path).endswith("checkpoint.pt.tmp")
-        if calls[0] == 2 and str(path).endswith("checkpoint.pt.tmp"):
-            pathlib.Path(path).write_bytes(b"half a file")
-            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos")
-        return real(obj, path, *args, **kwargs)
-
-    with mock.patch.object(torch, "save", disk_full):
+    the first checkpoint whole, no temporary file; --resume goes on. At the first checkpoint the
+    sentence does not advise --resume. Ctrl-C: no temporary file."""
+    out, full = tmp_path / "run", OSError(errno.ENOSPC, "No space left on device")
+    with _write_fault("checkpoint.pt", 2, full):
         message = _stops(tmp_path, script, out)
-    assert message.startswith(f"cannot write {out / 'checkpoint.pt'} (is the disk full?)")
+    resume = "the run stops; --resume goes on from its last checkpoint"
+    assert message == f"cannot write {out / 'checkpoint.pt'}: the disk is full: {resume}"
     assert not [p for p in os.listdir(out) if p.endswith(".tmp")]
     first = torch.load(out / "checkpoint.pt", weights_only=True)["state"]
     assert first[SCRIPTS[script][1]] == (2 if script == "train_lra.py" else 1)
     _train_both(tmp_path, script, out, "--resume")
     assert _result_of(out)
-
-    def ctrl_c(obj, path, *args, **kwargs):  # Ctrl-C half-way through the first checkpoint
-        pathlib.Path(path).write_bytes(b"half a file")
-        raise KeyboardInterrupt
-
-    with mock.patch.object(torch, "save", ctrl_c), pytest.raises(SystemExit) as stop:
+    with _write_fault("checkpoint.pt", 1, full):  # at the first: there is nothing to resume
+        message = _stops(tmp_path, script, tmp_path / "first")
+    again = "there is no checkpoint yet: once it is mended, the same command starts again"
+    assert message == f"cannot write {tmp_path / 'first' / 'checkpoint.pt'}: the disk is full: " + (
+        f"the run stops; {again}"
+    )
+    with _write_fault("checkpoint.pt", 1, KeyboardInterrupt()), pytest.raises(SystemExit) as stop:
         _train_both(tmp_path, script, tmp_path / "ctrl-c")
     assert stop.value.code == 130 and not list((tmp_path / "ctrl-c").glob("*.tmp"))
     resource = pytest.importorskip("resource")  # POSIX only, as SIGXFSZ
@@ -5776,27 +5792,35 @@ def test_runs_a_failed_write_is_one_sentence_and_leaves_no_partial_file(tmp_path
     handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not a signal ending pytest
     try:  # a disk full 20 bytes on, half way through the next log line: whole lines stay
         resource.setrlimit(resource.RLIMIT_FSIZE, (len(log) + 20, limits[1]))
-        with pytest.raises(SystemExit, match="cannot write .*metrics.jsonl .File too large"):
+        with pytest.raises(SystemExit, match="^cannot write .*metrics.jsonl: File too large: "):
             runs.save(out / "metrics.jsonl", dict(step=99, note="a line longer than 20 bytes"))
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, limits)
         signal.signal(signal.SIGXFSZ, handler)
     assert (out / "metrics.jsonl").read_bytes() == log
-    real_write = pathlib.Path.write_text
-
-    def no_permission(path, *args, **kwargs):
-        if path.name == "config.json.tmp":
-            raise PermissionError(13, "Permission denied", str(path))
-        return real_write(path, *args, **kwargs)
-
-    with mock.patch.object(pathlib.Path, "write_text", no_permission):
+    with _write_fault("config.json", 1, PermissionError(errno.EACCES, "Permission denied")):
         message = _stops(tmp_path, script, tmp_path / "other")
-    assert message.startswith(f"cannot write {tmp_path / 'other' / 'config.json'} (Permission")
+    assert message.startswith(f"cannot write {tmp_path / 'other' / 'config.json'}: permission de")
     with pytest.raises(ValueError):  # JSON has no NaN: finish() says so before it saves
         runs.save(tmp_path / "nan.json", dict(a=math.nan))
     with mock.patch.object(os, "replace", side_effect=OSError("an error without strerror")):
-        with pytest.raises(SystemExit, match=r"x.json \(is the disk full\?\)"):
+        with pytest.raises(SystemExit, match=r"x.json: an error without strerror: the run stops"):
             runs.save(tmp_path / "x.json", {})
+
+
+def test_runs_resume_drops_a_torn_last_line_of_the_log_and_says_so(tmp_path):
+    """A log whose last line was cut by a kill: --resume says so, and the next line written
+    starts a line of its own (no record glued onto half of one)."""
+    out = tmp_path / "run"
+    _train_both(tmp_path, "train_uea.py", out, "--epochs", "1")
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    with open(out / "metrics.jsonl", "a") as f:
+        f.write('{"epoch": 2, "train_lo')
+    printed = _train_both(tmp_path, "train_uea.py", out, "--resume", "--epochs", "2")[1]
+    said = f"{out / 'metrics.jsonl'}: its last line, cut off, is dropped (22 characters without an"
+    assert said in printed, printed
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert len(records) == len(lines) + 1 and records[-1]["epoch"] == 2
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=_id)
@@ -6148,8 +6172,8 @@ def test_diagnose_report_csv_files_and_plots_from_a_mixed_model(tmp_path):
         assert curve == pytest.approx(results["layers"][i - 1]["spectrum"].tolist(), rel=1e-5)
 
     def subplots(rows, cols, **kwargs):  # a stub plt.subplots that keeps what it makes
-        figure = mock.MagicMock()  # whose savefig writes its file's name
-        figure.savefig.side_effect = lambda path, **kw: pathlib.Path(path).write_text(path.name)
+        figure = mock.MagicMock()  # whose savefig writes the name of the file it was given
+        figure.savefig.side_effect = lambda f, **kw: f.write(pathlib.Path(f.name).name.encode())
         made.append((figure, [[mock.MagicMock() for _ in range(cols)]]))
         return made[-1]
 
@@ -6160,7 +6184,8 @@ def test_diagnose_report_csv_files_and_plots_from_a_mixed_model(tmp_path):
     png = [f"{n}.png" for n in names if n != "gfsa_eigenvalues"]
     assert [p.name for p in paths if p.suffix == ".png"] == png
     saved = [(tmp_path / name).read_text() for name in png]  # renamed once written whole
-    assert saved == [f"{name}.tmp" for name in png] and not list(tmp_path.glob("*.tmp"))
+    assert saved == [f"{name}.{os.getpid()}.tmp" for name in png]  # renamed once written whole
+    assert not list(tmp_path.glob("*.tmp"))
     assert [len(axes[0]) for _, axes in made] == [1, 1, 2, 1]  # GFSA: grid and eigenvalues
     (x, y, style), _ = made[0][1][0][0].plot.call_args  # the cosine curve, embedding first
     assert x == [0, 1, 2, 3, 4] and y == pytest.approx(cosine) and style == "o-"
@@ -6341,7 +6366,10 @@ def test_diagnose_bad_input_gets_one_clear_line(uea_runs, tmp_path):
     denied = PermissionError(13, "Permission denied")  # a run folder one may only read
     with mock.patch.object(pathlib.Path, "mkdir", side_effect=denied):
         message = _diag_error([uea_runs[0]])
-    assert "(Permission denied): choose a folder to write to with --out" in message
+    summary = uea_runs[0] / "diagnose" / "summary.txt"
+    assert message == f"error: cannot write {summary}: permission denied: choose a folder to " + (
+        "write to with --out"
+    )
     ckpt = torch.load(uea_runs[0] / "checkpoint.pt", weights_only=True)
     ckpt["model_config"]["n_layers"] = 3
     (tmp_path / "other").mkdir()
@@ -6504,8 +6532,10 @@ def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path,
         lines = bench.main(argv)
         first = pathlib.Path("runs/bench/bench_cpu.csv").read_bytes()
         again = gpu_bench.main(["--kinds", "agf", "--ns", "32", "--repeats", "1", "--warmup", "0"])
-    png = [c.args[0].as_posix() for c in fig.savefig.call_args_list]
-    assert png == [f"runs/bench/bench_cpu{s}.png" for s in ("", "_2")] and os.listdir() == ["runs"]
+    png = [pathlib.Path(c.args[0].name).as_posix() for c in fig.savefig.call_args_list]
+    tmp = f".{os.getpid()}.tmp"  # savefig writes into the temporary file, renamed then
+    assert png == [f"runs/bench/bench_cpu{s}.png{tmp}" for s in ("", "_2")]
+    assert os.listdir() == ["runs"]
     assert first == pathlib.Path("runs/bench/bench_cpu.csv").read_bytes()  # kept
     assert again == ["no log-log slopes: every N measured is below --fit-min 1024"]
     assert f"\n{again[0]}\n" in out.getvalue() and bench.slopes([dict(what="step")], 1) == []
