@@ -3,9 +3,9 @@ test_all.py: the whole test suite.  `python -m pytest -q test_all.py`
 
 One section per file, in the project's order. A test's name starts with the file it tests:
 test_polynomials_, test_agf_, test_primal_ (ksvd_attention.py), test_gfsa_, test_model_,
-test_lra_data_ (and download.py), test_train_lra_, test_uea_data_, test_train_uea_, test_runs_,
-test_diagnose_, test_bench_, test_readme_, test_cuda_; a test shared by files names each in its
-ids (`_id`), so `-k test_gfsa_` runs every test of one file, shared ones too.
+test_lra_data_ (and download.py), test_listops_, test_train_lra_, test_uea_data_, test_train_uea_,
+test_runs_, test_diagnose_, test_bench_, test_readme_, test_cuda_; a test shared by files names
+each in its ids (`_id`), so `-k test_gfsa_` runs every test of one file, shared ones too.
 
 CPU, float64 where a tolerance matters, fixed seeds. Kinds of test: two computational forms agree
 (a fast path and its dense reference, a polynomial and its closed form, labels and an independent
@@ -69,6 +69,7 @@ import agf  # noqa: E402
 import bench  # noqa: E402
 import diagnose  # noqa: E402
 import download  # noqa: E402
+import listops  # noqa: E402
 import lra_data  # noqa: E402
 import polynomials  # noqa: E402
 import runs  # noqa: E402
@@ -1453,48 +1454,76 @@ def _lra_check_batch(split: lra_data.Split, lengths, lengths2=None) -> None:
     assert np.array_equal(batch["y"], split.y[idx])
 
 
-def test_lra_data_listops_generator_labels_bounds_seeds_and_pinned_draws():
+def test_listops_generator_labels_bounds_seeds_and_pinned_draws():
     """Labels == an independent stack-machine evaluation; lengths strictly inside the bounds, no
     duplicates, seeded; pinned digests catch a change of the draw or of the dedup order."""
     bounds = dict(min_length=500, max_length=2000, progress=False)
-    a = lra_data.generate_listops(40, seed=0, **bounds)
-    assert all(500 < len(lra_data.tokenize_listops(text)) < 2000 for text, _ in a)
-    assert len({t for t, _ in a}) == len(a) and a != lra_data.generate_listops(40, 1, **bounds)
+    a = listops.generate(40, seed=0, **bounds)
+    assert all(500 < len(listops.tokenize(text)) < 2000 for text, _ in a)
+    assert len({t for t, _ in a}) == len(a) and a != listops.generate(40, 1, **bounds)
     # depth 2: one operator over 2..10 leaves, lengths 4..12, so both bounds are hit often
-    b = lra_data.generate_listops(60, 0, min_length=4, max_length=8, max_depth=2, progress=False)
-    assert {len(lra_data.tokenize_listops(t)) for t, _ in b} == {5, 6, 7}
-    with pytest.raises(lra_data.DataError, match="no new tree"):  # depth 2: at most 12 tokens
-        lra_data.generate_listops(5, 0, min_length=20, max_length=40, max_depth=2, progress=False)
+    b = listops.generate(60, 0, min_length=4, max_length=8, max_depth=2, progress=False)
+    assert {len(listops.tokenize(t)) for t, _ in b} == {5, 6, 7}
+    with pytest.raises(ValueError, match="no new tree"):  # depth 2: at most 12 tokens
+        listops.generate(5, 0, min_length=20, max_length=40, max_depth=2, progress=False)
     digests = ["6b936ced0c6deb3274eebb4bdb9fca95995cc1085193a2874c2b7f85e1b1ef85"]  # seed 0
     digests += ["1cd6b73ad95d85761a7fef4ecc4e2edd550714c11a7d8ab2ad16e46d60c97afc"]  # seed 1
     for seed, digest in enumerate(digests):
-        pairs = lra_data.generate_listops(200, seed, 10, 300, max_depth=6, progress=False)
+        pairs = listops.generate(200, seed, 10, 300, max_depth=6, progress=False)
         text = "\n".join(f"{e}\t{y}" for e, y in pairs)
         assert hashlib.sha256(text.encode()).hexdigest() == digest, seed
         assert all(y == _lra_stack_evaluate(e) for e, y in pairs)
-        ops = set(lra_data.OPERATORS)  # every operator was exercised
+        ops = set(listops.OPERATORS)  # every operator was exercised
         assert {op for e, _ in pairs for op in ops if op in e} == ops
     # shards = 3: the seeded generators "5/0", "5/1", "5/2" one after the other, joined unique
-    pairs = lra_data.generate_listops(60, 5, 5, 60, 4, 4, progress=False, shards=3)
-    shards = [lra_data.generate_listops(21, f"5/{s}", 5, 60, 4, 4, progress=False) for s in "012"]
+    pairs = listops.generate(60, 5, 5, 60, 4, 4, progress=False, shards=3)
+    shards = [listops.generate(21, f"5/{s}", 5, 60, 4, 4, progress=False) for s in "012"]
     joined = dict(itertools.chain(*shards))
     assert pairs == list(joined.items())[:60] and len({text for text, _ in pairs}) == 60
     few = r"ListOps: 3 shards gave \d+ distinct trees, not 1000"  # 400 of 4 tokens: 4 x 10 x 10
-    with pytest.raises(lra_data.DataError, match=few):
-        lra_data.generate_listops(1000, 5, 3, 5, 2, 10, progress=False, shards=3)
+    with pytest.raises(ValueError, match=few):
+        listops.generate(1000, 5, 3, 5, 2, 10, progress=False, shards=3)
+    assert listops.OFFICIAL == dict(  # lra_benchmarks/data/listops.py's flag defaults
+        train=96000, val=2000, test=2000, min_length=500, max_length=2000, max_depth=10, max_args=10
+    )
 
 
-def test_lra_data_listops_tokeniser_and_trees():
+def test_listops_trees_and_the_readers_tokens():
     """']' -> X, parentheses dropped, the fixed 15-token order, 0 pad, 16 OOV; MED as official."""
-    assert lra_data.LISTOPS_TOKENS == (*"0123456789", "[MIN", "[MAX", "[MED", "[SM", "X")
-    assert lra_data.to_string(((("[MAX", 2), 9), "]")) == "( ( ( [MAX 2 ) 9 ) ] )"
-    assert lra_data.tokenize_listops("( ( ( [MAX 2 ) 9 ) ] )") == [12, 3, 10, 15]
+    assert listops.TOKENS == (*"0123456789", "[MIN", "[MAX", "[MED", "[SM", "X")
+    assert listops.to_string(((("[MAX", 2), 9), "]")) == "( ( ( [MAX 2 ) 9 ) ] )"
+    assert listops.tokenize("( ( ( [MAX 2 ) 9 ) ] )") == [12, 3, 10, 15]
     # MED of an even count truncates the mean of the two middle values (official np.median)
     tree = ((((("[MED", 1), 4), 2), 9), "]")  # [MED 1 4 2 9 ] -> median 3.0 -> 3
-    assert lra_data.to_value(tree) == 3 == _lra_stack_evaluate(lra_data.to_string(tree))
-    assert lra_data.to_value(((("[MED", 1), 2), "]")) == 1  # (1 + 2) / 2 = 1.5 -> 1
-    assert lra_data.tokenize_listops("[FIRST 7 ]") == [16, 8, 15]  # unknown token -> OOV
+    assert listops.to_value(tree) == 3 == _lra_stack_evaluate(listops.to_string(tree))
+    assert listops.to_value(((("[MED", 1), 2), "]")) == 1  # (1 + 2) / 2 = 1.5 -> 1
+    assert listops.tokenize("[FIRST 7 ]") == [16, 8, 15]  # unknown token -> OOV
     assert lra_data.VOCAB["listops"] == 17 and lra_data.N_CLASSES["listops"] == 10
+
+
+def test_listops_runs_alone_writes_a_small_set_and_shows_three_examples(tmp_path):
+    """`python listops.py --size 100 --out D`, copied alone (and tqdm): the release's files, the
+    sizes said, three train examples shown as the model reads them, each with its true value;
+    Ctrl-C while it writes: one line, exit 130, no file left."""
+    shutil.copy(HERE / "listops.py", tmp_path)
+    run = _cli("listops.py", "--size", "100", "--out", "D", cwd=tmp_path)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    first, *shown = run.stdout.splitlines()
+    assert first == "wrote D/basic_{train,val,test}.tsv: 100, 2, 2 examples" and len(shown) == 3
+    with open(tmp_path / "D" / "basic_train.tsv", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    assert rows[0] == ["Source", "Target"] and len(rows) == 101
+    for line, (expression, label) in zip(shown, rows[1:4], strict=True):
+        words = expression.replace("(", "").replace(")", "").split()
+        start, tokens, value = re.fullmatch(
+            r"(.+?)(?: \.\.\.)?   \((\d+) tokens\)   -> (\d)", line
+        ).groups()
+        assert words[: len(start.split())] == start.split() and int(tokens) == len(words)
+        assert int(value) == int(label) == _lra_stack_evaluate(expression), line  # evaluated anew
+    settings = json.loads((tmp_path / "D" / "generator.json").read_text())
+    assert settings == dict(
+        seed=0, train=100, val=2, test=2, **dict(list(listops.OFFICIAL.items())[3:])
+    )
 
 
 def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
@@ -1507,17 +1536,17 @@ def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
     assert json.loads((folder / "generator.json").read_text()) == dict(
         seed=5, train=48, val=12, test=12, min_length=5, max_length=60, max_depth=5, max_args=10
     )
-    assert set(lra_data.GENERATOR_KEYS[1:]) <= set(lra_data.LISTOPS_PAPER)  # one set of names
+    assert set(listops.KEYS[1:]) <= set(lra_data.LISTOPS_PAPER)  # one set of names
     names = ["basic_test.tsv", "basic_train.tsv", "basic_val.tsv", "generator.json"]
     assert sorted(p.name for p in folder.iterdir()) == names
     # the three splits are consecutive slices of one generated stream
-    pairs = lra_data.generate_listops(72, 5, 5, 60, 5, 10, progress=False)
+    pairs = listops.generate(72, 5, 5, 60, 5, 10, progress=False)
     assert rows[1:] == [[e, str(y)] for e, y in pairs[:48]]
     assert data["test"].y.tolist() == [y for _, y in pairs[60:]]
     split = data["train"]
     assert split.x.shape == (48, 30) and split.x.dtype == np.int16 and notes[1:] == []
-    ids = [lra_data.tokenize_listops(e)[:30] for e, _ in pairs]
-    cut = sum(len(lra_data.tokenize_listops(e)) > 30 for e, _ in pairs)  # said in the first note
+    ids = [listops.tokenize(e)[:30] for e, _ in pairs]
+    cut = sum(len(listops.tokenize(e)) > 30 for e, _ in pairs)  # said in the first note
     said = f"{lra_data.DONE['listops']}; {cut} of 72 inputs cut at max_len 30: their ends dropped"
     assert notes[0].endswith(f"(seed 5), written to {folder}; {said}")
     assert all(row[: len(i)].tolist() == i for row, i in zip(split.x, ids, strict=False))
@@ -1532,17 +1561,17 @@ def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
     release, _ = lra_data.load_task("listops", tmp_path, 30, seed=6, listops=_LRA_TINY_LISTOPS)
     assert np.array_equal(release["train"].x, data["train"].x)
     (folder / "basic_val.tsv").unlink()
-    with pytest.raises(lra_data.DataError, match=r"listops-tiny: incomplete"):
+    with pytest.raises(lra_data.DataError, match=r"listops-tiny holds 2 of the 3 files basic_"):
         lra_data.load_task("listops", tmp_path, 30, seed=5, listops=_LRA_TINY_LISTOPS)
     # eight runs generating into one folder at once (quick runs side by side): each ends well,
     # and the files are whole, as one writer's; no *.tmp is left
     settings, w = dict(_LRA_TINY_LISTOPS, seed=5), tmp_path / "w"
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda _: lra_data.write_listops(w, settings, False), range(8)))
+        list(pool.map(lambda _: listops.write(w, settings, False), range(8)))
     written = {p.name: p.read_bytes() for p in w.iterdir()}
     assert sorted(written) == names and written["basic_train.tsv"] == train.read_bytes()
     # splits of other sizes (val 5, test 9): still consecutive slices of one stream
-    lra_data.write_listops(tmp_path / "v", dict(settings, val=5, test=9), False)
+    listops.write(tmp_path / "v", dict(settings, val=5, test=9), False)
     for split, start, stop in (("train", 0, 48), ("val", 48, 53), ("test", 53, 62)):
         with open(tmp_path / "v" / f"basic_{split}.tsv", newline="") as f:
             read = list(csv.reader(f, delimiter="\t"))[1:]
@@ -1562,7 +1591,8 @@ def test_lra_data_imdb_and_aan_readers(tmp_path):
     val = test. AAN tsv: label id1 id2 text1 text2, each text cut to 10000 bytes, then max_len."""
     neg = ["  bad<br />film \n", "\r\nfine\r\nok\r\n", "\x1cmeh\x1c", b"caf\xe9 "]
     _lra_imdb(tmp_path, {"neg": neg, "pos": ["très bien\n", "\u00a0nice\u3000\n"]})
-    splits, notes = lra_data.load_task("text", tmp_path, 12)
+    with mock.patch.object(lra_data, "_incomplete", return_value=None):  # folders of 4 and 2
+        splits, notes = lra_data.load_task("text", tmp_path, 12)
     said = "; bytes + 1; val is test; 2 of 12 inputs cut at max_len 12: their ends dropped"
     assert splits["val"] is splits["test"] and notes[1:] == [] and notes[0].endswith(said)
     train = splits["train"]
@@ -1941,7 +1971,7 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("load_task", dict(task="image", max_len=8), "no data for task image: expected"),
     ("load_task", dict(task="text", max_len=8), _NO_IMDB),
     ("load_task", _LOAD_NO_DEPTH, "the ListOps settings lack ['max_depth']"),
-    ("retrieval", "1\ta\tb\tc\td\n", "{tmp}/tsv_data/new_aan_pairs.eval.tsv: no such file"),
+    ("retrieval", "1\ta\tb\tc\td\n", "{tmp}/tsv_data holds 1 of the 3 files the release has"),
 ]
 
 
@@ -2007,7 +2037,7 @@ def test_lra_data_notes_unknown_listops_token_and_padding_far_beyond_the_inputs(
         rows = ["( ( [MAX 1 ) 2 ) ]\t2"] + (val if split == "val" else [])
         _write(folder / f"basic_{split}.tsv", "\r\n".join(["Source\tTarget", *rows]) + "\r\n")
     splits, notes = lra_data.load_task("listops", tmp_path, 8)
-    assert splits["val"].x[1, 0] == lra_data.LISTOPS_OOV == 16  # the official OOV id
+    assert splits["val"].x[1, 0] == listops.OOV == 16  # the official OOV id
     [said, note] = notes  # the sizes asked for (96000, ...) are not the folder's: said
     assert f"from the release folder {folder} (not generated: the sizes asked for do not " in said
     assert note.startswith(f"{folder / 'basic_val.tsv'}:3: '[MAXX' is not a ListOps token")
@@ -2053,6 +2083,7 @@ def _serve(folder: pathlib.Path):
         server.shutdown()
 
 
+@mock.patch.object(lra_data, "IMDB_REVIEWS", 4)  # the release's count, as the small aclImdb here
 def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_failed(tmp_path, capsys):
     """--download of each task's archive from a local server: what is kept, two steps; each fault
     one sentence (URL, by hand), nothing left; two at once: one fetches; ARCHIVES as published."""
@@ -2068,7 +2099,7 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
     _write(src / "aclImdb" / "train" / "labeledBow.feat", "not kept")
     _lra_cifar(src / "cifar-10-batches-py")
     stem = src / "lra_release" / "lra_release"
-    lra_data.write_listops(stem / "listops-1000", dict(_LRA_TINY_LISTOPS, seed=0), False)
+    listops.write(stem / "listops-1000", dict(_LRA_TINY_LISTOPS, seed=0), False)
     (stem / "listops-1000" / "generator.json").unlink()  # as the release: no generator.json
     _lra_aan(stem, "1\ta\tb\tx\ty\n0\ta\tb\tz\tw\n" * 4)  # label, id1, id2, text1, text2
     _lra_pathfinder(stem / "pathfinder32" / "curv_contour_length_14", 22)
@@ -2098,13 +2129,15 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
             with mock.patch("download.shutil", shutil if type(what) is str else fails):
                 with pytest.raises((lra_data.DataError, KeyboardInterrupt)) as err:
                     lra_data.download_task(task, data, where)
-            said = capsys.readouterr().err.strip().splitlines()[-1:]  # after the progress lines
-            text = str(err.value) if err.type is lra_data.DataError else said[0]
+            text, ctrl_c = str(err.value), err.type is lra_data.Interrupted  # one sentence each
             what = getattr(what, "strerror", None) or str(what)  # a full disk: the folder's fault
             assert what in text and where in text and "\n" not in text.strip(), text
-            assert "by hand: download" in text or err.type is KeyboardInterrupt or "space" in what
-            interrupted = f"the download of {where} was interrupted: nothing was kept"
-            assert err.type is not KeyboardInterrupt or text == interrupted, text
+            assert "by hand: download" in text or ctrl_c or "space" in what
+            folder = data / lra_data.ARCHIVES[task]["folder"]
+            kept = "nothing was unpacked; the files there before are kept"
+            interrupted = f"interrupted while downloading {where} into {folder}: {kept}"
+            assert not ctrl_c or text == interrupted, text
+            assert "interrupted" not in capsys.readouterr().err, "the caller says it, once"
             assert not list(data.rglob("*")), (task, what)  # nor an empty pathfinder32/
         for task, archive, max_len, folder in [
             ("text", "aclImdb_v1.tar.gz", 16, src / "aclImdb"),
@@ -2149,7 +2182,7 @@ def _lra_aan(root: pathlib.Path, rows="1\ta\tb\tabc\tdefgh\n0\tc\td\tx\t\n0\te\t
 _LRA_PAIR = {"input_ids_0": [5, 6, 7, 8, 0], "input_ids_1": [7, 0, 3], "label": 1}  # a pickle item
 _LRA_SOURCES = {  # a folder of each kind -> (task, max_len); listops: generated
     "listops": ("listops", 30, lambda root: None),
-    "text": ("text", 6, lambda root: _lra_imdb(root, {"neg": ["bad film", " "], "pos": ["good"]})),
+    "text": ("text", 6, lambda r: _lra_imdb(r, {"neg": ["bad film", " "], "pos": ["good", "ok"]})),
     "retrieval": ("retrieval", 4, _lra_aan),
     "image": ("image", 1024, lambda root: _lra_cifar(root / "cifar-10-batches-py")),
     "pathfinder": ("pathfinder", 16, lambda root: _lra_pathfinder(root / lra_data.PATH_HARD, 22)),
@@ -2158,7 +2191,7 @@ _LRA_SOURCES = {  # a folder of each kind -> (task, max_len); listops: generated
 
 _LRA_SAID = {  # the first note: where from (under the data folder), what the readers did
     "listops": "the generator (seed 0), written to @/listops-tiny; words to ids 1..15, 16 for any",
-    "text": "the release folder @/aclImdb; bytes + 1; val is test; 2 of 4 inputs cut at max_len 6",
+    "text": "the release folder @/aclImdb; bytes + 1; val is test; 2 of 6 inputs cut at max_len 6",
     "retrieval": "the release folder @/tsv_data; bytes + 1, each text first cut to 10,000 bytes,",
     "image": "@/cifar-10-batches-py; grey as tf.image.rgb_to_grayscale; TFDS order, train cut at",
     "pathfinder": "curv_contour_length_14; the hard difficulty; TFDS order, cut at 80 % and 90 %",
@@ -2167,10 +2200,11 @@ _LRA_SAID = {  # the first note: where from (under the data folder), what the re
 
 
 @pytest.mark.parametrize("source", _LRA_SOURCES)
-def test_lra_data_cache_hit_equals_a_fresh_read(source, tmp_path):
+def test_lra_data_cache_hit_equals_a_fresh_read(source, tmp_path, monkeypatch):
     """A hit reads no source; the same arrays and notes as a fresh read, but the source said."""
     task, max_len, write = _LRA_SOURCES[source]
     write(tmp_path)
+    monkeypatch.setattr(lra_data, "IMDB_REVIEWS", 2)  # the release's count, as aclImdb/ here
     args = dict(task=task, data_dir=tmp_path, max_len=max_len, listops=_LRA_TINY_LISTOPS)
     lra_data.load_task(**args, cache=False)
     assert not (tmp_path / "lra-cache").exists(), "cache=False writes no prepared file"
@@ -2221,38 +2255,46 @@ def test_lra_data_prepared_on_its_own_is_what_train_lra_reads(tmp_path):
 
 
 def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_path, monkeypatch):
-    """Read anew, with a note saying why, and cached again; an unwritable cache: said."""
+    """Read anew, with a note giving the true reason, and cached again; an unwritable cache:
+    said."""
     _lra_aan(tmp_path)
     cache = tmp_path / "lra-cache/tsv_data-4.npz"
     train = tmp_path / "tsv_data/new_aan_pairs.train.tsv"
     want = lra_data.load_task("retrieval", tmp_path, 4)[0]["test"].x2  # writes the cache
     bad, new = "it was damaged (BadZipFile)", lra_data.CACHE_VERSION + 1
     version = f"the readers changed (version {new - 1}, now {new})"
+    key = "(the key holds each file's size and modification time in whole seconds)"
 
     def same_tick():  # another size at the same time: written twice within one clock tick
         stamp = train.stat().st_mtime_ns
         train.write_bytes(train.read_bytes() + b"\n")  # a blank line: the same examples
         os.utime(train, ns=(stamp, stamp))
 
+    def other_max_len():  # a prepared file of max_len 5 under max_len 4's name
+        lra_data.load_task("retrieval", tmp_path, 5)
+        os.replace(cache.with_name("tsv_data-5.npz"), cache)
+
     for change, why in [
-        (lambda: os.utime(train, ns=(0, 0)), f"{train} changed"),  # the same bytes, another time
-        (lambda: os.utime(train, ns=(0, 10**6)), f"{train} changed"),  # 1 ms on, the same second
-        (same_tick, f"{train} changed"),
+        (lambda: os.utime(train, ns=(0, 0)), f"{train} changed {key}"),  # the same bytes
+        (lambda: os.utime(train, ns=(0, 10**9)), f"{train} changed {key}"),  # a second on
+        (same_tick, f"{train} changed {key}"),
         (lambda: cache.write_bytes(cache.read_bytes()[:-100]), bad),
         # a letter of its key (UTF-32): the CRC does not match
         (lambda: cache.write_bytes(cache.read_bytes().replace(b"v\0\0\0e", b"V\0\0\0e", 1)), bad),
+        (other_max_len, "it was made for max_len 5, not 4"),
         (lambda: monkeypatch.setattr(lra_data, "CACHE_VERSION", new), version),
     ]:
         change()
         data, notes = lra_data.load_task("retrieval", tmp_path, 4)
-        assert notes[-1] == f"{cache}: rebuilt, as {why}" and " cache " not in notes[0]
+        assert notes[-1].startswith(f"{cache}: rebuilt, as {why}") and " cache " not in notes[0]
         assert np.array_equal(data["test"].x2, want)  # and the next load reads the new cache:
         assert " cache " in lra_data.load_task("retrieval", tmp_path, 4)[1][0]
     cache.write_bytes(b"damaged")  # and cannot be rewritten: said once, not "rebuilt" as well
     with mock.patch.object(lra_data.np, "savez", side_effect=OSError(30, "Read-only file system")):
-        notes = lra_data.load_task("retrieval", tmp_path, 4)[1]
+        prepared = lra_data.prepare("retrieval", tmp_path, 4)
     unwritten = f"cannot write the cache {cache} (Read-only file system): the next run reads again"
-    assert [note for note in notes if str(cache) in note] == [unwritten]
+    assert [note for note in prepared.notes if str(cache) in note] == [unwritten]
+    assert prepared.unwritten == unwritten and prepared.file is None, "not the damaged one"
     shutil.rmtree(cache.parent)
     cache.parent.write_text("")  # a file where the cache folder goes: it cannot be written
     data, notes = lra_data.load_task("retrieval", tmp_path, 4)
@@ -2271,7 +2313,7 @@ def test_lra_data_pathfinder_cache_is_keyed_by_its_image_folders(tmp_path):
     assert " cache " in lra_data.load_task("pathfinder", tmp_path, 16)[1][0], "a hidden folder"
     os.utime(imgs / "0", ns=(0, 0))
     notes = lra_data.load_task("pathfinder", tmp_path, 16)[1]
-    assert notes[-1].endswith(f"rebuilt, as {imgs / '0'} changed"), notes[-1]
+    assert f"rebuilt, as {imgs / '0'} changed (the key holds" in notes[-1], notes[-1]
 
 
 def test_lra_data_download_is_not_tried_where_the_pickles_are(tmp_path):
@@ -2689,7 +2731,7 @@ _FUZZ = {  # reader -> (files mutated, files for an odd entry, objects changed, 
     "uea": (["Toy_TRAIN.ts"], [], None, lambda f: _ts_listed(*_ts_by_hand(f / "Toy_TRAIN.ts"))),
 }
 _FUZZ_WRITE = {  # a valid input, written by the helpers of the table-driven tests
-    "listops": lambda f: lra_data.write_listops(f, dict(_LRA_TINY_LISTOPS, seed=0), False),
+    "listops": lambda f: listops.write(f, dict(_LRA_TINY_LISTOPS, seed=0), False),
     "aan": _lra_aan,
     "imdb": lambda f: _lra_imdb(f, {"neg": ["bad film", " dull\r\n"], "pos": ["good", "fine"]}),
     "cifar": _lra_cifar,
@@ -4150,8 +4192,8 @@ def test_train_lra_quick_listops_is_as_results_describes_it():
     cfg, quick = train_lra.parse_config(["--preset", "quick"]), train_lra.LISTOPS["quick"]
     assert (cfg.listops_size, cfg.listops_eval_size, cfg.listops_eval_size) == (train, val, test)
     bounds = [quick[k] for k in ("min_length", "max_length", "max_depth", "max_args")]
-    pairs = lra_data.generate_listops(train + val + test, cfg.data_seed, *bounds, progress=False)
-    lengths = [len(lra_data.tokenize_listops(e)) for e, _ in pairs]
+    pairs = listops.generate(train + val + test, cfg.data_seed, *bounds, progress=False)
+    lengths = [len(listops.tokenize(e)) for e, _ in pairs]
     assert (min(lengths), max(lengths)) == (low, high), "the tokens of the shortest and longest"
     assert quick["max_depth"] == depth, "the generator's bound: operators above, values at it"
 
@@ -4165,6 +4207,7 @@ def test_train_lra_a_run_finished_at_any_length_is_not_partial(tmp_path):
     assert (result["steps_reached"], result["partial"]) == (300, False), "finished"
 
 
+@mock.patch.object(lra_data, "IMDB_REVIEWS", 3)  # the release's count, as the small aclImdb here
 def test_train_lra_text_reuses_the_validation_score_and_logs_each_evaluation(tmp_path):
     """Text's test split is its val split: not evaluated again; a far --max-len and an unused data
     flag noted; stderr no terminal: a line per evaluation."""
