@@ -13,6 +13,7 @@ Depends on: tqdm
 """
 
 import argparse
+import contextlib
 import csv
 import json
 import multiprocessing
@@ -129,23 +130,28 @@ def write(folder: pathlib.Path, settings: dict, progress: bool = True) -> None:
     and generator.json, the settings. The splits are consecutive slices of one generated stream."""
     folder, sizes = pathlib.Path(folder), [settings[split] for split in SPLITS]
     args = [settings[k] for k in KEYS[4:]] + [progress, settings.get("shards", 1)]
-    pairs = generate(sum(sizes), settings["seed"], *args)  # the tree bounds, ..., shards
-    folder.mkdir(parents=True, exist_ok=True)
+    made = not folder.exists()
     # Written whole under temporary names of this call's own, then renamed together at the end:
     # no half files, and runs generating into one folder at once each rename their own files.
     names = ["generator.json", *(f"basic_{split}.tsv" for split in SPLITS)]
     tmp = {name: folder / f"{name}.{uuid.uuid4().hex}.tmp" for name in names}
     try:
-        tmp["generator.json"].write_text(json.dumps(settings) + "\n")
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp["generator.json"].write_text(json.dumps(settings) + "\n")  # first: can it be written?
+        pairs = generate(sum(sizes), settings["seed"], *args)  # the tree bounds, ..., shards
         for split, start in zip(SPLITS, [0, sizes[0], sizes[0] + sizes[1]], strict=True):
             with open(tmp[f"basic_{split}.tsv"], "w", newline="") as f:
                 rows = [("Source", "Target"), *pairs[start : start + settings[split]]]
                 csv.writer(f, delimiter="\t").writerows(rows)  # as the release: tabs, \r\n
         for name, path in tmp.items():  # generator.json first: no tsv lacks it
             path.replace(folder / name)
-    finally:  # an error or Ctrl-C on the way: no temporary file stays
-        for path in tmp.values():
-            path.unlink(missing_ok=True)
+    except BaseException:  # an error or Ctrl-C on the way: no temporary file stays, nor the
+        with contextlib.suppress(OSError):  # folder made for them
+            for path in tmp.values():
+                path.unlink(missing_ok=True)
+            if made:
+                folder.rmdir()  # (empty now)
+        raise
 
 
 def main(argv: list | None = None) -> None:

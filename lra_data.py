@@ -691,7 +691,7 @@ def _incomplete(task: str, folder: pathlib.Path) -> str | None:
     need = ARCHIVES[task]["need"]
     missing = [name for name in need if not os.path.exists(folder / name)]
     if missing:
-        found = f"{len(need) - len(missing)} of the {len(need)} files the release has there"
+        found = f"{len(need) - len(missing)} of the {len(need)} entries the release has there"
         return f"{folder} holds {found} (no {missing[0]})"
     return None
 

@@ -1971,7 +1971,7 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("load_task", dict(task="image", max_len=8), "no data for task image: expected"),
     ("load_task", dict(task="text", max_len=8), _NO_IMDB),
     ("load_task", _LOAD_NO_DEPTH, "the ListOps settings lack ['max_depth']"),
-    ("retrieval", "1\ta\tb\tc\td\n", "{tmp}/tsv_data holds 1 of the 3 files the release has"),
+    ("retrieval", "1\ta\tb\tc\td\n", "{tmp}/tsv_data holds 1 of the 3 entries the release has"),
 ]
 
 
@@ -2254,6 +2254,31 @@ def test_lra_data_prepared_on_its_own_is_what_train_lra_reads(tmp_path):
     assert not any("is not used" in note for note in notes), "where a release would be fetched"
 
 
+def test_lra_data_exits_1_when_it_cannot_write_the_prepared_file(tmp_path):
+    """Writing the prepared file is what lra_data.py is run for: when it cannot (a file where
+    lra-cache/ goes; a read-only mount), it says why once, on stderr, and exits 1; the split sizes
+    are said first. (A training run goes on without it: the cache tests.)"""
+    _lra_aan(tmp_path)
+    (tmp_path / "lra-cache").write_text("")  # (root writes into read-only folders: a file here)
+    run = _cli("lra_data.py", "--task", "retrieval", "--max-len", "4", "--data-dir", str(tmp_path))
+    file = tmp_path / "lra-cache" / "tsv_data-4.npz"
+    said = f"cannot write the cache {file} (File exists): the next run reads again"
+    assert (run.returncode, run.stderr) == (1, f"lra_data.py: {said}\n"), run.stderr
+    assert run.stdout.startswith("retrieval: train 2, val 2, test 2 examples from the release")
+    assert said not in run.stdout and "prepared file:" not in run.stdout
+    (tmp_path / "lra-cache").unlink()
+    rofs = OSError(errno.EROFS, "Read-only file system")
+    with mock.patch.object(lra_data.np, "savez", side_effect=rofs), pytest.raises(SystemExit) as e:
+        lra_data.main(["--task", "retrieval", "--max-len", "4", "--data-dir", str(tmp_path)])
+    assert e.value.code == f"lra_data.py: {said.replace('File exists', 'Read-only file system')}"
+    with pytest.raises(SystemExit) as e:  # a --data-dir that is a file: one sentence, exit 1
+        lra_data.main(["--data-dir", str(tmp_path / "tsv_data/new_aan_pairs.train.tsv")])
+    assert (
+        e.value.code.startswith("lra_data.py: cannot write ")
+        and "(Not a directory)" in e.value.code
+    )
+
+
 def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_path, monkeypatch):
     """Read anew, with a note giving the true reason, and cached again; an unwritable cache:
     said."""
@@ -2341,6 +2366,283 @@ def test_lra_data_load_prepared_reads_each_error_as_absent_or_damaged(tmp_path, 
     reading it, a damaged one to rebuild."""
     with mock.patch.object(lra_data.np, "load", side_effect=error):
         assert lra_data.load_prepared(tmp_path / "a.npz", {}, tmp_path) == (None, [], why)
+
+
+def _lra_entries(root: pathlib.Path) -> dict:
+    """Every file and folder under root -> its bytes (a folder: None)."""
+    return {
+        str(p.relative_to(root)): None if p.is_dir() else p.read_bytes() for p in root.rglob("*")
+    }
+
+
+def _lra_tar(path: pathlib.Path, src: pathlib.Path, *tops) -> str:
+    """A tar.gz at path of the folders tops under src -> its file:// URL."""
+    with tarfile.open(_write(path, b""), "w:gz") as tar:
+        for top in tops:
+            tar.add(src / top, top)
+    return path.as_uri()
+
+
+def _whole_seconds(src: pathlib.Path, dst: pathlib.Path) -> None:
+    """A copy as scp -p or an SFTP client makes it on another host: each time in whole seconds."""
+    shutil.copytree(src, dst)
+    for path in sorted(dst.rglob("*"), key=lambda p: -len(p.parts)):  # a folder after its files
+        os.utime(path, (path.stat().st_atime // 1, path.stat().st_mtime // 1))
+
+
+_COPIES = {  # copy tool -> (what it needs on the PATH, how it copies the folder src as dst)
+    "tar": ("tar", "mkdir {dst} && tar czf {dst}.tgz -C {src} . && tar xzf {dst}.tgz -C {dst}"),
+    "zip": (
+        "unzip",
+        "mkdir {dst} && cd {src} && zip -qr {dst}.zip . && unzip -q {dst}.zip -d {dst}",
+    ),
+    "scp -p": ("scp", "scp -rpq {src} {dst}"),  # to the same host: scp runs cp -p
+    "scp -p to another host": (None, _whole_seconds),  # the protocols carry whole seconds
+    "cp -p": ("cp", "cp -rp {src} {dst}"),
+    "rsync -a": ("rsync", "rsync -a {src}/ {dst}"),
+}
+
+
+@pytest.mark.parametrize("tool", _COPIES)
+def test_lra_data_a_prepared_folder_travels_by_each_copy_tool(tool, tmp_path):
+    """A data folder prepared, then copied by each tool: every prepared file is used as it is (a
+    release's, Pathfinder's keyed by image folders, a generated ListOps); a changed source (the
+    same size, a second later) is read again, naming it; without its sources, a prepared file is
+    used as it is, said so (the offline GPU machine)."""
+    needs, copy = _COPIES[tool]
+    if (
+        needs is not None
+        and shutil.which(needs) is None
+        or tool == "zip"
+        and not shutil.which("zip")
+    ):
+        pytest.skip(f"{tool}: not on this machine")
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _lra_aan(src)
+    _lra_pathfinder(src / lra_data.PATH_HARD, 22)
+    for path in sorted(src.rglob("*"), key=lambda p: -len(p.parts)):  # times with a fraction
+        os.utime(path, ns=(1_700_000_000_678_000_000, 1_700_000_000_678_000_000))
+    tasks = dict(retrieval=dict(max_len=4), pathfinder=dict(max_len=16))
+    tasks["listops"] = dict(max_len=30, seed=5, listops=_LRA_TINY_LISTOPS)  # generated here
+    for task, args in tasks.items():
+        lra_data.load_task(task, src, **args)
+    if callable(copy):
+        copy(src, dst)
+    else:
+        subprocess.run(copy.format(src=src, dst=dst), shell=True, check=True, capture_output=True)
+    fail = mock.Mock(side_effect=AssertionError("a copied prepared file was read again"))
+    with mock.patch.object(lra_data, "read_source", fail):
+        for task, args in tasks.items():
+            notes = lra_data.load_task(task, dst, **args)[1]
+            assert f"from the prepared cache {dst}/lra-cache/" in notes[0], (task, notes[0])
+            assert not any("rebuilt" in note for note in notes), notes
+    train = dst / "tsv_data" / "new_aan_pairs.train.tsv"
+    stamp = train.stat().st_mtime_ns // 10**9 * 10**9
+    os.utime(train, ns=(stamp + 999_000_000, stamp + 999_000_000))  # the same second
+    assert " cache " in lra_data.load_task("retrieval", dst, 4)[1][0], "the key: whole seconds"
+    train.write_bytes(train.read_bytes().replace(b"1\ta", b"0\ta", 1))  # the same size
+    os.utime(train, ns=(stamp + 10**9, stamp + 10**9))  # a second later
+    data, notes = lra_data.load_task("retrieval", dst, 4)
+    key = "(the key holds each file's size and modification time in whole seconds)"
+    assert notes[-1] == f"{dst}/lra-cache/tsv_data-4.npz: rebuilt, as {train} changed {key}"
+    assert data["train"].y[0] == 0, "the changed label is read"
+    for folder in ("tsv_data", "pathfinder32", "listops-tiny"):  # the sources stay behind
+        shutil.rmtree(dst / folder)
+    with mock.patch.object(lra_data, "read_source", fail):
+        for task, args in tasks.items():
+            prepared = lra_data.prepare(task, dst, **args, download="")
+            file = (
+                dst / "lra-cache" / f"{pathlib.Path(_LRA_FOLDERS[task]).name}-{args['max_len']}.npz"
+            )
+            alone = f"from the prepared file {file}, used as it is: the files it was made from are"
+            assert alone in prepared.notes[0] and prepared.file == file, prepared.notes[0]
+            assert "--download is not used: the prepared file is here" in prepared.notes
+    assert lra_data.load_task("retrieval", dst, 4)[0]["train"].y[0] == 0, "the rebuilt one"
+    other = dict(tasks["listops"], seed=6)  # other settings: generated, not taken from the file
+    assert "(seed 6), written to" in lra_data.load_task("listops", dst, **other)[1][0]
+    with pytest.raises(lra_data.DataError, match="no data for task retrieval"):
+        lra_data.load_task("retrieval", dst, 4, cache=False)  # --no-cache: no prepared file
+
+
+_LRA_FOLDERS = dict(retrieval="tsv_data", pathfinder=lra_data.PATH_HARD, listops="listops-tiny")
+_LRA_KEPT = "--download fetches the rest and keeps these"
+_LRA_PARTS = {  # task -> (max_len, its folder, a writer of the whole folder under a root, the
+    # entry removed, another content for one the user keeps)
+    "image": (1024, "cifar-10-batches-py", lambda r: _lra_cifar(r / "cifar-10-batches-py"),
+              "data_batch_5", ("data_batch_1", _lra_npy(np.ones((2, 3072), np.uint8), [3, 4]))),
+    "retrieval": (4, "tsv_data", _lra_aan, "new_aan_pairs.eval.tsv",
+                  ("new_aan_pairs.train.tsv", b"0\tq\tr\tuser\tfile\n")),
+    "listops": (30, "listops-1000", lambda r: listops.write(
+        r / "listops-1000", dict(_LRA_TINY_LISTOPS, seed=0), False), "basic_val.tsv",
+        ("basic_train.tsv", b"Source\tTarget\r\n( [MAX 1 2 ] )\t2\r\n")),
+    "pathfinder": (16, lra_data.PATH_HARD, lambda r: _lra_pathfinder(r / lra_data.PATH_HARD, 22),
+                   "imgs", ("metadata/0.npy", b"imgs/0 sample_0.png 0 1 1.0 14 4\n")),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("task", _LRA_PARTS)
+def test_lra_data_a_folder_short_of_a_release_file_is_completed_or_refused(task, tmp_path):
+    """A release folder lacking an entry (an unpack cut short): refused in one sentence naming
+    the count found and expected; --download fetches the rest and keeps the user's own files."""
+    max_len, name, write, missing, (own, content) = _LRA_PARTS[task]
+    src, data = tmp_path / "src", tmp_path / "data"
+    write(src)
+    if task == "listops":
+        (src / name / "generator.json").unlink()  # as the release: no generator.json
+    url = _lra_tar(tmp_path / "archive.tar.gz", src, name.split("/")[0])
+    shutil.copytree(src / name, data / name)
+    remove = shutil.rmtree if (data / name / missing).is_dir() else os.remove
+    remove(data / name / missing)
+    _write(data / name / own, content)  # the user's own version of a file: kept
+    need = lra_data.ARCHIVES[task]["need"]
+    said = f"{data / name} holds {len(need) - 1} of the {len(need)} entries the release has there"
+    said += f" (no {missing}): the {task} data is incomplete (an unpack cut short?); {_LRA_KEPT}"
+    with pytest.raises(lra_data.DataError) as refused:
+        lra_data.load_task(task, data, max_len)
+    assert str(refused.value) == said
+    ours = dict(md5=hashlib.md5((tmp_path / "archive.tar.gz").read_bytes()).hexdigest(), size=None)
+    with mock.patch.dict(lra_data.ARCHIVES[task], ours if task == "image" else {}):
+        if task != "pathfinder":  # (the user's metadata names an image of the archive: read)
+            lra_data.load_task(task, data, max_len, download=url, cache=False)
+        else:
+            lra_data.download_task(task, data, url)
+    assert (data / name / own).read_bytes() == content, "the user's file is kept"
+    whole = {p for p in _lra_entries(src / name) if p != own}
+    assert whole <= set(_lra_entries(data / name)) and all(
+        (data / name / p).read_bytes() == (src / name / p).read_bytes()
+        for p in whole
+        if (src / name / p).is_file()
+    ), "the rest fetched"
+
+
+@mock.patch.object(lra_data, "IMDB_REVIEWS", 4)  # the release's 12,500 as 4: see the docstring
+def test_lra_data_a_text_folder_short_of_reviews_is_completed_or_refused(tmp_path, capsys):
+    """Text: 12,500 reviews in each of aclImdb/{train,test}/{neg,pos}. A folder short of them is
+    refused, naming the count found and expected (the release's count itself: a folder of 3);
+    --download fetches the missing reviews and keeps the user's. That is shown at a count of 4
+    (50,000 files of the release's count would take a minute to write and read)."""
+    with mock.patch.object(lra_data, "IMDB_REVIEWS", 12_500):
+        _lra_imdb(tmp_path / "a", {"neg": ["bad", "poor", "meh"], "pos": ["good", "fine", "ok"]})
+        with pytest.raises(lra_data.DataError) as refused:
+            lra_data.load_task("text", tmp_path / "a", 8)
+    want = f"{tmp_path}/a/aclImdb/train/neg holds 3 reviews, where the release has 12,500: the "
+    assert (
+        str(refused.value) == f"{want}text data is incomplete (an unpack cut short?); {_LRA_KEPT}"
+    )
+    src, data = tmp_path / "src", tmp_path / "data"
+    _lra_imdb(src, {"neg": ["bad", "poor", "meh", "dull"], "pos": ["good", "fine", "great", "ok"]})
+    url = _lra_tar(tmp_path / "aclImdb_v1.tar.gz", src, "aclImdb")
+    shutil.copytree(src / "aclImdb", data / "aclImdb")
+    (data / "aclImdb/test/pos/3_7.txt").unlink()  # an unpack cut short: 3 test reviews there
+    _write(data / "aclImdb/test/pos/0_7.txt", "the user's own")
+    with pytest.raises(
+        lra_data.DataError, match="test/pos holds 3 reviews, where the release has 4"
+    ):
+        lra_data.load_task("text", data, 8)
+    md5 = hashlib.md5((tmp_path / "aclImdb_v1.tar.gz").read_bytes()).hexdigest()
+    with mock.patch.dict(lra_data.ARCHIVES["text"], md5=md5):
+        splits, notes = lra_data.load_task("text", data, 8, download=url)
+    assert len(splits["test"].y) == 8 and notes[0].startswith("text: train 8, val 8, test 8")
+    assert (data / "aclImdb/test/pos/0_7.txt").read_text() == "the user's own"
+    assert (data / "aclImdb/test/pos/3_7.txt").read_text() == "ok", "fetched"
+    assert "kept the 15 file(s) of" in capsys.readouterr().err, "and said which it kept"
+
+
+def test_lra_data_a_generated_listops_cut_short_is_refused(tmp_path):
+    """A generated folder holds the counts its generator.json names: a copy cut short is not."""
+    lra_data.load_task("listops", tmp_path, 30, listops=_LRA_TINY_LISTOPS)
+    train = tmp_path / "listops-tiny" / "basic_train.tsv"
+    train.write_bytes(b"".join(train.read_bytes().splitlines(True)[:41]))  # 40 of 48 examples
+    what = f"{train} holds 40 examples, where its generator.json says 48: a copy cut short? Delete"
+    with pytest.raises(lra_data.DataError, match=re.escape(what)):
+        lra_data.load_task("listops", tmp_path, 30, listops=_LRA_TINY_LISTOPS)
+
+
+_CTRL_C_RUNNER = """
+import importlib, io, os, runpy, sys, time
+script, target, nth, *argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(script))
+module, attributes = target.split(":")
+owner = importlib.import_module(module)
+*path, name = attributes.split(".")
+for part in path:
+    owner = getattr(owner, part)
+real, calls = getattr(owner, name), []
+
+def stand_in(*args, **kwargs):  # the nth call: part of its file written, said, then a wait
+    calls.append(name)
+    if len(calls) < int(nth):
+        return real(*args, **kwargs)
+    for arg in args[:2]:
+        if isinstance(arg, io.IOBase) and arg.writable():
+            arg.write("part" if isinstance(arg, io.TextIOBase) else b"part")
+            arg.flush()
+    if name == "savez":
+        open(args[0], "wb").write(b"part")
+    print("reached", file=sys.stderr, flush=True)
+    time.sleep(120)
+
+setattr(owner, name, stand_in)
+sys.argv = [script, *argv]
+runpy.run_path(script, run_name="__main__")
+"""
+_KEPT = "no prepared file was written; the data files are kept"
+_GENERATED = "interrupted while generating ListOps into {d}/listops-1000: nothing was written there"
+_PAPER_TINY = "--listops-size 48 --listops-eval-size 12 --max-len 30"
+_CTRL_C = {  # stage -> (script, its flags, the stand-in's module:attribute, at which call, said)
+    "reading": ("lra_data.py", "--task retrieval --max-len 4", "pathlib:Path.read_bytes", 1,
+                "interrupted while reading the release folder {d}/tsv_data: " + _KEPT),
+    "generating": ("lra_data.py", _PAPER_TINY, "listops:generate_tree", 1, _GENERATED),
+    "writing ListOps": ("lra_data.py", _PAPER_TINY, "csv:writer", 1, _GENERATED),
+    "writing the prepared file": ("lra_data.py", "--task retrieval --max-len 4", "numpy:savez",
+                                  1, "interrupted while writing {d}/lra-cache/tsv_data-4.npz: "
+                                  + _KEPT),
+    "downloading": ("lra_data.py", "--task image --download-url {url}", "shutil:copyfileobj", 1,
+                    "interrupted while downloading {url} into {d}/cifar-10-batches-py: nothing "
+                    "was unpacked; the files there before are kept"),
+    "unpacking": ("lra_data.py", "--task retrieval --download-url {url}", "shutil:copyfileobj",
+                  2, "interrupted while downloading {url} into {d}/tsv_data: nothing was "
+                  "unpacked; the files there before are kept"),
+    "listops.py writing": ("listops.py", "--size 100 --out {d}/D", "csv:writer", 1,
+                           "interrupted: nothing was written to {d}/D"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("stage", _CTRL_C)
+def test_lra_data_and_listops_ctrl_c_at_each_stage_is_one_line(stage, tmp_path):
+    """SIGINT to `python lra_data.py` (or listops.py) at each stage, once a stand-in has written
+    part of its file: one line saying what it was doing and what was kept, exit 130, the data
+    folder as it was (no temporary file; the user's files there before kept)."""
+    script, flags, target, nth, said = _CTRL_C[stage]
+    d, src = tmp_path / "d", tmp_path / "src"
+    d.mkdir()
+    if "retrieval --max-len" in flags:
+        _lra_aan(d)
+    _lra_cifar(src / "cifar-10-batches-py")
+    _write(d / "cifar-10-batches-py" / "data_batch_1", b"the user's own")  # kept
+    _lra_aan(src / "lra_release")
+    archive = "cifar-10-batches-py" if "image" in flags else "lra_release"
+    url = _lra_tar(tmp_path / "archive.tar.gz", src, archive)
+    flags = flags.format(d=d, url=url).split()
+    before = _lra_entries(d)
+    command = [sys.executable, "-c", _CTRL_C_RUNNER, str(HERE / script), target, str(nth)]
+    command += [*flags, "--data-dir", str(d)] if script == "lra_data.py" else flags
+    kw = dict(stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=tmp_path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with subprocess.Popen(command, env=env, start_new_session=True, **kw) as run:
+        err = ""
+        while "reached\n" not in err and run.poll() is None:
+            err += run.stderr.readline()
+        os.killpg(run.pid, signal.SIGINT)  # as a terminal: its process group, workers too
+        err += run.communicate(timeout=60)[1]
+    progress = r"downloading .*|\S+: [\d,]+ of [\d,]+ bytes"  # a download's lines, as it goes
+    lines = [line for line in err.replace("reached", "").splitlines() if line]  # (workers: 2)
+    lines = [line for line in lines if not re.fullmatch(progress, line)]
+    assert run.returncode == 130, err
+    said = f"{script}: {said.format(d=d, url=url)}"
+    assert lines == [said] and err.endswith(f"\n{said}\n"), err
+    after = _lra_entries(d)
+    assert after == {**before, **{k: v for k, v in after.items() if k == "lra-cache"}}, "as it was"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -3871,6 +4173,56 @@ def test_bench_every_flag_reaches_what_it_configures(tmp_path):
     assert set(seen) == _flags_of(bench.main, []), "every flag of bench.py has a row"
     for name, ok in seen.items():
         assert ok, f"bench.py --{name.replace('_', '-')}"
+
+
+def _help_defaults(parser: argparse.ArgumentParser) -> dict:
+    """dest -> what '(default ...)' ends its --help text with (None: no default said)."""
+    said = {}
+    for action in parser._actions:
+        text = parser._get_formatter()._expand_help(action) if action.help else ""
+        found = re.search(r"\(default (.*)\)$", text)
+        said[action.dest] = found and found[1]
+    return said
+
+
+def test_lra_data_and_listops_help_tells_the_defaults_each_task_uses(tmp_path):
+    """Every value flag of lra_data.py and listops.py says its default in --help, per task where
+    it differs, and that is the value then used, caught where it arrives."""
+    said = _help_defaults(_parser_of(lra_data.main, []))
+    assert [dest for dest, text in said.items() if text is None] == ["help", "download"]
+    max_lens = {task: int(n) for task, n in re.findall(r"(\w+) (\d+)", said["max_len"])}
+    urls = dict(re.findall(r"(\w+) (\S+?)(?:;|$)", said["download_url"]))
+    assert set(max_lens) == set(urls) == set(lra_data.VOCAB), "each task's"
+    prepare, fetch = mock.Mock(side_effect=_Reached), mock.Mock(side_effect=_Reached)
+    with mock.patch.object(lra_data, "prepare", prepare), pytest.raises(_Reached):
+        lra_data.main([])
+    (task, data_dir, _), got = prepare.call_args
+    assert [task, data_dir, str(got["seed"])] == [
+        said[k] for k in ("task", "data_dir", "data_seed")
+    ]
+    sizes = [got["listops"][split] for split in lra_data.SPLITS]
+    assert sizes == [int(said["listops_size"])] + [int(said["listops_eval_size"])] * 2
+    assert got["pathfinder_dir"] == lra_data.PATHFINDER_DIRS[said["pathfinder"]]
+    for task in lra_data.VOCAB:
+        with mock.patch.object(lra_data, "prepare", prepare), pytest.raises(_Reached):
+            lra_data.main(["--task", task])
+        assert prepare.call_args.args[2] == max_lens[task], f"--max-len of {task}"
+        with mock.patch.object(download, "fetch", fetch), pytest.raises(_Reached):
+            lra_data.main(["--task", task, "--download", "--data-dir", str(tmp_path)])
+        assert fetch.call_args.args[0].url == urls[task], f"--download-url of {task}"
+    said = _help_defaults(_parser_of(listops.main, ["--out", "D"]))  # and listops.py's
+    assert [dest for dest, text in said.items() if text is None] == ["help", "out"]
+    divisor, least, n_eval, size = map(int, re.findall(r"\d+", said["eval_size"]))
+    write = mock.Mock(side_effect=_Reached)
+    for argv in ([], ["--size", "100"]):
+        with mock.patch.object(listops, "write", write), pytest.raises(_Reached):
+            listops.main(["--out", "D", *argv])
+        settings = write.call_args.args[1]
+        wanted = {key: int(said[key]) for key in ("seed", *listops.KEYS[4:])}
+        wanted |= dict(train=int(argv[1]) if argv else int(said["size"]))
+        wanted |= dict.fromkeys(("val", "test"), max(least, wanted["train"] // divisor))
+        assert settings == wanted and "shards" not in settings and said["shards"] == "1"
+    assert size // divisor == n_eval == 2000 and size == int(said["size"]), "the example said"
 
 
 def test_lra_data_command_line_flags_reach_prepare():
