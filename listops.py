@@ -91,8 +91,15 @@ def generate(
         spare = n // (100 * shards) + 1  # a few more per shard: duplicates across shards drop out
         bounds = (min_length, max_length, max_depth, max_args)
         jobs = [(n // shards + spare, f"{seed}/{s}", *bounds, False) for s in range(shards)]
-        quiet = (signal.signal, (signal.SIGINT, signal.SIG_IGN))  # workers ignore Ctrl-C
-        with multiprocessing.Pool(min(shards, os.cpu_count() or 1), *quiet) as pool:
+        # Workers ignore Ctrl-C (the parent stops them): forked while this process ignores it,
+        # so none starts with Python's handler, and set so where they start afresh (spawn).
+        quiet = (signal.signal, (signal.SIGINT, signal.SIG_IGN))
+        handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            pool = multiprocessing.Pool(min(shards, os.cpu_count() or 1), *quiet)
+        finally:
+            signal.signal(signal.SIGINT, handler)
+        with pool:
             found = dict(pair for part in pool.starmap(generate, jobs) for pair in part)
         if len(found) < n:
             raise ValueError(f"ListOps: {shards} shards gave {len(found)} distinct trees, not {n}")
@@ -152,6 +159,27 @@ def write(folder: pathlib.Path, settings: dict, progress: bool = True) -> None:
             if made:
                 folder.rmdir()  # (empty now)
         raise
+
+
+def ready(folder: pathlib.Path, settings: dict, progress: bool = True) -> bool:
+    """folder's basic_{train,val,test}.tsv, written (write) when none is there -> True when they
+    are ours (their generator.json holds settings), False when another's (the release has no
+    generator.json: read as they are). Raises ValueError: only some of the files are there, or
+    a generator.json of other settings (the files would not be what was asked for)."""
+    folder = pathlib.Path(folder)
+    files, made_with = [folder / f"basic_{s}.tsv" for s in SPLITS], folder / "generator.json"
+    if not any(file.exists() for file in files):
+        write(folder, settings, progress)
+    found = sum(file.exists() for file in files)
+    if found < len(files):
+        what = f"{folder} holds {found} of the {len(files)} files basic_{{train,val,test}}.tsv"
+        how = "delete it to generate it again" if made_with.exists() else "complete it"
+        raise ValueError(f"{what}: incomplete (an unpack or copy cut short?); {how}")
+    if made_with.exists() and json.loads(made_with.read_text()) != settings:
+        what = f"{folder} was generated with {made_with.read_text().strip()}"
+        fix = "pick another ListOps folder or delete that one"
+        raise ValueError(f"{what}, but this run asks for {json.dumps(settings)}: {fix}")
+    return made_with.exists()
 
 
 def main(argv: list | None = None) -> None:

@@ -915,35 +915,25 @@ def _listops_settings(asked: dict, seed: int) -> dict:
 
 
 def _listops_source(folder: pathlib.Path, asked: dict, seed: int) -> Source:
-    """ListOps: folder's basic_{train,val,test}.tsv, generated first (listops.write) if absent.
-
-    A folder we generated holds generator.json, the settings that made it: other settings
-    are refused (the files would not be what this run asks for). The release has none.
-    """
+    """ListOps: folder's basic_{train,val,test}.tsv, generated there first when absent
+    (listops.ready): the release's (no generator.json) read as they are, ours only when made
+    with the settings asked."""
     settings = _listops_settings(asked, seed)
-    files, generator_json = [folder / f"basic_{s}.tsv" for s in SPLITS], folder / "generator.json"
-    if not any(file.exists() for file in files):
+    try:
         with _interruptible(f"generating ListOps into {folder}", "nothing was written there"):
-            try:
-                listops.write(folder, settings)
-            except ValueError as e:  # bounds that (almost) no tree meets
-                raise DataError(str(e)) from None
-            except OSError as e:  # a read-only or full disk, a file where the folder goes
-                raise DataError(f"cannot write {e.filename or folder} ({e.strerror})") from None
-    found = sum(file.exists() for file in files)
-    if found < len(files):
-        what = f"{folder} holds {found} of the {len(files)} files basic_{{train,val,test}}.tsv"
-        how = "delete it to generate it again" if generator_json.exists() else "complete it"
-        raise DataError(f"{what}: incomplete (an unpack or copy cut short?); {how}")
-    if not generator_json.exists():  # the release's (or another's): read as it is
+            generated = listops.ready(folder, settings)
+    except ValueError as e:  # incomplete, other settings, bounds that (almost) no tree meets
+        raise DataError(str(e)) from None
+    except OSError as e:  # a read-only or full disk, a file where the folder goes
+        raise DataError(f"cannot write {e.filename or folder} ({e.strerror})") from None
+    files = [folder / f"basic_{s}.tsv" for s in SPLITS]
+    if not generated:
         said = f"the release folder {folder} (not generated: the sizes asked for do not apply)"
         return Source("release", folder, files, folder.name, said, DONE["listops"])
-    if json.loads(generator_json.read_text()) != settings:
-        what = f"{folder} was generated with {generator_json.read_text().strip()}"
-        fix = "pick another ListOps folder or delete that one"
-        raise DataError(f"{what}, but this run asks for {json.dumps(settings)}: {fix}")
-    said = f"the generator (seed {seed}), written to {folder}"
-    files = [*files, generator_json]
+    said, files = (
+        f"the generator (seed {seed}), written to {folder}",
+        [*files, folder / "generator.json"],
+    )
     return Source("generated", folder, files, folder.name, said, DONE["listops"], settings)
 
 
