@@ -8,7 +8,8 @@ in the steps of torchvision's download_url and extract_archive:
                   folder in two places, as `tar -r` leaves it, is read on; later members win)
     fetch         one of these, under a lock, into a folder renamed into place; a failure
                   (Ctrl-C, the network, a wrong MD5 or size, a full or read-only disk) leaves
-                  nothing half-written, no folder it made, and is one sentence (Failed)
+                  nothing half-written, no folder it made, and is one sentence (Failed; Ctrl-C:
+                  KeyboardInterrupt, which the caller says)
 Into a folder that holds some of the archive's files already, fetch keeps them, byte for byte,
 unpacks the rest and says which it kept; a file where a folder goes (or the reverse), or a
 symbolic link that leads nowhere where the archive's files go (broken_link), is refused.
@@ -87,12 +88,14 @@ class Member(NamedTuple):
     open: Callable  # () -> a binary file object of its bytes
 
 
-def fetch(archive: Archive, dest, progress: bool = True) -> None:
-    """Unpack archive's wanted files into the folder dest, unless all of archive.need are there;
-    files of the archive already in dest are kept (said on stderr), the others unpacked.
+def fetch(archive: Archive, dest, progress: bool = True, complete: Callable | None = None) -> None:
+    """Unpack archive's wanted files into the folder dest, unless it is complete: complete(dest)
+    is true (default: all of archive.need are there); files of the archive already in dest are
+    kept (said on stderr), the others unpacked.
 
     Raises Failed: one sentence, the URL and what failed; nothing half-written is left, nor a
     folder that fetch made. A URL without a scheme is a local file (file://) where one is there.
+    Ctrl-C: KeyboardInterrupt, after the same cleaning; the caller says it.
     """
     dest = pathlib.Path(dest)
     archive = dataclasses.replace(archive, url=_as_url(archive.url))
@@ -111,7 +114,7 @@ def fetch(archive: Archive, dest, progress: bool = True) -> None:
             raise FolderError(f"{dest} is a file, where {archive.url} goes as a folder: move it")
         dest.parent.mkdir(parents=True, exist_ok=True)
         lock = _lock(dest.parent)
-        if all((dest / name).exists() for name in archive.need):
+        if complete(dest) if complete else all((dest / n).exists() for n in archive.need):
             return  # there already, or another process has just fetched it (nothing was made)
         _remove(*leftovers)  # of a process killed on its way (this one holds the lock)
         label = str(dest) if progress else None
@@ -122,9 +125,6 @@ def fetch(archive: Archive, dest, progress: bool = True) -> None:
             stream_tar(archive, part, label)
         _place(part, dest, archive)
         made = []  # in place: the folders made stay
-    except KeyboardInterrupt:
-        print(f"\nthe download of {archive.url} was interrupted: nothing was kept", file=sys.stderr)
-        raise
     except Failed:
         raise
     except DAMAGED as e:

@@ -10,24 +10,19 @@ prepared file <data_dir>/lra-cache/<folder>-<max_len>.npz is loaded if made from
 else read_source reads, checks, and write_prepared writes it. train_lra.py calls load_task
 (prepare without the file's name); `python lra_data.py --task text --download` prepares alone.
 Official code: google-research/long-range-arena lra_benchmarks/, mlpen/Nystromformer LRA/.
-Depends on: numpy, tqdm, download.py
+Depends on: numpy, tqdm, download.py, listops.py (the ListOps generator)
 """
 
 import argparse
 import contextlib
-import csv
 import hashlib
 import io
 import json
-import multiprocessing
 import os
 import pathlib
 import pickle
 import pickletools
-import random
 import re
-import signal
-import statistics
 import struct
 import sys
 import uuid
@@ -40,21 +35,17 @@ import numpy as np
 from tqdm import tqdm
 
 import download
+import listops
 
 # Token ids per task: ListOps 0 pad, 1..15 tokens, 16 OOV; bytes + 1 with 0 pad; pixel values.
 VOCAB = {"listops": 17, "text": 257, "retrieval": 257, "image": 256, "pathfinder": 256}
 N_CLASSES = {"listops": 10, "text": 2, "retrieval": 2, "image": 10, "pathfinder": 2}
 SPLITS = ("train", "val", "test")
-# prepare's default ListOps: the paper's (lra_benchmarks/data/listops.py's default flags),
-# generated in 16 seeded shards at once (as train_lra.py's paper preset: the same files).
-# min_length < tokens < max_length bound each expression, not the padding length max_len.
-LISTOPS_PAPER = dict(folder="listops-1000", train=96000, val=2000, test=2000)  # example counts
-LISTOPS_PAPER |= dict(min_length=500, max_length=2000, max_depth=10, max_args=10)  # tree bounds
-LISTOPS_PAPER |= dict(shards=16)
+# prepare's default ListOps: the paper's (lra_benchmarks/data/listops.py's default flags,
+# listops.OFFICIAL), generated in 16 seeded shards at once (as train_lra.py's paper preset).
+LISTOPS_PAPER = dict(folder="listops-1000", **listops.OFFICIAL, shards=16)
 # Tokens per input in the papers' setting (train_lra.py's paper preset): lra_data.py's default
 MAX_LEN = dict(listops=2000, text=1000, retrieval=4000, image=1024, pathfinder=1024)
-# The keys of generator.json, written beside generated files: the settings that made them
-GENERATOR_KEYS = ("seed", *SPLITS, "min_length", "max_length", "max_depth", "max_args")
 PATH_HARD = "pathfinder32/curv_contour_length_14"  # and the paper's "Path": Pathfinder32, hard
 # lra_benchmarks/data/pathfinder.py: each difficulty folder is the TFDS split of this name
 PATHFINDER_SPLITS = dict(curv_baseline="easy", curv_contour_length_9="intermediate")
@@ -86,7 +77,7 @@ DONE = dict(listops="words to ids 1..15, 16 for any other", text="bytes + 1; val
 DONE |= dict(retrieval="bytes + 1, each text first cut to 10,000 bytes, as officially")
 DONE |= dict(image="grey as tf.image.rgb_to_grayscale; TFDS order, train cut at 90 %")
 DONE |= dict(pathfinder="the {} difficulty; TFDS order, cut at 80 % and 90 %", pickles="as read")
-CACHE_VERSION = 2  # of the readers' rules: raise it when they change, and every cache is rebuilt
+CACHE_VERSION = 3  # of the readers' rules and the key: raise it when they change (all rebuilt)
 
 
 class DataError(ValueError):
@@ -112,112 +103,6 @@ class Split:
         if self.x2 is not None:
             batch.update(x2=ids(self.x2), mask2=positions < self.lengths2[idx, None])
         return batch
-
-
-# ListOps: the algorithm of lra_benchmarks/data/listops.py, seeded
-OPERATORS = ("[MIN", "[MAX", "[MED", "[SM")  # SM = sum modulo 10
-END, VALUE_P = "]", 0.25  # VALUE_P: P(operator) for a node at depth < max_depth, else a leaf
-APPLY = {"[MIN": min, "[MAX": max, "[SM": lambda xs: sum(xs) % 10}
-APPLY["[MED"] = lambda xs: int(statistics.median(xs))  # the official int(np.median(xs))
-# NOTE: ids 1..15 in a fixed order; lra_benchmarks/listops/input_pipeline.py's is a set's order
-LISTOPS_TOKENS = tuple("0123456789") + OPERATORS + ("X",)
-LISTOPS_IDS = {token: i + 1 for i, token in enumerate(LISTOPS_TOKENS)}
-LISTOPS_OOV = len(LISTOPS_TOKENS) + 1  # the id of a token outside the vocabulary (16)
-
-
-def generate_tree(rng: random.Random, depth: int, max_depth: int, max_args: int) -> tuple:
-    """One random expression as the official left-nested tuple tree -> (tree, length in tokens)."""
-    # The draws in the official order: node kind, argument count, arguments, then the operator.
-    if (rng.random() if depth < max_depth else 1.0) > VALUE_P:
-        return rng.choice(range(10)), 1
-    n_args = rng.randint(2, max_args)
-    args = [generate_tree(rng, depth + 1, max_depth, max_args) for _ in range(n_args)]
-    tree = (rng.choice(OPERATORS), args[0][0])
-    for arg, _ in args[1:]:
-        tree = (tree, arg)
-    return (tree, END), 2 + sum(length for _, length in args)  # 2: the operator token and "]"
-
-
-def to_string(tree) -> str:
-    """The release's text form: every tuple adds a parenthesis pair, "( ( [MAX 2 ) 9 ) ] )"."""
-    if isinstance(tree, tuple):
-        return f"( {to_string(tree[0])} {to_string(tree[1])} )"
-    return str(tree)
-
-
-def to_value(tree):
-    """The label: evaluate bottom-up. Partial nodes are (operator, [arguments so far])."""
-    if not isinstance(tree, tuple):
-        return tree
-    left, right = to_value(tree[0]), to_value(tree[1])
-    if left in OPERATORS:
-        return (left, [right])
-    op, args = left
-    return APPLY[op](args) if right == END else (op, args + [right])
-
-
-def generate_listops(
-    n, seed, min_length, max_length, max_depth=10, max_args=10, progress=True, shards=1
-) -> list:
-    """n distinct (expression, label) pairs with min_length < tokens < max_length (both strict).
-
-    shards > 1: shard s draws from random.Random(f"{seed}/{s}") in a process of its own, and the
-    shards are joined in order, duplicates dropped: the same data on any number of cores.
-    """
-    if shards > 1:
-        spare = n // (100 * shards) + 1  # a few more per shard: duplicates across shards drop out
-        bounds = (min_length, max_length, max_depth, max_args)
-        jobs = [(n // shards + spare, f"{seed}/{s}", *bounds, False) for s in range(shards)]
-        quiet = (signal.signal, (signal.SIGINT, signal.SIG_IGN))  # workers ignore Ctrl-C
-        with multiprocessing.Pool(min(shards, os.cpu_count() or 1), *quiet) as pool:
-            found = dict(pair for part in pool.starmap(generate_listops, jobs) for pair in part)
-        if len(found) < n:
-            raise DataError(f"ListOps: {shards} shards gave {len(found)} distinct trees, not {n}")
-        return list(found.items())[:n]
-    # NOTE: seeded and deduplicated in first-seen order; the official code: global RNG, a set
-    rng, found, misses = random.Random(seed), {}, 0
-    with tqdm(total=n, desc="generating ListOps", disable=not progress or None, leave=False) as bar:
-        while len(found) < n:
-            tree, length = generate_tree(rng, 1, max_depth, max_args)
-            text = to_string(tree) if min_length < length < max_length else None
-            if text is not None and text not in found:
-                found[text], misses = to_value(tree), 0
-                bar.update()
-                continue
-            misses += 1
-            if misses == 200_000:  # bounds (almost) no tree meets, or n too large
-                what = f"no new tree of {min_length} < length < {max_length} found"
-                raise DataError(f"ListOps: {what}")
-    return list(found.items())
-
-
-def listops_words(expression: str) -> list:
-    """LRA input pipeline: "]" -> "X", drop parentheses, split on whitespace -> token strings."""
-    return expression.replace("]", "X").replace("(", "").replace(")", "").split()
-
-
-def tokenize_listops(expression: str) -> list:
-    """The words of listops_words mapped to ids 1..15; any other word -> LISTOPS_OOV."""
-    return [LISTOPS_IDS.get(word, LISTOPS_OOV) for word in listops_words(expression)]
-
-
-def write_listops(folder: pathlib.Path, settings: dict, progress: bool = True) -> None:
-    """Generate ListOps with settings (generator.json's keys) into folder, as the release."""
-    folder, sizes = pathlib.Path(folder), [settings[split] for split in SPLITS]
-    args = [settings[k] for k in GENERATOR_KEYS[4:]] + [progress, settings.get("shards", 1)]
-    pairs = generate_listops(sum(sizes), settings["seed"], *args)  # the tree bounds, ..., shards
-    folder.mkdir(parents=True, exist_ok=True)
-    # Written whole under temporary names of this call's own, then renamed together at the end:
-    # no half files, and runs generating into one folder at once each rename their own files.
-    names = ["generator.json", *(f"basic_{split}.tsv" for split in SPLITS)]
-    tmp = {name: folder / f"{name}.{uuid.uuid4().hex}.tmp" for name in names}
-    tmp["generator.json"].write_text(json.dumps(settings) + "\n")
-    for split, start in zip(SPLITS, [0, sizes[0], sizes[0] + sizes[1]], strict=True):
-        with open(tmp[f"basic_{split}.tsv"], "w", newline="") as f:
-            rows = [("Source", "Target"), *pairs[start : start + settings[split]]]  # a header
-            csv.writer(f, delimiter="\t").writerows(rows)  # as the release: tabs, \r\n
-    for name, path in tmp.items():  # generator.json first: no tsv lacks it
-        path.replace(folder / name)
 
 
 def pack(sequences: list, max_len: int, shift: int = 0) -> tuple:
@@ -301,20 +186,20 @@ def read_listops_tsv(path: pathlib.Path, max_len: int) -> tuple:
             continue
         if len(row) != 2 or not re.fullmatch("[0-9]", row[1]):  # ASCII: "²" is no label
             raise DataError(f"{where}: expected 'expression<TAB>label 0..9', got {row}"[:300])
-        words = listops_words(row[0])
-        bad = [word for word in words if word not in LISTOPS_IDS]
+        words = listops.words(row[0])
+        bad = [word for word in words if word not in listops.IDS]
         if bad:
             unknown.append((line_num, bad[0]))
-        sequences.append([LISTOPS_IDS.get(word, LISTOPS_OOV) for word in words])
+        sequences.append([listops.IDS.get(word, listops.OOV) for word in words])
         labels.append(int(row[1]))
         places.append(where)
     x, lengths, cut = pack(sequences, max_len)
     split, notes = _drop_empty(Split(x, lengths, np.array(labels, np.int64), cut=cut), places, path)
     if unknown:  # the vocabulary as the file writes it: "X" is "]"
-        (line, word), vocabulary = unknown[0], " ".join(LISTOPS_TOKENS[:-1] + ("]",))
+        (line, word), vocabulary = unknown[0], " ".join(listops.TOKENS[:-1] + ("]",))
         token = f"{path}:{line}: {word!r} is not a ListOps token ({vocabulary}); it and the other"
         what = f"unknown tokens of {len(unknown)} line(s) of this file become the OOV id"
-        notes.insert(0, f"{token} {what} {LISTOPS_OOV}")
+        notes.insert(0, f"{token} {what} {listops.OOV}")
     return split, notes
 
 
@@ -664,12 +549,14 @@ def read_lra_pickle(path: pathlib.Path, task: str, max_len: int) -> tuple:
 class Source:
     """Where a task's three splits are read from: chosen by find_source, read by read_source."""
 
-    kind: str  # "release" (a folder in the release layout), "generated" (ListOps), "pickles"
+    kind: str  # "release" (a folder in the release layout), "generated" (ListOps), "pickles",
+    # "prepared": a prepared file alone, its source files not under data_dir (used as it is)
     folder: pathlib.Path  # the release or generated folder; the pickles' data_dir
     files: list  # every file read: their names, sizes and times key the prepared file
     name: str  # the prepared file is lra-cache/<name>-<max_len>.npz
     said: str  # how the first note names it
     done: str  # what the readers do to it (DONE)
+    settings: dict | None = None  # generated ListOps: the generator's (its generator.json)
 
 
 class Prepared(NamedTuple):
@@ -678,6 +565,23 @@ class Prepared(NamedTuple):
     splits: dict  # {"train", "val", "test"} -> Split
     notes: list  # plain sentences: what was read first, then what is surprising in it
     file: pathlib.Path | None  # lra-cache/<name>-<max_len>.npz; None: not written
+    unwritten: str | None = None  # the note saying why the prepared file could not be written
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C while prepare fetches, generates, reads or writes; the message, one sentence, says
+    what it was doing and what was kept (no stage leaves a file half-written)."""
+
+
+@contextlib.contextmanager
+def _interruptible(doing: str, kept: str):
+    """Turn a Ctrl-C inside the block into Interrupted("interrupted while <doing>: <kept>")."""
+    try:
+        yield
+    except Interrupted:
+        raise
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted while {doing}: {kept}") from None
 
 
 def prepare(
@@ -693,9 +597,9 @@ def prepare(
     cache: bool = True,
 ) -> Prepared:
     """One LRA task's three splits: from the prepared file <data_dir>/lra-cache/<folder>-
-    <max_len>.npz when it was made from the same files (names, sizes, modification times), at
-    this max_len and CACHE_VERSION; else read from the source (find_source), checked and written
-    to the prepared file.
+    <max_len>.npz when it was made from the same files (_prepared_key), at this max_len and
+    CACHE_VERSION, or when none of its files is there (a prepared data_dir copied alone); else
+    read from the source (find_source), checked and written to the prepared file.
 
     Args:
         task: a key of VOCAB.
@@ -705,49 +609,59 @@ def prepare(
         listops: the ListOps settings, LISTOPS_PAPER's keys (None = LISTOPS_PAPER).
         pathfinder_dir: the Pathfinder folder under data_dir.
         padding_note: add the note on padding far beyond the longest input (see the Returns).
-        download: a URL ("" = ARCHIVES'): fetch the missing folder (download_task); None: not.
-        cache: False: read the files, write no prepared file.
+        download: a URL ("" = ARCHIVES'): fetch a missing or incomplete folder; None: not.
+        cache: False: read the files, write no prepared file (and use none).
 
     Returns:
-        Prepared(splits, notes, file): notes are plain sentences for the run's log: first what
-        was read (split sizes, source, what was done to it, inputs cut at max_len), then
-        skipped examples, unknown ListOps tokens, a rebuilt prepared file, long padding.
+        Prepared(splits, notes, file, unwritten): notes are plain sentences for the run's log:
+        first what was read (split sizes, source, what was done to it, inputs cut at max_len),
+        then skipped examples, unknown ListOps tokens, a rebuilt prepared file, long padding.
 
     Raises:
-        DataError: no data, malformed data or bad arguments; the message names the file.
+        DataError: no data, incomplete or malformed data, or bad arguments; the message names
+        the file. Interrupted: Ctrl-C, said in one sentence.
     """
     if task not in VOCAB:
         raise DataError(f"unknown task {task!r}: one of {list(VOCAB)}")
     if isinstance(max_len, bool) or not isinstance(max_len, (int, np.integer)) or max_len < 1:
         raise DataError(f"max_len must be a positive integer, got {max_len!r}")
-    root = pathlib.Path(data_dir)
-    # 1) the source, chosen explicitly (fetched first with download; ListOps: generated first)
-    source = find_source(task, root, listops or LISTOPS_PAPER, seed, pathfinder_dir, download)
+    root, asked = pathlib.Path(data_dir), listops or LISTOPS_PAPER
+    # 1) the source, chosen explicitly (fetched first with download; ListOps: generated first),
+    # unless only its prepared file is here
+    alone = _prepared_alone(task, root, max_len, asked, seed, pathfinder_dir) if cache else None
+    source, key = alone or (find_source(task, root, asked, seed, pathfinder_dir, download), None)
     file = root / "lra-cache" / f"{source.name}-{max_len}.npz"
-    key = _prepared_key(root, source.files, max_len)
+    key = key or _prepared_key(root, source.files, max_len, source.settings)
     # 2) the prepared file, when it was made from these very files at this max_len
     splits, notes, why = None, [], None
     if cache:
         splits, notes, why = load_prepared(file, key, root)
     from_file = splits is not None
     # 3) else the source is read and checked, and the prepared file written
+    kept = "no prepared file was written; the data files are kept"
     if not from_file:
-        splits, notes = read_source(task, source, max_len)
+        with _interruptible(f"reading {source.said}", kept):
+            splits, notes = read_source(task, source, max_len)
+        _check_generated(source, splits)
     unwritten = []  # a note on a cache that could not be written: then it was not rebuilt
     if cache and not from_file:
-        unwritten = write_prepared(file, key, splits, notes)
+        with _interruptible(f"writing {file}", kept):
+            unwritten = write_prepared(file, key, splits, notes, source.done)
     if why is not None and not unwritten:
         notes = notes + [f"{file}: rebuilt, as {why}"]
     notes = notes + unwritten
     fetched = ARCHIVES["listops"]["folder"]  # ListOps in any other folder is generated alone
+    given = f"--download-url {download}" if download else "--download"
     if download is not None and source.kind == "generated" and source.folder.name != fetched:
-        given = f"--download-url {download}" if download else "--download"
         notes = notes + [f"{given} is not used: {source.folder} is generated, never fetched"]
+    if download is not None and source.kind == "prepared":
+        notes = notes + [f"{given} is not used: the prepared file is here"]
     # 4) what was read, said first; padding far beyond the longest input, said last
     notes = [_summary(task, source, splits, max_len, file if from_file else None), *notes]
     if padding_note:
         notes = notes + _padding_note(splits, max_len)
-    return Prepared(splits, notes, file if cache and file.exists() else None)
+    written = file if cache and file.exists() and not unwritten else None
+    return Prepared(splits, notes, written, unwritten[0] if unwritten else None)
 
 
 def load_task(task: str, data_dir: str | pathlib.Path, max_len: int, **options) -> tuple:
@@ -756,38 +670,82 @@ def load_task(task: str, data_dir: str | pathlib.Path, max_len: int, **options) 
     return prepared.splits, prepared.notes
 
 
-def find_source(task: str, root, listops: dict, seed: int, pathfinder_dir: str, download) -> Source:
-    """The task's source under root: its release folder (ListOps: generated there first, when
-    absent), else the PyTorch-LRA pickles; with download (a URL, "" = ARCHIVES'), the folder is
-    fetched first when neither is there. Raises DataError when there is none or it is incomplete."""
-    asked = dict(listops=listops["folder"], pathfinder=pathfinder_dir)  # else the standard one
-    folder = root / asked.get(task, ARCHIVES[task]["folder"])
-    marker, *others = (folder / name for name in ARCHIVES[task]["need"])
+def _folder(task: str, root: pathlib.Path, asked: dict, pathfinder_dir: str) -> tuple:
+    """The task's folder under root (ListOps, Pathfinder: the one asked for) and the stem of
+    its PyTorch-LRA pickles' names -> (folder, stem)."""
+    names = dict(listops=asked["folder"], pathfinder=pathfinder_dir)  # else the standard one
     stem = pathfinder_dir.replace("/", "-") if task == "pathfinder" else task
+    return root / names.get(task, ARCHIVES[task]["folder"]), stem
+
+
+def find_source(task: str, root, asked: dict, seed: int, pathfinder_dir: str, download) -> Source:
+    """The task's source under root: its release folder (ListOps: generated there first, when
+    absent), else the PyTorch-LRA pickles; with download (a URL, "" = ARCHIVES'), a folder
+    missing or incomplete (_incomplete) is fetched first, the files there kept, where there are
+    no pickles. Raises DataError when there is none or it is incomplete, naming the counts."""
+    folder, stem = _folder(task, root, asked, pathfinder_dir)
+    marker = folder / ARCHIVES[task]["need"][0]
     pickles = _find_pickles(root, stem)
     generated = task == "listops" and folder.name != ARCHIVES[task]["folder"]  # never fetched
-    whole = all(path.exists() for path in (marker, *others))
-    if download is not None and not whole and pickles is None and not generated:
+    generated |= (folder / "generator.json").exists()  # nor completed from the release
+    lacks = None if generated else _incomplete(task, folder)
+    if download is not None and lacks is not None and pickles is None:
         download_task(task, root, download, pathfinder_dir)
+        lacks = _incomplete(task, folder)
     if task == "listops" and (marker.exists() or pickles is None):
-        source = _listops_source(folder, listops, seed)
-    elif marker.exists():
+        if generated or lacks is None or not folder.exists():  # (absent: generated there)
+            return _listops_source(folder, asked, seed)
+    elif marker.exists() and lacks is None:
         said, done = f"the release folder {folder}", DONE[task]
         done = done.format(PATHFINDER_SPLITS.get(folder.name))  # Pathfinder: the difficulty
-        source = Source("release", folder, _release_files(task, folder), folder.name, said, done)
-    elif pickles is not None:
+        return Source("release", folder, _release_files(task, folder), folder.name, said, done)
+    elif pickles is not None and not marker.exists():
         said = f"the PyTorch-LRA pickles {root}/{stem}.*.pickle"
-        source = Source("pickles", root, pickles, f"{stem}-pickles", said, DONE["pickles"])
-    else:
-        url, names = ARCHIVES[task]["url"], f"{root}/{stem}.{{train,dev,test}}.pickle"
-        where = f"{marker} (from {url.split('//')[-1].rsplit('/', 1)[0]})"
-        fetch = f"train_lra.py's or lra_data.py's --download fetches {url}"  # (not diagnose.py)
-        what = f"expected {where} or the PyTorch-LRA pickles {names}; {fetch}"
-        raise DataError(f"no data for task {task}: {what}")
-    missing = [path for path in source.files if not os.path.exists(path)]
-    if missing:  # a new_aan_pairs.eval.tsv, say
-        raise DataError(f"{missing[0]}: no such file; the {task} data is incomplete")
-    return source
+        return Source("pickles", root, pickles, f"{stem}-pickles", said, DONE["pickles"])
+    if folder.exists():  # the folder is there, but not all of it
+        how = "--download fetches the rest and keeps these"
+        if download is not None:  # fetched, and still not as the release: not its folder
+            how = f"after fetching {download or ARCHIVES[task]['url']}: move it away, fetch again"
+        raise DataError(f"{lacks}: the {task} data is incomplete (an unpack cut short?); {how}")
+    url, names = ARCHIVES[task]["url"], f"{root}/{stem}.{{train,dev,test}}.pickle"
+    where = f"{marker} (from {url.split('//')[-1].rsplit('/', 1)[0]})"
+    fetch = f"train_lra.py's or lra_data.py's --download fetches {url}"  # (not diagnose.py)
+    what = f"expected {where} or the PyTorch-LRA pickles {names}; {fetch}"
+    raise DataError(f"no data for task {task}: {what}")
+
+
+# Text: the reviews the release has in each folder its reader reads, aclImdb/{train,test}/{neg,pos}
+IMDB_REVIEWS = 12_500
+
+
+def _incomplete(task: str, folder: pathlib.Path) -> str | None:
+    """What the task's release folder lacks, naming the count found and the count expected (an
+    unpack cut short), or None when it has all: Text, IMDB_REVIEWS reviews in each of its four
+    folders; the other tasks, every file of ARCHIVES' need (Pathfinder's images are checked
+    against its metadata by the reader, CIFAR-10's batches by unpickling them)."""
+    if task == "text":
+        for part in (folder / s / p for s in ("train", "test") for p in ("neg", "pos")):
+            found = len(_listing(part, ".txt"))
+            if found != IMDB_REVIEWS:
+                return f"{part} holds {found:,} reviews, where the release has {IMDB_REVIEWS:,}"
+        return None
+    need = ARCHIVES[task]["need"]
+    missing = [name for name in need if not os.path.exists(folder / name)]
+    if missing:
+        found = f"{len(need) - len(missing)} of the {len(need)} entries the release has there"
+        return f"{folder} holds {found} (no {missing[0]})"
+    return None
+
+
+def _check_generated(source: Source, splits: dict) -> None:
+    """A generated ListOps folder holds the example counts its generator.json names; fewer: a
+    copy cut short, refused (DataError)."""
+    for name in SPLITS if source.kind == "generated" else ():
+        found, wanted = len(splits[name].y), source.settings[name]
+        if found != wanted:
+            what = f"holds {found:,} examples, where its generator.json says {wanted:,}"
+            fix = f"a copy cut short? Delete {source.folder} to generate it again"
+            raise DataError(f"{source.folder / f'basic_{name}.tsv'} {what}: {fix}")
 
 
 def _find_pickles(root: pathlib.Path, stem: str) -> list | None:
@@ -820,7 +778,7 @@ def _summary(task: str, source: Source, splits: dict, max_len: int, prepared_fil
     """The first note: split sizes, the source (prepared_file: read from it), what was done."""
     sizes = ", ".join(f"{name} {len(split.y)}" for name, split in splits.items())
     where = source.said
-    if prepared_file is not None:
+    if prepared_file is not None and source.kind != "prepared":
         where = f"the prepared cache {prepared_file} of {source.said}"
     said = f"{task}: {sizes} examples from {where}; {source.done}"
     parts = {id(split): split for split in splits.values()}.values()  # Text: val is test
@@ -843,18 +801,40 @@ def _padding_note(splits: dict, max_len: int) -> list:
 
 
 # The prepared file: the arrays of each split (Text: val is test, kept once) and a "meta" entry,
-# JSON of its key (_prepared_key), the readers' notes and each split's count of inputs cut
+# JSON of its key (_prepared_key), the readers' notes, each split's count of inputs cut and what
+# the readers did (Source.done)
 FIELDS = ("x", "lengths", "y", "x2", "lengths2")
+# What the key holds of each source file: what tar, zip, scp -p, cp -p and rsync -a all keep
+KEY_HOLDS = "each file's size and modification time in whole seconds"
 
 
-def _prepared_key(root: pathlib.Path, files: list, max_len: int) -> dict:
+def _prepared_key(root: pathlib.Path, files: list, max_len: int, settings=None) -> dict:
     """What the prepared file was made from: each file's name (under root), size and
-    modification time, max_len and CACHE_VERSION."""
+    modification time in whole seconds (a folder: its time alone, as its size is the file
+    system's), max_len, CACHE_VERSION and a generated ListOps' settings."""
     stamps = []
     for path in files:
         stat = os.stat(path)
-        stamps.append([str(path).removeprefix(f"{root}{os.sep}"), stat.st_size, stat.st_mtime_ns])
-    return dict(version=CACHE_VERSION, max_len=max_len, sources=stamps)
+        size = None if os.path.isdir(path) else stat.st_size
+        name = str(path).removeprefix(f"{root}{os.sep}")
+        stamps.append([name, size, stat.st_mtime_ns // 1_000_000_000])  # floor, as tar keeps it
+    return dict(version=CACHE_VERSION, max_len=max_len, settings=settings, sources=stamps)
+
+
+def _why_rebuilt(old: dict, new: dict, root: pathlib.Path) -> str:
+    """Why a prepared file made with key old is not used for key new: the first that differs
+    of CACHE_VERSION, max_len, the ListOps settings and the source files."""
+    if old.get("version") != new["version"]:
+        return f"the readers changed (version {old.get('version')}, now {new['version']})"
+    if old["max_len"] != new["max_len"]:
+        return f"it was made for max_len {old['max_len']}, not {new['max_len']}"
+    if old.get("settings") != new["settings"]:
+        return f"it was made with other ListOps settings ({json.dumps(old.get('settings'))})"
+    was, now = ({name: stamp for name, *stamp in key["sources"]} for key in (old, new))
+    changed = {name for name in was.keys() & now.keys() if was[name] != now[name]}
+    name = min(changed | (was.keys() ^ now.keys()), default=None)
+    what = "is new" if name not in was else "is gone" if name not in now else "changed"
+    return f"{root / str(name)} {what} (the key holds {KEY_HOLDS})"
 
 
 def load_prepared(file: pathlib.Path, key: dict, root: pathlib.Path) -> tuple:
@@ -864,57 +844,83 @@ def load_prepared(file: pathlib.Path, key: dict, root: pathlib.Path) -> tuple:
         with np.load(file) as npz:  # every array read whole: a damaged one fails here
             arrays = {name: npz[name] for name in npz.files}
         meta = json.loads(str(arrays.pop("meta")))
-        if meta["key"] == key:
-            cuts = meta["cut"].items()  # per split kept
-            found = {n: Split(*(arrays.get(f"{n}.{f}") for f in FIELDS), cut=c) for n, c in cuts}
-            splits = {name: found.get(name, found["test"]) for name in SPLITS}  # Text: val
-            return splits, meta["notes"], None
-        old, new = ({tuple(stamp) for stamp in k["sources"]} for k in (meta["key"], key))
-        why = "its sources changed"
-        if old != new:
-            why = f"{root / min(old ^ new)[0]} changed"
-        if meta["key"]["version"] != CACHE_VERSION:
-            why = f"the readers changed (version {meta['key']['version']}, now {CACHE_VERSION})"
-        return None, [], why
+        if meta["key"] != key:
+            return None, [], _why_rebuilt(meta["key"], key, root)
+        cuts = meta["cut"].items()  # per split kept
+        found = {n: Split(*(arrays.get(f"{n}.{f}") for f in FIELDS), cut=c) for n, c in cuts}
+        splits = {name: found.get(name, found["test"]) for name in SPLITS}  # Text: val
+        return splits, meta["notes"], None
     except (FileNotFoundError, NotADirectoryError):  # not prepared yet
         return None, [], None
     except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile) as e:
         return None, [], f"it was damaged ({type(e).__name__})"
 
 
-def write_prepared(file: pathlib.Path, key: dict, splits: dict, notes: list) -> list:
-    """Write the splits, notes and key to the prepared file: under a name of its own, then
-    renamed (two runs at once: the file that lands is whole) -> [a note] if it cannot be."""
+def _prepared_alone(task, root, max_len: int, asked: dict, seed: int, pathfinder_dir) -> tuple:
+    """A prepared file of the task whose sources (folder, pickles) are all absent under root (a
+    data_dir prepared elsewhere, copied without them), when it was made at this max_len and
+    CACHE_VERSION (a generated ListOps: with these settings) -> (Source, its key); else None."""
+    folder, stem = _folder(task, root, asked, pathfinder_dir)
+    if folder.exists() or _find_pickles(root, stem) is not None:
+        return None
+    settings = _listops_settings(asked, seed) if task == "listops" else None
+    for name in (folder.name, f"{stem}-pickles"):
+        file = root / "lra-cache" / f"{name}-{max_len}.npz"
+        try:
+            with np.load(file) as npz:  # the meta entry alone is read here
+                meta = json.loads(str(npz["meta"]))
+            key = meta["key"]
+            usable = (key["version"], key["max_len"]) == (CACHE_VERSION, max_len)
+        except (OSError, ValueError, KeyError, TypeError, EOFError, zipfile.BadZipFile):
+            continue  # none, or damaged: the source is looked for as ever
+        if usable and key["settings"] in (None, settings):  # None: made from a release
+            said = f"the prepared file {file}, used as it is: the files it was made from are "
+            source = Source("prepared", folder, [], name, f"{said}not here", meta["done"])
+            return source, key
+    return None
+
+
+def write_prepared(file: pathlib.Path, key: dict, splits: dict, notes: list, done="") -> list:
+    """Write the splits, notes, key and what the readers did (done) to the prepared file: under a
+    name of its own, then renamed (two runs at once: the file that lands is whole; an error or
+    Ctrl-C: none is left) -> [a note] if it cannot be written."""
     kept = {name: s for name, s in splits.items() if name == "test" or s is not splits["test"]}
     arrays = {}  # a Split's fields, but Retrieval's alone hold x2 and lengths2
     for name, split in kept.items():
         arrays |= {
             f"{name}.{f}": getattr(split, f) for f in FIELDS if getattr(split, f) is not None
         }
-    meta = dict(key=key, notes=notes, cut={name: split.cut for name, split in kept.items()})
+    cut = {name: split.cut for name, split in kept.items()}
+    meta = dict(key=key, notes=notes, cut=cut, done=done)
     tmp = file.with_name(f"{file.stem}.{uuid.uuid4().hex}.tmp.npz")  # savez adds no suffix
     try:
         file.parent.mkdir(exist_ok=True)
         np.savez(tmp, meta=json.dumps(meta), **arrays)
         os.replace(tmp, file)
-    except OSError as e:  # a read-only data folder, a full disk: the run goes on without
+    except OSError as e:  # a read-only data folder, a full disk: a run goes on without
+        return [f"cannot write the cache {file} ({e.strerror}): the next run reads again"]
+    finally:
         with contextlib.suppress(OSError):  # (a file as lra-cache: no tmp was written)
             tmp.unlink(missing_ok=True)
-        return [f"cannot write the cache {file} ({e.strerror}): the next run reads again"]
     return []
 
 
 def download_task(task: str, data_dir, url: str = "", pathfinder_dir: str = PATH_HARD) -> None:
     """Fetch the task's folder (ARCHIVES; Pathfinder: pathfinder_dir) into data_dir from `url`, a
-    mirror or a file:// copy ("" = the table's URL): the archive's size and MD5 are checked where
-    known. Raises DataError, one sentence: what failed, the URL, how to fetch it by hand."""
+    mirror or a file:// copy ("" = the table's URL), unless it is complete (_incomplete); the
+    files there are kept. The archive's size and MD5 are checked where known. Raises DataError,
+    one sentence: what failed, the URL, how to fetch it by hand."""
     table = ARCHIVES[task]
     folder = pathfinder_dir if task == "pathfinder" else table["folder"]
     root, url = pathlib.Path(data_dir), url or table["url"]
     keep, need = table.get("keep", ".*"), table["need"]
     archive = download.Archive(url, folder, keep, need, md5=table["md5"], size=table["size"])
+    kept = "nothing was unpacked; the files there before are kept"
     try:
-        download.fetch(archive, root / folder)
+        with _interruptible(f"downloading {url} into {root / folder}", kept):
+            download.fetch(
+                archive, root / folder, complete=lambda dest: not _incomplete(task, dest)
+            )
     except download.FolderError as e:  # the archive was not at fault: no way by hand
         raise DataError(str(e)) from None
     except download.Failed as e:
@@ -937,39 +943,46 @@ def _release_files(task: str, folder: pathlib.Path) -> list:
     return _listing(folder / "metadata", ".npy") + images
 
 
-def _listops_source(folder: pathlib.Path, listops: dict, seed: int) -> Source:
-    """ListOps: folder's basic_{train,val,test}.tsv, generated first if absent.
-
-    A folder we generated holds generator.json, the settings that made it: other settings
-    are refused (the files would not be what this run asks for). The release has none.
-    """
-    missing = [key for key in GENERATOR_KEYS[1:] if key not in listops]
+def _listops_settings(asked: dict, seed: int) -> dict:
+    """The generator's settings (generator.json's keys, and shards where more than 1) of the
+    ListOps settings asked (LISTOPS_PAPER's keys) and seed."""
+    missing = [key for key in listops.KEYS[1:] if key not in asked]
     if missing:
         raise DataError(f"the ListOps settings lack {missing} (LISTOPS_PAPER has every key)")
-    settings = {"seed": seed, **{key: listops[key] for key in GENERATOR_KEYS[1:]}}
-    if listops.get("shards", 1) > 1:
-        settings["shards"] = listops["shards"]
-    files, generator_json = [folder / f"basic_{s}.tsv" for s in SPLITS], folder / "generator.json"
-    if not any(file.exists() for file in files):
-        write_listops(folder, settings)
-    if not all(file.exists() for file in files):
-        raise DataError(f"{folder}: incomplete, expected all of {[f.name for f in files]}")
-    if not generator_json.exists():  # the release's (or another's): read as it is
+    settings = {"seed": seed, **{key: asked[key] for key in listops.KEYS[1:]}}
+    if asked.get("shards", 1) > 1:
+        settings["shards"] = asked["shards"]
+    return settings
+
+
+def _listops_source(folder: pathlib.Path, asked: dict, seed: int) -> Source:
+    """ListOps: folder's basic_{train,val,test}.tsv, generated there first when absent
+    (listops.ready): the release's (no generator.json) read as they are, ours only when made
+    with the settings asked."""
+    settings = _listops_settings(asked, seed)
+    try:
+        with _interruptible(f"generating ListOps into {folder}", "nothing was written there"):
+            generated = listops.ready(folder, settings)
+    except ValueError as e:  # incomplete, other settings, bounds that (almost) no tree meets
+        raise DataError(str(e)) from None
+    except OSError as e:  # a read-only or full disk, a file where the folder goes
+        raise DataError(f"cannot write {e.filename or folder} ({e.strerror})") from None
+    files = [folder / f"basic_{s}.tsv" for s in SPLITS]
+    if not generated:
         said = f"the release folder {folder} (not generated: the sizes asked for do not apply)"
         return Source("release", folder, files, folder.name, said, DONE["listops"])
-    if json.loads(generator_json.read_text()) != settings:
-        what = f"{folder} was generated with {generator_json.read_text().strip()}"
-        fix = "pick another ListOps folder or delete that one"
-        raise DataError(f"{what}, but this run asks for {json.dumps(settings)}: {fix}")
-    said = f"the generator (seed {seed}), written to {folder}"
-    return Source("generated", folder, [*files, generator_json], folder.name, said, DONE["listops"])
+    said, files = (
+        f"the generator (seed {seed}), written to {folder}",
+        [*files, folder / "generator.json"],
+    )
+    return Source("generated", folder, files, folder.name, said, DONE["listops"], settings)
 
 
 def parse_args(argv: list | None = None) -> argparse.Namespace:
     """The flags of python lra_data.py (--help): train_lra.py's names and paper defaults."""
     about = "Fetch (--download), read, check one LRA task and write <data-dir>/lra-cache/<folder>-"
     about += "<max-len>.npz, which train_lra.py (same flags) then reads: prepare where there is "
-    about += "internet, then copy <data-dir> to a machine without."
+    about += "internet, then copy <data-dir> (or its lra-cache/ alone) to a machine without."
     parser = argparse.ArgumentParser(description=about)
     add = parser.add_argument
     add("--task", choices=list(VOCAB), default="listops", help="the task (default listops)")
@@ -977,32 +990,42 @@ def parse_args(argv: list | None = None) -> argparse.Namespace:
     lengths = ", ".join(f"{task} {n}" for task, n in MAX_LEN.items())
     add("--max-len", type=int, help=f"tokens per input, longer ones cut (default {lengths})")
     add("--data-seed", type=int, default=0, help="ListOps: the generator's seed (default 0)")
-    add("--listops-size", type=int, default=96000, help="ListOps: train examples (default 96000)")
-    add("--listops-eval-size", type=int, default=2000, help="val, test examples (default 2000)")
+    n, n_eval = LISTOPS_PAPER["train"], LISTOPS_PAPER["val"]
+    what = "ListOps generated (not the release's): "
+    add("--listops-size", type=int, default=n, help=f"{what}train examples (default {n})")
+    add("--listops-eval-size", type=int, default=n_eval, help=f"val, test each (default {n_eval})")
     add("--pathfinder", choices=list(PATHFINDER_DIRS), default="hard", help="(default hard)")
-    add("--download", action="store_true", help="fetch the task's folder when it is missing")
-    add("--download-url", default="", help="a mirror or file:// copy (implies --download)")
+    add("--download", action="store_true", help="fetch the task's folder, missing or incomplete")
+    urls = "; ".join(f"{task} {table['url']}" for task, table in ARCHIVES.items())
+    add("--download-url", help=f"a mirror or file:// copy; implies --download (default {urls})")
     return parser.parse_args(argv)
 
 
 def main(argv: list | None = None) -> Prepared:
     """python lra_data.py --task T: prepare one task's data, as train_lra.py reads it; say the
-    split sizes, the source and the file written."""
+    split sizes, the source and the file written. Exit 1 when it cannot (the data is wrong, or
+    the prepared file cannot be written); 130 on Ctrl-C, saying what was kept."""
     args = parse_args(argv)
     max_len = MAX_LEN[args.task] if args.max_len is None else args.max_len
     n_eval = args.listops_eval_size
-    listops = dict(LISTOPS_PAPER, train=args.listops_size, val=n_eval, test=n_eval)
-    fetch = args.download_url if args.download or args.download_url else None
-    options = dict(seed=args.data_seed, listops=listops, download=fetch)
+    settings = dict(LISTOPS_PAPER, train=args.listops_size, val=n_eval, test=n_eval)
+    fetch = args.download_url or "" if args.download or args.download_url else None
+    options = dict(seed=args.data_seed, listops=settings, download=fetch)
     options.update(pathfinder_dir=PATHFINDER_DIRS[args.pathfinder])
     try:
         prepared = prepare(args.task, args.data_dir, max_len, **options)
     except DataError as e:
         sys.exit(f"lra_data.py: {e}")  # one sentence, exit status 1
+    except KeyboardInterrupt as e:  # one sentence, exit status 130 (a shell's for Ctrl-C)
+        said = str(e) if isinstance(e, Interrupted) else "interrupted: nothing is half-written"
+        sys.stderr.write(f"\nlra_data.py: {said}\n")
+        sys.exit(130)
     for note in prepared.notes:
-        print(note)
-    if prepared.file is not None:  # else a note above says why it could not be written
-        print(f"prepared file: {prepared.file}")
+        if note != prepared.unwritten:
+            print(note)
+    if prepared.unwritten is not None:  # the one thing it is run for
+        sys.exit(f"lra_data.py: {prepared.unwritten}")
+    print(f"prepared file: {prepared.file}")
     return prepared
 
 

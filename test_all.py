@@ -3,9 +3,9 @@ test_all.py: the whole test suite.  `python -m pytest -q test_all.py`
 
 One section per file, in the project's order. A test's name starts with the file it tests:
 test_polynomials_, test_agf_, test_primal_ (ksvd_attention.py), test_gfsa_, test_model_,
-test_lra_data_ (and download.py), test_train_lra_, test_uea_data_, test_train_uea_, test_runs_,
-test_diagnose_, test_bench_, test_readme_, test_cuda_; a test shared by files names each in its
-ids (`_id`), so `-k test_gfsa_` runs every test of one file, shared ones too.
+test_lra_data_ (and download.py), test_listops_, test_train_lra_, test_uea_data_, test_train_uea_,
+test_runs_, test_diagnose_, test_bench_, test_readme_, test_cuda_; a test shared by files names
+each in its ids (`_id`), so `-k test_gfsa_` runs every test of one file, shared ones too.
 
 CPU, float64 where a tolerance matters, fixed seeds. Kinds of test: two computational forms agree
 (a fast path and its dense reference, a polynomial and its closed form, labels and an independent
@@ -73,6 +73,7 @@ import bench  # noqa: E402
 import diagnose  # noqa: E402
 import download  # noqa: E402
 import files  # noqa: E402
+import listops  # noqa: E402
 import lra_data  # noqa: E402
 import polynomials  # noqa: E402
 import runs  # noqa: E402
@@ -1789,48 +1790,76 @@ def _lra_check_batch(split: lra_data.Split, lengths, lengths2=None) -> None:
     assert np.array_equal(batch["y"], split.y[idx])
 
 
-def test_lra_data_listops_generator_labels_bounds_seeds_and_pinned_draws():
+def test_listops_generator_labels_bounds_seeds_and_pinned_draws():
     """Labels == an independent stack-machine evaluation; lengths strictly inside the bounds, no
     duplicates, seeded; pinned digests catch a change of the draw or of the dedup order."""
     bounds = dict(min_length=500, max_length=2000, progress=False)
-    a = lra_data.generate_listops(40, seed=0, **bounds)
-    assert all(500 < len(lra_data.tokenize_listops(text)) < 2000 for text, _ in a)
-    assert len({t for t, _ in a}) == len(a) and a != lra_data.generate_listops(40, 1, **bounds)
+    a = listops.generate(40, seed=0, **bounds)
+    assert all(500 < len(listops.tokenize(text)) < 2000 for text, _ in a)
+    assert len({t for t, _ in a}) == len(a) and a != listops.generate(40, 1, **bounds)
     # depth 2: one operator over 2..10 leaves, lengths 4..12, so both bounds are hit often
-    b = lra_data.generate_listops(60, 0, min_length=4, max_length=8, max_depth=2, progress=False)
-    assert {len(lra_data.tokenize_listops(t)) for t, _ in b} == {5, 6, 7}
-    with pytest.raises(lra_data.DataError, match="no new tree"):  # depth 2: at most 12 tokens
-        lra_data.generate_listops(5, 0, min_length=20, max_length=40, max_depth=2, progress=False)
+    b = listops.generate(60, 0, min_length=4, max_length=8, max_depth=2, progress=False)
+    assert {len(listops.tokenize(t)) for t, _ in b} == {5, 6, 7}
+    with pytest.raises(ValueError, match="no new tree"):  # depth 2: at most 12 tokens
+        listops.generate(5, 0, min_length=20, max_length=40, max_depth=2, progress=False)
     digests = ["6b936ced0c6deb3274eebb4bdb9fca95995cc1085193a2874c2b7f85e1b1ef85"]  # seed 0
     digests += ["1cd6b73ad95d85761a7fef4ecc4e2edd550714c11a7d8ab2ad16e46d60c97afc"]  # seed 1
     for seed, digest in enumerate(digests):
-        pairs = lra_data.generate_listops(200, seed, 10, 300, max_depth=6, progress=False)
+        pairs = listops.generate(200, seed, 10, 300, max_depth=6, progress=False)
         text = "\n".join(f"{e}\t{y}" for e, y in pairs)
         assert hashlib.sha256(text.encode()).hexdigest() == digest, seed
         assert all(y == _lra_stack_evaluate(e) for e, y in pairs)
-        ops = set(lra_data.OPERATORS)  # every operator was exercised
+        ops = set(listops.OPERATORS)  # every operator was exercised
         assert {op for e, _ in pairs for op in ops if op in e} == ops
     # shards = 3: the seeded generators "5/0", "5/1", "5/2" one after the other, joined unique
-    pairs = lra_data.generate_listops(60, 5, 5, 60, 4, 4, progress=False, shards=3)
-    shards = [lra_data.generate_listops(21, f"5/{s}", 5, 60, 4, 4, progress=False) for s in "012"]
+    pairs = listops.generate(60, 5, 5, 60, 4, 4, progress=False, shards=3)
+    shards = [listops.generate(21, f"5/{s}", 5, 60, 4, 4, progress=False) for s in "012"]
     joined = dict(itertools.chain(*shards))
     assert pairs == list(joined.items())[:60] and len({text for text, _ in pairs}) == 60
     few = r"ListOps: 3 shards gave \d+ distinct trees, not 1000"  # 400 of 4 tokens: 4 x 10 x 10
-    with pytest.raises(lra_data.DataError, match=few):
-        lra_data.generate_listops(1000, 5, 3, 5, 2, 10, progress=False, shards=3)
+    with pytest.raises(ValueError, match=few):
+        listops.generate(1000, 5, 3, 5, 2, 10, progress=False, shards=3)
+    assert listops.OFFICIAL == dict(  # lra_benchmarks/data/listops.py's flag defaults
+        train=96000, val=2000, test=2000, min_length=500, max_length=2000, max_depth=10, max_args=10
+    )
 
 
-def test_lra_data_listops_tokeniser_and_trees():
+def test_listops_trees_and_the_readers_tokens():
     """']' -> X, parentheses dropped, the fixed 15-token order, 0 pad, 16 OOV; MED as official."""
-    assert lra_data.LISTOPS_TOKENS == (*"0123456789", "[MIN", "[MAX", "[MED", "[SM", "X")
-    assert lra_data.to_string(((("[MAX", 2), 9), "]")) == "( ( ( [MAX 2 ) 9 ) ] )"
-    assert lra_data.tokenize_listops("( ( ( [MAX 2 ) 9 ) ] )") == [12, 3, 10, 15]
+    assert listops.TOKENS == (*"0123456789", "[MIN", "[MAX", "[MED", "[SM", "X")
+    assert listops.to_string(((("[MAX", 2), 9), "]")) == "( ( ( [MAX 2 ) 9 ) ] )"
+    assert listops.tokenize("( ( ( [MAX 2 ) 9 ) ] )") == [12, 3, 10, 15]
     # MED of an even count truncates the mean of the two middle values (official np.median)
     tree = ((((("[MED", 1), 4), 2), 9), "]")  # [MED 1 4 2 9 ] -> median 3.0 -> 3
-    assert lra_data.to_value(tree) == 3 == _lra_stack_evaluate(lra_data.to_string(tree))
-    assert lra_data.to_value(((("[MED", 1), 2), "]")) == 1  # (1 + 2) / 2 = 1.5 -> 1
-    assert lra_data.tokenize_listops("[FIRST 7 ]") == [16, 8, 15]  # unknown token -> OOV
+    assert listops.to_value(tree) == 3 == _lra_stack_evaluate(listops.to_string(tree))
+    assert listops.to_value(((("[MED", 1), 2), "]")) == 1  # (1 + 2) / 2 = 1.5 -> 1
+    assert listops.tokenize("[FIRST 7 ]") == [16, 8, 15]  # unknown token -> OOV
     assert lra_data.VOCAB["listops"] == 17 and lra_data.N_CLASSES["listops"] == 10
+
+
+def test_listops_runs_alone_writes_a_small_set_and_shows_three_examples(tmp_path):
+    """`python listops.py --size 100 --out D`, copied alone (and tqdm): the release's files, the
+    sizes said, three train examples shown as the model reads them, each with its true value;
+    Ctrl-C while it writes: one line, exit 130, no file left."""
+    shutil.copy(HERE / "listops.py", tmp_path)
+    run = _cli("listops.py", "--size", "100", "--out", "D", cwd=tmp_path)
+    assert run.returncode == 0 and run.stderr == "", run.stderr
+    first, *shown = run.stdout.splitlines()
+    assert first == "wrote D/basic_{train,val,test}.tsv: 100, 2, 2 examples" and len(shown) == 3
+    with open(tmp_path / "D" / "basic_train.tsv", newline="") as f:
+        rows = list(csv.reader(f, delimiter="\t"))
+    assert rows[0] == ["Source", "Target"] and len(rows) == 101
+    for line, (expression, label) in zip(shown, rows[1:4], strict=True):
+        words = expression.replace("(", "").replace(")", "").split()
+        start, tokens, value = re.fullmatch(
+            r"(.+?)(?: \.\.\.)?   \((\d+) tokens\)   -> (\d)", line
+        ).groups()
+        assert words[: len(start.split())] == start.split() and int(tokens) == len(words)
+        assert int(value) == int(label) == _lra_stack_evaluate(expression), line  # evaluated anew
+    settings = json.loads((tmp_path / "D" / "generator.json").read_text())
+    assert settings == dict(
+        seed=0, train=100, val=2, test=2, **dict(list(listops.OFFICIAL.items())[3:])
+    )
 
 
 def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
@@ -1843,17 +1872,17 @@ def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
     assert json.loads((folder / "generator.json").read_text()) == dict(
         seed=5, train=48, val=12, test=12, min_length=5, max_length=60, max_depth=5, max_args=10
     )
-    assert set(lra_data.GENERATOR_KEYS[1:]) <= set(lra_data.LISTOPS_PAPER)  # one set of names
+    assert set(listops.KEYS[1:]) <= set(lra_data.LISTOPS_PAPER)  # one set of names
     names = ["basic_test.tsv", "basic_train.tsv", "basic_val.tsv", "generator.json"]
     assert sorted(p.name for p in folder.iterdir()) == names
     # the three splits are consecutive slices of one generated stream
-    pairs = lra_data.generate_listops(72, 5, 5, 60, 5, 10, progress=False)
+    pairs = listops.generate(72, 5, 5, 60, 5, 10, progress=False)
     assert rows[1:] == [[e, str(y)] for e, y in pairs[:48]]
     assert data["test"].y.tolist() == [y for _, y in pairs[60:]]
     split = data["train"]
     assert split.x.shape == (48, 30) and split.x.dtype == np.int16 and notes[1:] == []
-    ids = [lra_data.tokenize_listops(e)[:30] for e, _ in pairs]
-    cut = sum(len(lra_data.tokenize_listops(e)) > 30 for e, _ in pairs)  # said in the first note
+    ids = [listops.tokenize(e)[:30] for e, _ in pairs]
+    cut = sum(len(listops.tokenize(e)) > 30 for e, _ in pairs)  # said in the first note
     said = f"{lra_data.DONE['listops']}; {cut} of 72 inputs cut at max_len 30: their ends dropped"
     assert notes[0].endswith(f"(seed 5), written to {folder}; {said}")
     assert all(row[: len(i)].tolist() == i for row, i in zip(split.x, ids, strict=False))
@@ -1868,17 +1897,17 @@ def test_lra_data_listops_files_release_format_cache_and_mismatch(tmp_path):
     release, _ = lra_data.load_task("listops", tmp_path, 30, seed=6, listops=_LRA_TINY_LISTOPS)
     assert np.array_equal(release["train"].x, data["train"].x)
     (folder / "basic_val.tsv").unlink()
-    with pytest.raises(lra_data.DataError, match=r"listops-tiny: incomplete"):
+    with pytest.raises(lra_data.DataError, match=r"listops-tiny holds 2 of the 3 files basic_"):
         lra_data.load_task("listops", tmp_path, 30, seed=5, listops=_LRA_TINY_LISTOPS)
     # eight runs generating into one folder at once (quick runs side by side): each ends well,
     # and the files are whole, as one writer's; no *.tmp is left
     settings, w = dict(_LRA_TINY_LISTOPS, seed=5), tmp_path / "w"
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda _: lra_data.write_listops(w, settings, False), range(8)))
+        list(pool.map(lambda _: listops.write(w, settings, False), range(8)))
     written = {p.name: p.read_bytes() for p in w.iterdir()}
     assert sorted(written) == names and written["basic_train.tsv"] == train.read_bytes()
     # splits of other sizes (val 5, test 9): still consecutive slices of one stream
-    lra_data.write_listops(tmp_path / "v", dict(settings, val=5, test=9), False)
+    listops.write(tmp_path / "v", dict(settings, val=5, test=9), False)
     for split, start, stop in (("train", 0, 48), ("val", 48, 53), ("test", 53, 62)):
         with open(tmp_path / "v" / f"basic_{split}.tsv", newline="") as f:
             read = list(csv.reader(f, delimiter="\t"))[1:]
@@ -1898,7 +1927,8 @@ def test_lra_data_imdb_and_aan_readers(tmp_path):
     val = test. AAN tsv: label id1 id2 text1 text2, each text cut to 10000 bytes, then max_len."""
     neg = ["  bad<br />film \n", "\r\nfine\r\nok\r\n", "\x1cmeh\x1c", b"caf\xe9 "]
     _lra_imdb(tmp_path, {"neg": neg, "pos": ["très bien\n", "\u00a0nice\u3000\n"]})
-    splits, notes = lra_data.load_task("text", tmp_path, 12)
+    with mock.patch.object(lra_data, "_incomplete", return_value=None):  # folders of 4 and 2
+        splits, notes = lra_data.load_task("text", tmp_path, 12)
     said = "; bytes + 1; val is test; 2 of 12 inputs cut at max_len 12: their ends dropped"
     assert splits["val"] is splits["test"] and notes[1:] == [] and notes[0].endswith(said)
     train = splits["train"]
@@ -2402,7 +2432,7 @@ _LRA_BAD_INPUTS = [  # (reader, content, a fragment of the message; "@" = the fi
     ("load_task", dict(task="image", max_len=8), "no data for task image: expected"),
     ("load_task", dict(task="text", max_len=8), _NO_IMDB),
     ("load_task", _LOAD_NO_DEPTH, "the ListOps settings lack ['max_depth']"),
-    ("retrieval", "1\ta\tb\tc\td\n", "{tmp}/tsv_data/new_aan_pairs.eval.tsv: no such file"),
+    ("retrieval", "1\ta\tb\tc\td\n", "{tmp}/tsv_data holds 1 of the 3 entries the release has"),
 ]
 
 
@@ -2468,7 +2498,7 @@ def test_lra_data_notes_unknown_listops_token_and_padding_far_beyond_the_inputs(
         rows = ["( ( [MAX 1 ) 2 ) ]\t2"] + (val if split == "val" else [])
         _write(folder / f"basic_{split}.tsv", "\r\n".join(["Source\tTarget", *rows]) + "\r\n")
     splits, notes = lra_data.load_task("listops", tmp_path, 8)
-    assert splits["val"].x[1, 0] == lra_data.LISTOPS_OOV == 16  # the official OOV id
+    assert splits["val"].x[1, 0] == listops.OOV == 16  # the official OOV id
     [said, note] = notes  # the sizes asked for (96000, ...) are not the folder's: said
     assert f"from the release folder {folder} (not generated: the sizes asked for do not " in said
     assert note.startswith(f"{folder / 'basic_val.tsv'}:3: '[MAXX' is not a ListOps token")
@@ -2514,6 +2544,7 @@ def _serve(folder: pathlib.Path):
         server.shutdown()
 
 
+@mock.patch.object(lra_data, "IMDB_REVIEWS", 4)  # the release's count, as the small aclImdb here
 def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_failed(tmp_path, capsys):
     """--download of each task's archive from a local server: what is kept, two steps; each fault
     one sentence (URL, by hand), nothing left; two at once: one fetches; ARCHIVES as published."""
@@ -2529,7 +2560,7 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
     _write(src / "aclImdb" / "train" / "labeledBow.feat", "not kept")
     _lra_cifar(src / "cifar-10-batches-py")
     stem = src / "lra_release" / "lra_release"
-    lra_data.write_listops(stem / "listops-1000", dict(_LRA_TINY_LISTOPS, seed=0), False)
+    listops.write(stem / "listops-1000", dict(_LRA_TINY_LISTOPS, seed=0), False)
     (stem / "listops-1000" / "generator.json").unlink()  # as the release: no generator.json
     _lra_aan(stem, "1\ta\tb\tx\ty\n0\ta\tb\tz\tw\n" * 4)  # label, id1, id2, text1, text2
     _lra_pathfinder(stem / "pathfinder32" / "curv_contour_length_14", 22)
@@ -2559,13 +2590,15 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
             with mock.patch("download.shutil", shutil if type(what) is str else fails):
                 with pytest.raises((lra_data.DataError, KeyboardInterrupt)) as err:
                     lra_data.download_task(task, data, where)
-            said = capsys.readouterr().err.strip().splitlines()[-1:]  # after the progress lines
-            text = str(err.value) if err.type is lra_data.DataError else said[0]
+            text, ctrl_c = str(err.value), err.type is lra_data.Interrupted  # one sentence each
             what = getattr(what, "strerror", None) or str(what)  # a full disk: the folder's fault
             assert what in text and where in text and "\n" not in text.strip(), text
-            assert "by hand: download" in text or err.type is KeyboardInterrupt or "space" in what
-            interrupted = f"the download of {where} was interrupted: nothing was kept"
-            assert err.type is not KeyboardInterrupt or text == interrupted, text
+            assert "by hand: download" in text or ctrl_c or "space" in what
+            folder = data / lra_data.ARCHIVES[task]["folder"]
+            kept = "nothing was unpacked; the files there before are kept"
+            interrupted = f"interrupted while downloading {where} into {folder}: {kept}"
+            assert not ctrl_c or text == interrupted, text
+            assert "interrupted" not in capsys.readouterr().err, "the caller says it, once"
             assert not list(data.rglob("*")), (task, what)  # nor an empty pathfinder32/
         for task, archive, max_len, folder in [
             ("text", "aclImdb_v1.tar.gz", 16, src / "aclImdb"),
@@ -2610,7 +2643,7 @@ def _lra_aan(root: pathlib.Path, rows="1\ta\tb\tabc\tdefgh\n0\tc\td\tx\t\n0\te\t
 _LRA_PAIR = {"input_ids_0": [5, 6, 7, 8, 0], "input_ids_1": [7, 0, 3], "label": 1}  # a pickle item
 _LRA_SOURCES = {  # a folder of each kind -> (task, max_len); listops: generated
     "listops": ("listops", 30, lambda root: None),
-    "text": ("text", 6, lambda root: _lra_imdb(root, {"neg": ["bad film", " "], "pos": ["good"]})),
+    "text": ("text", 6, lambda r: _lra_imdb(r, {"neg": ["bad film", " "], "pos": ["good", "ok"]})),
     "retrieval": ("retrieval", 4, _lra_aan),
     "image": ("image", 1024, lambda root: _lra_cifar(root / "cifar-10-batches-py")),
     "pathfinder": ("pathfinder", 16, lambda root: _lra_pathfinder(root / lra_data.PATH_HARD, 22)),
@@ -2619,7 +2652,7 @@ _LRA_SOURCES = {  # a folder of each kind -> (task, max_len); listops: generated
 
 _LRA_SAID = {  # the first note: where from (under the data folder), what the readers did
     "listops": "the generator (seed 0), written to @/listops-tiny; words to ids 1..15, 16 for any",
-    "text": "the release folder @/aclImdb; bytes + 1; val is test; 2 of 4 inputs cut at max_len 6",
+    "text": "the release folder @/aclImdb; bytes + 1; val is test; 2 of 6 inputs cut at max_len 6",
     "retrieval": "the release folder @/tsv_data; bytes + 1, each text first cut to 10,000 bytes,",
     "image": "@/cifar-10-batches-py; grey as tf.image.rgb_to_grayscale; TFDS order, train cut at",
     "pathfinder": "curv_contour_length_14; the hard difficulty; TFDS order, cut at 80 % and 90 %",
@@ -2628,10 +2661,11 @@ _LRA_SAID = {  # the first note: where from (under the data folder), what the re
 
 
 @pytest.mark.parametrize("source", _LRA_SOURCES)
-def test_lra_data_cache_hit_equals_a_fresh_read(source, tmp_path):
+def test_lra_data_cache_hit_equals_a_fresh_read(source, tmp_path, monkeypatch):
     """A hit reads no source; the same arrays and notes as a fresh read, but the source said."""
     task, max_len, write = _LRA_SOURCES[source]
     write(tmp_path)
+    monkeypatch.setattr(lra_data, "IMDB_REVIEWS", 2)  # the release's count, as aclImdb/ here
     args = dict(task=task, data_dir=tmp_path, max_len=max_len, listops=_LRA_TINY_LISTOPS)
     lra_data.load_task(**args, cache=False)
     assert not (tmp_path / "lra-cache").exists(), "cache=False writes no prepared file"
@@ -2681,39 +2715,72 @@ def test_lra_data_prepared_on_its_own_is_what_train_lra_reads(tmp_path):
     assert not any("is not used" in note for note in notes), "where a release would be fetched"
 
 
+def test_lra_data_exits_1_when_it_cannot_write_the_prepared_file(tmp_path):
+    """Writing the prepared file is what lra_data.py is run for: when it cannot (a file where
+    lra-cache/ goes; a read-only mount), it says why once, on stderr, and exits 1; the split sizes
+    are said first. (A training run goes on without it: the cache tests.)"""
+    _lra_aan(tmp_path)
+    (tmp_path / "lra-cache").write_text("")  # (root writes into read-only folders: a file here)
+    run = _cli("lra_data.py", "--task", "retrieval", "--max-len", "4", "--data-dir", str(tmp_path))
+    file = tmp_path / "lra-cache" / "tsv_data-4.npz"
+    said = f"cannot write the cache {file} (File exists): the next run reads again"
+    assert (run.returncode, run.stderr) == (1, f"lra_data.py: {said}\n"), run.stderr
+    assert run.stdout.startswith("retrieval: train 2, val 2, test 2 examples from the release")
+    assert said not in run.stdout and "prepared file:" not in run.stdout
+    (tmp_path / "lra-cache").unlink()
+    rofs = OSError(errno.EROFS, "Read-only file system")
+    with mock.patch.object(lra_data.np, "savez", side_effect=rofs), pytest.raises(SystemExit) as e:
+        lra_data.main(["--task", "retrieval", "--max-len", "4", "--data-dir", str(tmp_path)])
+    assert e.value.code == f"lra_data.py: {said.replace('File exists', 'Read-only file system')}"
+    with pytest.raises(SystemExit) as e:  # a --data-dir that is a file: one sentence, exit 1
+        lra_data.main(["--data-dir", str(tmp_path / "tsv_data/new_aan_pairs.train.tsv")])
+    assert (
+        e.value.code.startswith("lra_data.py: cannot write ")
+        and "(Not a directory)" in e.value.code
+    )
+
+
 def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_path, monkeypatch):
-    """Read anew, with a note saying why, and cached again; an unwritable cache: said."""
+    """Read anew, with a note giving the true reason, and cached again; an unwritable cache:
+    said."""
     _lra_aan(tmp_path)
     cache = tmp_path / "lra-cache/tsv_data-4.npz"
     train = tmp_path / "tsv_data/new_aan_pairs.train.tsv"
     want = lra_data.load_task("retrieval", tmp_path, 4)[0]["test"].x2  # writes the cache
     bad, new = "it was damaged (BadZipFile)", lra_data.CACHE_VERSION + 1
     version = f"the readers changed (version {new - 1}, now {new})"
+    key = "(the key holds each file's size and modification time in whole seconds)"
 
     def same_tick():  # another size at the same time: written twice within one clock tick
         stamp = train.stat().st_mtime_ns
         train.write_bytes(train.read_bytes() + b"\n")  # a blank line: the same examples
         os.utime(train, ns=(stamp, stamp))
 
+    def other_max_len():  # a prepared file of max_len 5 under max_len 4's name
+        lra_data.load_task("retrieval", tmp_path, 5)
+        os.replace(cache.with_name("tsv_data-5.npz"), cache)
+
     for change, why in [
-        (lambda: os.utime(train, ns=(0, 0)), f"{train} changed"),  # the same bytes, another time
-        (lambda: os.utime(train, ns=(0, 10**6)), f"{train} changed"),  # 1 ms on, the same second
-        (same_tick, f"{train} changed"),
+        (lambda: os.utime(train, ns=(0, 0)), f"{train} changed {key}"),  # the same bytes
+        (lambda: os.utime(train, ns=(0, 10**9)), f"{train} changed {key}"),  # a second on
+        (same_tick, f"{train} changed {key}"),
         (lambda: cache.write_bytes(cache.read_bytes()[:-100]), bad),
         # a letter of its key (UTF-32): the CRC does not match
         (lambda: cache.write_bytes(cache.read_bytes().replace(b"v\0\0\0e", b"V\0\0\0e", 1)), bad),
+        (other_max_len, "it was made for max_len 5, not 4"),
         (lambda: monkeypatch.setattr(lra_data, "CACHE_VERSION", new), version),
     ]:
         change()
         data, notes = lra_data.load_task("retrieval", tmp_path, 4)
-        assert notes[-1] == f"{cache}: rebuilt, as {why}" and " cache " not in notes[0]
+        assert notes[-1].startswith(f"{cache}: rebuilt, as {why}") and " cache " not in notes[0]
         assert np.array_equal(data["test"].x2, want)  # and the next load reads the new cache:
         assert " cache " in lra_data.load_task("retrieval", tmp_path, 4)[1][0]
     cache.write_bytes(b"damaged")  # and cannot be rewritten: said once, not "rebuilt" as well
     with mock.patch.object(lra_data.np, "savez", side_effect=OSError(30, "Read-only file system")):
-        notes = lra_data.load_task("retrieval", tmp_path, 4)[1]
+        prepared = lra_data.prepare("retrieval", tmp_path, 4)
     unwritten = f"cannot write the cache {cache} (Read-only file system): the next run reads again"
-    assert [note for note in notes if str(cache) in note] == [unwritten]
+    assert [note for note in prepared.notes if str(cache) in note] == [unwritten]
+    assert prepared.unwritten == unwritten and prepared.file is None, "not the damaged one"
     shutil.rmtree(cache.parent)
     cache.parent.write_text("")  # a file where the cache folder goes: it cannot be written
     data, notes = lra_data.load_task("retrieval", tmp_path, 4)
@@ -2732,7 +2799,7 @@ def test_lra_data_pathfinder_cache_is_keyed_by_its_image_folders(tmp_path):
     assert " cache " in lra_data.load_task("pathfinder", tmp_path, 16)[1][0], "a hidden folder"
     os.utime(imgs / "0", ns=(0, 0))
     notes = lra_data.load_task("pathfinder", tmp_path, 16)[1]
-    assert notes[-1].endswith(f"rebuilt, as {imgs / '0'} changed"), notes[-1]
+    assert f"rebuilt, as {imgs / '0'} changed (the key holds" in notes[-1], notes[-1]
 
 
 def test_lra_data_download_is_not_tried_where_the_pickles_are(tmp_path):
@@ -2760,6 +2827,283 @@ def test_lra_data_load_prepared_reads_each_error_as_absent_or_damaged(tmp_path, 
     reading it, a damaged one to rebuild."""
     with mock.patch.object(lra_data.np, "load", side_effect=error):
         assert lra_data.load_prepared(tmp_path / "a.npz", {}, tmp_path) == (None, [], why)
+
+
+def _lra_entries(root: pathlib.Path) -> dict:
+    """Every file and folder under root -> its bytes (a folder: None)."""
+    return {
+        str(p.relative_to(root)): None if p.is_dir() else p.read_bytes() for p in root.rglob("*")
+    }
+
+
+def _lra_tar(path: pathlib.Path, src: pathlib.Path, *tops) -> str:
+    """A tar.gz at path of the folders tops under src -> its file:// URL."""
+    with tarfile.open(_write(path, b""), "w:gz") as tar:
+        for top in tops:
+            tar.add(src / top, top)
+    return path.as_uri()
+
+
+def _whole_seconds(src: pathlib.Path, dst: pathlib.Path) -> None:
+    """A copy as scp -p or an SFTP client makes it on another host: each time in whole seconds."""
+    shutil.copytree(src, dst)
+    for path in sorted(dst.rglob("*"), key=lambda p: -len(p.parts)):  # a folder after its files
+        os.utime(path, (path.stat().st_atime // 1, path.stat().st_mtime // 1))
+
+
+_COPIES = {  # copy tool -> (what it needs on the PATH, how it copies the folder src as dst)
+    "tar": ("tar", "mkdir {dst} && tar czf {dst}.tgz -C {src} . && tar xzf {dst}.tgz -C {dst}"),
+    "zip": (
+        "unzip",
+        "mkdir {dst} && cd {src} && zip -qr {dst}.zip . && unzip -q {dst}.zip -d {dst}",
+    ),
+    "scp -p": ("scp", "scp -rpq {src} {dst}"),  # to the same host: scp runs cp -p
+    "scp -p to another host": (None, _whole_seconds),  # the protocols carry whole seconds
+    "cp -p": ("cp", "cp -rp {src} {dst}"),
+    "rsync -a": ("rsync", "rsync -a {src}/ {dst}"),
+}
+
+
+@pytest.mark.parametrize("tool", _COPIES)
+def test_lra_data_a_prepared_folder_travels_by_each_copy_tool(tool, tmp_path):
+    """A data folder prepared, then copied by each tool: every prepared file is used as it is (a
+    release's, Pathfinder's keyed by image folders, a generated ListOps); a changed source (the
+    same size, a second later) is read again, naming it; without its sources, a prepared file is
+    used as it is, said so (the offline GPU machine)."""
+    needs, copy = _COPIES[tool]
+    if (
+        needs is not None
+        and shutil.which(needs) is None
+        or tool == "zip"
+        and not shutil.which("zip")
+    ):
+        pytest.skip(f"{tool}: not on this machine")
+    src, dst = tmp_path / "src", tmp_path / "dst"
+    _lra_aan(src)
+    _lra_pathfinder(src / lra_data.PATH_HARD, 22)
+    for path in sorted(src.rglob("*"), key=lambda p: -len(p.parts)):  # times with a fraction
+        os.utime(path, ns=(1_700_000_000_678_000_000, 1_700_000_000_678_000_000))
+    tasks = dict(retrieval=dict(max_len=4), pathfinder=dict(max_len=16))
+    tasks["listops"] = dict(max_len=30, seed=5, listops=_LRA_TINY_LISTOPS)  # generated here
+    for task, args in tasks.items():
+        lra_data.load_task(task, src, **args)
+    if callable(copy):
+        copy(src, dst)
+    else:
+        subprocess.run(copy.format(src=src, dst=dst), shell=True, check=True, capture_output=True)
+    fail = mock.Mock(side_effect=AssertionError("a copied prepared file was read again"))
+    with mock.patch.object(lra_data, "read_source", fail):
+        for task, args in tasks.items():
+            notes = lra_data.load_task(task, dst, **args)[1]
+            assert f"from the prepared cache {dst}/lra-cache/" in notes[0], (task, notes[0])
+            assert not any("rebuilt" in note for note in notes), notes
+    train = dst / "tsv_data" / "new_aan_pairs.train.tsv"
+    stamp = train.stat().st_mtime_ns // 10**9 * 10**9
+    os.utime(train, ns=(stamp + 999_000_000, stamp + 999_000_000))  # the same second
+    assert " cache " in lra_data.load_task("retrieval", dst, 4)[1][0], "the key: whole seconds"
+    train.write_bytes(train.read_bytes().replace(b"1\ta", b"0\ta", 1))  # the same size
+    os.utime(train, ns=(stamp + 10**9, stamp + 10**9))  # a second later
+    data, notes = lra_data.load_task("retrieval", dst, 4)
+    key = "(the key holds each file's size and modification time in whole seconds)"
+    assert notes[-1] == f"{dst}/lra-cache/tsv_data-4.npz: rebuilt, as {train} changed {key}"
+    assert data["train"].y[0] == 0, "the changed label is read"
+    for folder in ("tsv_data", "pathfinder32", "listops-tiny"):  # the sources stay behind
+        shutil.rmtree(dst / folder)
+    with mock.patch.object(lra_data, "read_source", fail):
+        for task, args in tasks.items():
+            prepared = lra_data.prepare(task, dst, **args, download="")
+            file = (
+                dst / "lra-cache" / f"{pathlib.Path(_LRA_FOLDERS[task]).name}-{args['max_len']}.npz"
+            )
+            alone = f"from the prepared file {file}, used as it is: the files it was made from are"
+            assert alone in prepared.notes[0] and prepared.file == file, prepared.notes[0]
+            assert "--download is not used: the prepared file is here" in prepared.notes
+    assert lra_data.load_task("retrieval", dst, 4)[0]["train"].y[0] == 0, "the rebuilt one"
+    other = dict(tasks["listops"], seed=6)  # other settings: generated, not taken from the file
+    assert "(seed 6), written to" in lra_data.load_task("listops", dst, **other)[1][0]
+    with pytest.raises(lra_data.DataError, match="no data for task retrieval"):
+        lra_data.load_task("retrieval", dst, 4, cache=False)  # --no-cache: no prepared file
+
+
+_LRA_FOLDERS = dict(retrieval="tsv_data", pathfinder=lra_data.PATH_HARD, listops="listops-tiny")
+_LRA_KEPT = "--download fetches the rest and keeps these"
+_LRA_PARTS = {  # task -> (max_len, its folder, a writer of the whole folder under a root, the
+    # entry removed, another content for one the user keeps)
+    "image": (1024, "cifar-10-batches-py", lambda r: _lra_cifar(r / "cifar-10-batches-py"),
+              "data_batch_5", ("data_batch_1", _lra_npy(np.ones((2, 3072), np.uint8), [3, 4]))),
+    "retrieval": (4, "tsv_data", _lra_aan, "new_aan_pairs.eval.tsv",
+                  ("new_aan_pairs.train.tsv", b"0\tq\tr\tuser\tfile\n")),
+    "listops": (30, "listops-1000", lambda r: listops.write(
+        r / "listops-1000", dict(_LRA_TINY_LISTOPS, seed=0), False), "basic_val.tsv",
+        ("basic_train.tsv", b"Source\tTarget\r\n( [MAX 1 2 ] )\t2\r\n")),
+    "pathfinder": (16, lra_data.PATH_HARD, lambda r: _lra_pathfinder(r / lra_data.PATH_HARD, 22),
+                   "imgs", ("metadata/0.npy", b"imgs/0 sample_0.png 0 1 1.0 14 4\n")),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("task", _LRA_PARTS)
+def test_lra_data_a_folder_short_of_a_release_file_is_completed_or_refused(task, tmp_path):
+    """A release folder lacking an entry (an unpack cut short): refused in one sentence naming
+    the count found and expected; --download fetches the rest and keeps the user's own files."""
+    max_len, name, write, missing, (own, content) = _LRA_PARTS[task]
+    src, data = tmp_path / "src", tmp_path / "data"
+    write(src)
+    if task == "listops":
+        (src / name / "generator.json").unlink()  # as the release: no generator.json
+    url = _lra_tar(tmp_path / "archive.tar.gz", src, name.split("/")[0])
+    shutil.copytree(src / name, data / name)
+    remove = shutil.rmtree if (data / name / missing).is_dir() else os.remove
+    remove(data / name / missing)
+    _write(data / name / own, content)  # the user's own version of a file: kept
+    need = lra_data.ARCHIVES[task]["need"]
+    said = f"{data / name} holds {len(need) - 1} of the {len(need)} entries the release has there"
+    said += f" (no {missing}): the {task} data is incomplete (an unpack cut short?); {_LRA_KEPT}"
+    with pytest.raises(lra_data.DataError) as refused:
+        lra_data.load_task(task, data, max_len)
+    assert str(refused.value) == said
+    ours = dict(md5=hashlib.md5((tmp_path / "archive.tar.gz").read_bytes()).hexdigest(), size=None)
+    with mock.patch.dict(lra_data.ARCHIVES[task], ours if task == "image" else {}):
+        if task != "pathfinder":  # (the user's metadata names an image of the archive: read)
+            lra_data.load_task(task, data, max_len, download=url, cache=False)
+        else:
+            lra_data.download_task(task, data, url)
+    assert (data / name / own).read_bytes() == content, "the user's file is kept"
+    whole = {p for p in _lra_entries(src / name) if p != own}
+    assert whole <= set(_lra_entries(data / name)) and all(
+        (data / name / p).read_bytes() == (src / name / p).read_bytes()
+        for p in whole
+        if (src / name / p).is_file()
+    ), "the rest fetched"
+
+
+@mock.patch.object(lra_data, "IMDB_REVIEWS", 4)  # the release's 12,500 as 4: see the docstring
+def test_lra_data_a_text_folder_short_of_reviews_is_completed_or_refused(tmp_path, capsys):
+    """Text: 12,500 reviews in each of aclImdb/{train,test}/{neg,pos}. A folder short of them is
+    refused, naming the count found and expected (the release's count itself: a folder of 3);
+    --download fetches the missing reviews and keeps the user's. That is shown at a count of 4
+    (50,000 files of the release's count would take a minute to write and read)."""
+    with mock.patch.object(lra_data, "IMDB_REVIEWS", 12_500):
+        _lra_imdb(tmp_path / "a", {"neg": ["bad", "poor", "meh"], "pos": ["good", "fine", "ok"]})
+        with pytest.raises(lra_data.DataError) as refused:
+            lra_data.load_task("text", tmp_path / "a", 8)
+    want = f"{tmp_path}/a/aclImdb/train/neg holds 3 reviews, where the release has 12,500: the "
+    assert (
+        str(refused.value) == f"{want}text data is incomplete (an unpack cut short?); {_LRA_KEPT}"
+    )
+    src, data = tmp_path / "src", tmp_path / "data"
+    _lra_imdb(src, {"neg": ["bad", "poor", "meh", "dull"], "pos": ["good", "fine", "great", "ok"]})
+    url = _lra_tar(tmp_path / "aclImdb_v1.tar.gz", src, "aclImdb")
+    shutil.copytree(src / "aclImdb", data / "aclImdb")
+    (data / "aclImdb/test/pos/3_7.txt").unlink()  # an unpack cut short: 3 test reviews there
+    _write(data / "aclImdb/test/pos/0_7.txt", "the user's own")
+    with pytest.raises(
+        lra_data.DataError, match="test/pos holds 3 reviews, where the release has 4"
+    ):
+        lra_data.load_task("text", data, 8)
+    md5 = hashlib.md5((tmp_path / "aclImdb_v1.tar.gz").read_bytes()).hexdigest()
+    with mock.patch.dict(lra_data.ARCHIVES["text"], md5=md5):
+        splits, notes = lra_data.load_task("text", data, 8, download=url)
+    assert len(splits["test"].y) == 8 and notes[0].startswith("text: train 8, val 8, test 8")
+    assert (data / "aclImdb/test/pos/0_7.txt").read_text() == "the user's own"
+    assert (data / "aclImdb/test/pos/3_7.txt").read_text() == "ok", "fetched"
+    assert "kept the 15 file(s) of" in capsys.readouterr().err, "and said which it kept"
+
+
+def test_lra_data_a_generated_listops_cut_short_is_refused(tmp_path):
+    """A generated folder holds the counts its generator.json names: a copy cut short is not."""
+    lra_data.load_task("listops", tmp_path, 30, listops=_LRA_TINY_LISTOPS)
+    train = tmp_path / "listops-tiny" / "basic_train.tsv"
+    train.write_bytes(b"".join(train.read_bytes().splitlines(True)[:41]))  # 40 of 48 examples
+    what = f"{train} holds 40 examples, where its generator.json says 48: a copy cut short? Delete"
+    with pytest.raises(lra_data.DataError, match=re.escape(what)):
+        lra_data.load_task("listops", tmp_path, 30, listops=_LRA_TINY_LISTOPS)
+
+
+_CTRL_C_RUNNER = """
+import importlib, io, os, runpy, sys, time
+script, target, nth, *argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(script))
+module, attributes = target.split(":")
+owner = importlib.import_module(module)
+*path, name = attributes.split(".")
+for part in path:
+    owner = getattr(owner, part)
+real, calls = getattr(owner, name), []
+
+def stand_in(*args, **kwargs):  # the nth call: part of its file written, said, then a wait
+    calls.append(name)
+    if len(calls) < int(nth):
+        return real(*args, **kwargs)
+    for arg in args[:2]:
+        if isinstance(arg, io.IOBase) and arg.writable():
+            arg.write("part" if isinstance(arg, io.TextIOBase) else b"part")
+            arg.flush()
+    if name == "savez":
+        open(args[0], "wb").write(b"part")
+    print("reached", file=sys.stderr, flush=True)
+    time.sleep(120)
+
+setattr(owner, name, stand_in)
+sys.argv = [script, *argv]
+runpy.run_path(script, run_name="__main__")
+"""
+_KEPT = "no prepared file was written; the data files are kept"
+_GENERATED = "interrupted while generating ListOps into {d}/listops-1000: nothing was written there"
+_PAPER_TINY = "--listops-size 48 --listops-eval-size 12 --max-len 30"
+_CTRL_C = {  # stage -> (script, its flags, the stand-in's module:attribute, at which call, said)
+    "reading": ("lra_data.py", "--task retrieval --max-len 4", "pathlib:Path.read_bytes", 1,
+                "interrupted while reading the release folder {d}/tsv_data: " + _KEPT),
+    "generating": ("lra_data.py", _PAPER_TINY, "listops:generate_tree", 1, _GENERATED),
+    "writing ListOps": ("lra_data.py", _PAPER_TINY, "csv:writer", 1, _GENERATED),
+    "writing the prepared file": ("lra_data.py", "--task retrieval --max-len 4", "numpy:savez",
+                                  1, "interrupted while writing {d}/lra-cache/tsv_data-4.npz: "
+                                  + _KEPT),
+    "downloading": ("lra_data.py", "--task image --download-url {url}", "shutil:copyfileobj", 1,
+                    "interrupted while downloading {url} into {d}/cifar-10-batches-py: nothing "
+                    "was unpacked; the files there before are kept"),
+    "unpacking": ("lra_data.py", "--task retrieval --download-url {url}", "shutil:copyfileobj",
+                  2, "interrupted while downloading {url} into {d}/tsv_data: nothing was "
+                  "unpacked; the files there before are kept"),
+    "listops.py writing": ("listops.py", "--size 100 --out {d}/D", "csv:writer", 1,
+                           "interrupted: nothing was written to {d}/D"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("stage", _CTRL_C)
+def test_lra_data_and_listops_ctrl_c_at_each_stage_is_one_line(stage, tmp_path):
+    """SIGINT to `python lra_data.py` (or listops.py) at each stage, once a stand-in has written
+    part of its file: one line saying what it was doing and what was kept, exit 130, the data
+    folder as it was (no temporary file; the user's files there before kept)."""
+    script, flags, target, nth, said = _CTRL_C[stage]
+    d, src = tmp_path / "d", tmp_path / "src"
+    d.mkdir()
+    if "retrieval --max-len" in flags:
+        _lra_aan(d)
+    _lra_cifar(src / "cifar-10-batches-py")
+    _write(d / "cifar-10-batches-py" / "data_batch_1", b"the user's own")  # kept
+    _lra_aan(src / "lra_release")
+    archive = "cifar-10-batches-py" if "image" in flags else "lra_release"
+    url = _lra_tar(tmp_path / "archive.tar.gz", src, archive)
+    flags = flags.format(d=d, url=url).split()
+    before = _lra_entries(d)
+    command = [sys.executable, "-c", _CTRL_C_RUNNER, str(HERE / script), target, str(nth)]
+    command += [*flags, "--data-dir", str(d)] if script == "lra_data.py" else flags
+    kw = dict(stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=tmp_path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    with subprocess.Popen(command, env=env, start_new_session=True, **kw) as run:
+        err = ""
+        while "reached\n" not in err and run.poll() is None:
+            err += run.stderr.readline()
+        os.killpg(run.pid, signal.SIGINT)  # as a terminal: its process group, workers too
+        err += run.communicate(timeout=60)[1]
+    progress = r"downloading .*|\S+: [\d,]+ of [\d,]+ bytes"  # a download's lines, as it goes
+    lines = [line for line in err.replace("reached", "").splitlines() if line]  # (workers: 2)
+    lines = [line for line in lines if not re.fullmatch(progress, line)]
+    assert run.returncode == 130, err
+    said = f"{script}: {said.format(d=d, url=url)}"
+    assert lines == [said] and err.endswith(f"\n{said}\n"), err
+    after = _lra_entries(d)
+    assert after == {**before, **{k: v for k, v in after.items() if k == "lra-cache"}}, "as it was"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -3150,7 +3494,7 @@ _FUZZ = {  # reader -> (files mutated, files for an odd entry, objects changed, 
     "uea": (["Toy_TRAIN.ts"], [], None, lambda f: _ts_listed(*_ts_by_hand(f / "Toy_TRAIN.ts"))),
 }
 _FUZZ_WRITE = {  # a valid input, written by the helpers of the table-driven tests
-    "listops": lambda f: lra_data.write_listops(f, dict(_LRA_TINY_LISTOPS, seed=0), False),
+    "listops": lambda f: listops.write(f, dict(_LRA_TINY_LISTOPS, seed=0), False),
     "aan": _lra_aan,
     "imdb": lambda f: _lra_imdb(f, {"neg": ["bad film", " dull\r\n"], "pos": ["good", "fine"]}),
     "cifar": _lra_cifar,
@@ -4564,6 +4908,56 @@ def test_bench_every_flag_reaches_what_it_configures(tmp_path):
         assert ok, f"bench.py --{name.replace('_', '-')}"
 
 
+def _help_defaults(parser: argparse.ArgumentParser) -> dict:
+    """dest -> what '(default ...)' ends its --help text with (None: no default said)."""
+    said = {}
+    for action in parser._actions:
+        text = parser._get_formatter()._expand_help(action) if action.help else ""
+        found = re.search(r"\(default (.*)\)$", text)
+        said[action.dest] = found and found[1]
+    return said
+
+
+def test_lra_data_and_listops_help_tells_the_defaults_each_task_uses(tmp_path):
+    """Every value flag of lra_data.py and listops.py says its default in --help, per task where
+    it differs, and that is the value then used, caught where it arrives."""
+    said = _help_defaults(_parser_of(lra_data.main, []))
+    assert [dest for dest, text in said.items() if text is None] == ["help", "download"]
+    max_lens = {task: int(n) for task, n in re.findall(r"(\w+) (\d+)", said["max_len"])}
+    urls = dict(re.findall(r"(\w+) (\S+?)(?:;|$)", said["download_url"]))
+    assert set(max_lens) == set(urls) == set(lra_data.VOCAB), "each task's"
+    prepare, fetch = mock.Mock(side_effect=_Reached), mock.Mock(side_effect=_Reached)
+    with mock.patch.object(lra_data, "prepare", prepare), pytest.raises(_Reached):
+        lra_data.main([])
+    (task, data_dir, _), got = prepare.call_args
+    assert [task, data_dir, str(got["seed"])] == [
+        said[k] for k in ("task", "data_dir", "data_seed")
+    ]
+    sizes = [got["listops"][split] for split in lra_data.SPLITS]
+    assert sizes == [int(said["listops_size"])] + [int(said["listops_eval_size"])] * 2
+    assert got["pathfinder_dir"] == lra_data.PATHFINDER_DIRS[said["pathfinder"]]
+    for task in lra_data.VOCAB:
+        with mock.patch.object(lra_data, "prepare", prepare), pytest.raises(_Reached):
+            lra_data.main(["--task", task])
+        assert prepare.call_args.args[2] == max_lens[task], f"--max-len of {task}"
+        with mock.patch.object(download, "fetch", fetch), pytest.raises(_Reached):
+            lra_data.main(["--task", task, "--download", "--data-dir", str(tmp_path)])
+        assert fetch.call_args.args[0].url == urls[task], f"--download-url of {task}"
+    said = _help_defaults(_parser_of(listops.main, ["--out", "D"]))  # and listops.py's
+    assert [dest for dest, text in said.items() if text is None] == ["help", "out"]
+    divisor, least, n_eval, size = map(int, re.findall(r"\d+", said["eval_size"]))
+    write = mock.Mock(side_effect=_Reached)
+    for argv in ([], ["--size", "100"]):
+        with mock.patch.object(listops, "write", write), pytest.raises(_Reached):
+            listops.main(["--out", "D", *argv])
+        settings = write.call_args.args[1]
+        wanted = {key: int(said[key]) for key in ("seed", *listops.KEYS[4:])}
+        wanted |= dict(train=int(argv[1]) if argv else int(said["size"]))
+        wanted |= dict.fromkeys(("val", "test"), max(least, wanted["train"] // divisor))
+        assert settings == wanted and "shards" not in settings and said["shards"] == "1"
+    assert size // divisor == n_eval == 2000 and size == int(said["size"]), "the example said"
+
+
 def test_lra_data_command_line_flags_reach_prepare():
     """python lra_data.py: each flag at another value reaches prepare's arguments; a
     --download-url alone implies --download."""
@@ -4883,8 +5277,8 @@ def test_train_lra_quick_listops_is_as_results_describes_it():
     cfg, quick = train_lra.parse_config(["--preset", "quick"]), train_lra.LISTOPS["quick"]
     assert (cfg.listops_size, cfg.listops_eval_size, cfg.listops_eval_size) == (train, val, test)
     bounds = [quick[k] for k in ("min_length", "max_length", "max_depth", "max_args")]
-    pairs = lra_data.generate_listops(train + val + test, cfg.data_seed, *bounds, progress=False)
-    lengths = [len(lra_data.tokenize_listops(e)) for e, _ in pairs]
+    pairs = listops.generate(train + val + test, cfg.data_seed, *bounds, progress=False)
+    lengths = [len(listops.tokenize(e)) for e, _ in pairs]
     assert (min(lengths), max(lengths)) == (low, high), "the tokens of the shortest and longest"
     assert quick["max_depth"] == depth, "the generator's bound: operators above, values at it"
 
@@ -4898,6 +5292,7 @@ def test_train_lra_a_run_finished_at_any_length_is_not_partial(tmp_path):
     assert (result["steps_reached"], result["partial"]) == (300, False), "finished"
 
 
+@mock.patch.object(lra_data, "IMDB_REVIEWS", 3)  # the release's count, as the small aclImdb here
 def test_train_lra_text_reuses_the_validation_score_and_logs_each_evaluation(tmp_path):
     """Text's test split is its val split: not evaluated again; a far --max-len and an unused data
     flag noted; stderr no terminal: a line per evaluation."""
