@@ -7753,6 +7753,7 @@ _HELP = [  # every top-level module: `python <module> --help` -> exit status, a 
     ("bench.py", 0, "bench.py: what each attention costs as the sequence grows"),  # the tools
     ("diagnose.py", 0, "diagnose.py: look inside trained runs"),
     ("lra_data.py", 0, "LRA task"),
+    ("listops.py", 0, "Generate ListOps, as the LRA release has it."),
     ("train_lra.py", 0, "train_lra.py: train one attention mechanism on one Long Range Arena"),
     ("train_uea.py", 0, "train_uea.py: train one attention mechanism on one UEA multivariate"),
     ("download.py", 2, "download.py has no command line; data is fetched by python train_uea.py"),
