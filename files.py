@@ -49,24 +49,32 @@ class WriteError(OSError):
 def write(path, content) -> None:
     """Write content (bytes; str, as UTF-8; or a callable fill(f) writing into a binary file)
     to path, through a temporary file beside it renamed onto it; path's folders are made.
-    Raises WriteError (one sentence) for an OSError; any other exception, Ctrl-C included, goes
-    on as it is. Either way no temporary file is left."""
+    Raises WriteError (one sentence) for an OSError of the disk; any other exception (Ctrl-C,
+    or an OSError of what fill reads from, a network stream say) goes on as it is. Either way
+    no temporary file is left."""
     path = pathlib.Path(path)
-    tmp = _temporary(path)
+    tmp, filling = _temporary(path), False
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _sweep(path.parent)
-        with open(tmp, "xb") as f:
+        f = open(tmp, "xb")
+        try:
             if callable(content):
-                content(f)
+                filling = True  # its own OSErrors are not the disk's: those of _Disk's write are
+                content(_Disk(f, path))
+                filling = False
             else:
                 f.write(content.encode() if isinstance(content, str) else content)
+            f.close()  # the last bytes go to the disk here: it may be full
+        finally:
+            with contextlib.suppress(OSError):  # after a failure: its error is the one to say
+                f.close()
         os.replace(tmp, path)
     except BaseException as e:
         with contextlib.suppress(OSError):  # none was made where the folder is read-only
             tmp.unlink(missing_ok=True)
-        if isinstance(e, OSError) and not isinstance(e, WriteError):
-            raise WriteError(fault(e, path)) from None
+        if isinstance(e, OSError) and not isinstance(e, WriteError) and not filling:
+            raise _error(e, path) from None
         raise
 
 
@@ -102,6 +110,30 @@ def fault(e: OSError, path) -> str:
         longest = max(len(os.fsencode(part)) for part in path.parts)
         what += f" (its longest part has {longest} bytes; the path {len(os.fsencode(path))})"
     return f"cannot write {path}: {what}"
+
+
+class _Disk:
+    """The temporary file as fill sees it: an OSError of its write is the disk's (WriteError);
+    everything else is the file's own."""
+
+    def __init__(self, f, path: pathlib.Path):
+        self._f, self._path = f, path
+
+    def write(self, data) -> int:
+        try:
+            return self._f.write(data)
+        except OSError as e:
+            raise _error(e, self._path) from None
+
+    def __getattr__(self, name):  # tell, seek, flush, name, ...: numpy's, matplotlib's needs
+        return getattr(self._f, name)
+
+
+def _error(e: OSError, path: pathlib.Path) -> WriteError:
+    """e as a WriteError: its sentence, and its errno kept for a caller's advice."""
+    error = WriteError(fault(e, path))
+    error.errno = e.errno
+    return error
 
 
 def _temporary(path: pathlib.Path) -> pathlib.Path:
