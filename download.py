@@ -41,6 +41,8 @@ from typing import NamedTuple
 
 from tqdm import tqdm
 
+import files
+
 if sys.platform != "win32":  # Windows has no fcntl, and _lock no lock
     import fcntl
 
@@ -155,17 +157,18 @@ def _as_url(url: str) -> str:
 
 def _failure(e: Exception, url: str, dest: pathlib.Path) -> Failed:
     """The one sentence of an OSError or another failure: the folder's (FolderError: the path,
-    what to do) or the download's (the URL, urllib's message on one line)."""
+    the fault, what to do) or the download's (the URL, urllib's message on one line)."""
     disk = isinstance(e, OSError) and not isinstance(e, urllib.error.URLError)  # (HTTPError too)
-    if not disk or (e.errno not in FOLDER_ERRNOS and e.filename is None):
+    written = isinstance(e, files.WriteError)  # files.write's: the disk's, said already
+    if not disk or (e.errno not in FOLDER_ERRNOS and e.filename is None and not written):
         return Failed(f"could not download {url} ({_line(e)})")
-    path = e.filename or dest.parent
+    said = str(e) if written else files.fault(e, e.filename or dest.parent)
     how = "make it writable, or choose another --data-dir"
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         how = "free some space there, or choose another --data-dir"
     if e.errno in (errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.ENOTEMPTY):
-        how = "a file stands where a folder goes (or the reverse): move it away"
-    return FolderError(f"cannot write {path} ({e.strerror}) to unpack {url}: {how}")
+        how = "move it away"
+    return FolderError(f"{said}, unpacking {url}: {how}")
 
 
 def data_folder(data_dir) -> pathlib.Path:
@@ -200,20 +203,17 @@ def _line(e: Exception) -> str:
 def download_url(
     url: str, file, md5: str | None = None, size: int | None = None, label: str | None = None
 ) -> None:
-    """Download url into file: written to file.part, checked (size, else the Content-Length the
+    """Download url into file through files.write: checked (size, else the Content-Length the
     server gave; MD5), then renamed to file. label: the progress bar's name (None: no progress).
     Raises Failed on a wrong size or MD5, OSError or HTTPException when the download fails."""
-    file = pathlib.Path(file)
-    tmp = file.with_name(f"{file.name}.part")
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response, open(tmp, "wb") as out:
+
+    def fill(out) -> None:
+        with urllib.request.urlopen(url, timeout=60) as response:
             reader = _Reader(response, label, url)
             shutil.copyfileobj(reader, out)
         _check(reader, url, md5, size)
-        os.replace(tmp, file)
-    finally:
-        with contextlib.suppress(OSError):  # a read-only folder: none was written
-            tmp.unlink(missing_ok=True)
+
+    files.write(file, fill)
 
 
 def extract(file, folder: pathlib.Path, archive: Archive) -> None:
@@ -291,9 +291,8 @@ def _write(member: Member, below: str | None, folder: pathlib.Path, archive: Arc
     if not member.is_file or member.name.startswith(("/", "\\")) or ".." in parts:
         what = "is a link or a device" if not member.is_file else "has an absolute path or '..'"
         raise Failed(f"{archive.url}: the member {member.name!r} {what}: refused, nothing was kept")
-    (folder / below).parent.mkdir(parents=True, exist_ok=True)
-    with member.open() as src, open(folder / below, "wb") as dst:
-        shutil.copyfileobj(src, dst)
+    with member.open() as src:
+        files.write(folder / below, functools.partial(shutil.copyfileobj, src))
 
 
 def _place(part: pathlib.Path, dest: pathlib.Path, archive: Archive) -> None:

@@ -57,7 +57,7 @@ def write(path, content) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         _sweep(path.parent)
-        f = open(tmp, "xb")
+        f = open(tmp, "wb")  # over one of a killed process whose pid this one has now
         try:
             if callable(content):
                 filling = True  # its own OSErrors are not the disk's: those of _Disk's write are
@@ -104,7 +104,8 @@ def fault(e: OSError, path) -> str:
     what = FAULTS.get(e.errno, e.strerror or str(e) or type(e).__name__)
     if e.errno in (errno.ENOTDIR, errno.EEXIST):
         with contextlib.suppress(OSError):  # the first folder of the path that is a file
-            path = next(p for p in reversed(path.parents) if p.exists() and not p.is_dir())
+            on_the_way = (*reversed(path.parents), path)
+            path = next((p for p in on_the_way if p.exists() and not p.is_dir()), path)
         return f"cannot write below {path}: {what}"
     if e.errno == errno.ENAMETOOLONG:
         longest = max(len(os.fsencode(part)) for part in path.parts)

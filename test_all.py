@@ -2591,9 +2591,10 @@ def test_lra_data_download_each_task_and_train_or_say_in_one_sentence_what_faile
                 with pytest.raises((lra_data.DataError, KeyboardInterrupt)) as err:
                     lra_data.download_task(task, data, where)
             text, ctrl_c = str(err.value), err.type is lra_data.Interrupted  # one sentence each
-            what = getattr(what, "strerror", None) or str(what)  # a full disk: the folder's fault
+            what = files.FAULTS.get(getattr(what, "errno", None)) or str(what)  # a full disk: the
+            # folder's fault, as files.py says it
             assert what in text and where in text and "\n" not in text.strip(), text
-            assert "by hand: download" in text or ctrl_c or "space" in what
+            assert "by hand: download" in text or ctrl_c or "full" in what
             folder = data / lra_data.ARCHIVES[task]["folder"]
             kept = "nothing was unpacked; the files there before are kept"
             interrupted = f"interrupted while downloading {where} into {folder}: {kept}"
@@ -4126,10 +4127,10 @@ _DL_RULES = [  # folder state, archive shape -> what is said: the user's files k
     ("stale-part", "zip", ""),
     ("file-as-folder", "whole", "tsv_data is a file, where"),
     ("folder-as-file", "whole", "new_aan_pairs.eval.tsv is a folder, not a file: nothing was"),
-    ("data-dir-file", "whole", "data (File exists) to unpack"),
-    ("read-only", "whole", "(Read-only file system) to unpack"),
-    ("read-only-parent", "whole", "data (Read-only file system) to unpack"),
-    ("full-disk", "whole", "(No space left on device) to unpack"),
+    ("data-dir-file", "whole", "/data: a file stands where a folder of its path goes, unpacking"),
+    ("read-only", "whole", ": the file system is read-only, unpacking"),
+    ("read-only-parent", "whole", "data: the file system is read-only, unpacking"),
+    ("full-disk", "whole", ": the disk is full, unpacking"),
     ("absent", "zip", ""),  # UEA: a zip's files found by name, in a folder of their own
     ("test-missing", "zip", "kept the 1 file(s)"),  # the user's TRAIN kept
     ("absent", "zip-cut", "is no whole zip archive"),  # and no uea/ left behind
@@ -4209,12 +4210,16 @@ def test_download_without_progress_says_nothing(tmp_path, capsys):
         assert capsys.readouterr().err == "", zipped
 
 
-def test_download_url_over_a_stale_part_writes_the_file_whole(tmp_path):
-    """download_url alone: the file.part a killed process left is written over, not added to."""
+def test_download_url_over_a_killed_downloads_temporary_writes_the_file_whole(tmp_path):
+    """download_url alone: the temporary file a killed process left is removed, not added to,
+    and so is one of a process whose pid this one has now."""
     source, file = _write(tmp_path / "source.bin", bytes(range(200))), tmp_path / "file.bin"
-    _write(tmp_path / "file.bin.part", "half of an older download")
+    pid = [sys.executable, "-c", "import os; print(os.getpid())"]
+    gone = subprocess.run(pid, capture_output=True, text=True, check=True).stdout.strip()
+    stale = [_write(tmp_path / f"file.bin.{pid}.tmp", "half of it") for pid in (gone, os.getpid())]
+    files._swept.discard(tmp_path)  # as in a new process
     download.download_url(source.as_uri(), file, size=200)
-    assert file.read_bytes() == bytes(range(200)) and not (tmp_path / "file.bin.part").exists()
+    assert file.read_bytes() == bytes(range(200)) and not any(path.exists() for path in stale)
 
 
 def test_download_a_body_shorter_than_its_content_length_is_refused(tmp_path):
@@ -4415,14 +4420,14 @@ def test_download_fuzz_archives_are_read_as_the_valid_one_or_refused(tmp_path, c
 
 
 _DL_FAILURES = [  # an error in fetch -> whose fault (FolderError: the folder's) and what is said
-    (OSError(errno.ENOSPC, "No space left on device"), "data (No space", "free some space there"),
-    (OSError(errno.EDQUOT, "Disk quota exceeded", "d/x"), "d/x (Disk quota", "free some space"),
-    (OSError(errno.EROFS, "Read-only file system", "d/x"), "d/x (Read-only", "make it writable"),
-    (OSError(errno.EIO, "Input/output error", "d/x"), "d/x (Input/output", "make it writable"),
-    (OSError(errno.EEXIST, "File exists", "data"), "data (File exists", "a file stands where"),
-    (OSError(errno.ENOTDIR, "Not a directory", "d/x"), "d/x (Not a dir", "a file stands where"),
-    (OSError(errno.EISDIR, "Is a directory", "d/x"), "d/x (Is a dir", "a file stands where"),
-    (OSError(errno.ENOTEMPTY, "Directory not empty", "d/x"), "d/x (Directory", "a file stands"),
+    (OSError(errno.ENOSPC, "No space left on device"), "data: the disk is full", "free some space"),
+    (OSError(errno.EDQUOT, "Disk quota exceeded", "d/x"), "d/x: the disk quota is", "free some"),
+    (OSError(errno.EROFS, "Read-only file system", "d/x"), "d/x: the file system is read-only", ""),
+    (OSError(errno.EIO, "Input/output error", "d/x"), "d/x: Input/output error", "make it writ"),
+    (OSError(errno.EEXIST, "File exists", "data"), "below data: a file stands where", "move it"),
+    (OSError(errno.ENOTDIR, "Not a directory", "d/x"), "below d/x: a file stands where", "move"),
+    (OSError(errno.EISDIR, "Is a directory", "d/x"), "d/x: a folder stands where the file", "mo"),
+    (OSError(errno.ENOTEMPTY, "Directory not empty", "d/x"), "d/x: Directory not empty", "move"),
     (OSError(errno.EIO, "Input/output error"), None, "could not download http://x/a.tar ([Errno"),
     (ConnectionRefusedError(errno.ECONNREFUSED, "Connection refused"), None, "could not"),
 ]
@@ -4434,7 +4439,9 @@ def test_download_failure_names_the_folder_or_the_download(error, path, what):
     (else the data folder) and what to do; any other is the download's, on one line."""
     failure = download._failure(error, "http://x/a.tar", pathlib.Path("data/tsv_data"))
     assert (type(failure) is download.FolderError) == (path is not None), failure
+    unpacking = ", unpacking http://x/a.tar: "
     assert path is None or str(failure).startswith(f"cannot write {path}"), failure
+    assert path is None or unpacking in str(failure), failure
     assert what in str(failure), failure
 
 
@@ -4588,7 +4595,8 @@ def test_runs_a_failed_download_is_one_sentence_and_leaves_no_run_folder(tmp_pat
     with pytest.raises(SystemExit) as stop, contextlib.redirect_stdout(io.StringIO()):
         runs.run(module.main, module.parse_config(argv), unit, errors)
     said = stop.value.code
-    assert "(File exists)" in said and "\n" not in said and url in said
+    assert ": a file stands where a folder of its path goes" in said and "\n" not in said
+    assert url in said
     assert not (tmp_path / "runs").exists()
     with mock.patch.object(download, "fetch", side_effect=RuntimeError("unexpected")):
         with pytest.raises(RuntimeError), contextlib.redirect_stdout(io.StringIO()):
@@ -6151,7 +6159,7 @@ def _write_fault(target: str, nth: int, fault: BaseException):
             raise fault
 
     def faulty_open(path, mode="r", *args, **kwargs):
-        if pathlib.Path(path).name.startswith(f"{target}.") and mode == "xb":
+        if pathlib.Path(path).name.startswith(f"{target}.") and mode == "wb":
             seen[0] += 1
             if seen[0] == nth:
                 return Half(path, mode)
