@@ -8,17 +8,19 @@ files.py: the one way this project writes a file, and the one sentence when it c
                           file; an OSError becomes WriteError, one sentence naming the path and
                           the fault (read-only, full, name too long, a file where a folder goes,
                           permission).
+    writable(folder)      WriteError now, where no file could be written into folder
     append(path, line)    a line added to a log (metrics.jsonl), the whole log written anew
     read_log(path)        a log's lines, less a torn last one (a process killed mid-write)
 
-A temporary file is named <name>.<pid>.tmp: whose it is. A process killed outright (SIGKILL, a
-power cut) leaves its own behind; the first write of a later process into that folder removes
-those of processes that are gone.
+A temporary file is named <name>.<pid>-<k>.tmp, the k-th write of process pid: whose it is. A
+process killed outright (SIGKILL, a power cut) leaves its own behind; the first write of a later
+process into that folder removes those of processes that are gone.
 Depends on: the standard library alone.
 """
 
 import contextlib
 import errno
+import itertools
 import os
 import pathlib
 import re
@@ -36,9 +38,10 @@ FAULTS = {
     errno.EACCES: "permission denied",
     errno.EPERM: "permission denied",
 }
-TEMPORARY = re.compile(r".+\.(\d+)\.tmp")  # <name>.<pid>.tmp
+TEMPORARY = re.compile(r".+\.(\d+)-\d+\.tmp")  # <name>.<pid>-<k>.tmp: the k-th write of pid
 NAME_MAX = 255  # bytes in one name on the usual file systems (ext4, xfs, APFS, NTFS's 255 chars)
 _swept = set()  # the folders this process has swept
+_writes = itertools.count()  # this process's writes, numbered
 
 
 class WriteError(OSError):
@@ -76,6 +79,19 @@ def write(path, content) -> None:
         if isinstance(e, OSError) and not isinstance(e, WriteError) and not filling:
             raise _error(e, path) from None
         raise
+
+
+def writable(folder) -> None:
+    """Raise WriteError where no file can be written into folder (made if absent): said before
+    minutes of work whose file would then be lost. A full disk shows only when a file is."""
+    folder = pathlib.Path(folder)
+    probe = _temporary(folder / "probe")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        open(probe, "wb").close()
+        probe.unlink()
+    except OSError as e:
+        raise _error(e, folder) from None
 
 
 def append(path, line: str) -> None:
@@ -138,8 +154,9 @@ def _error(e: OSError, path: pathlib.Path) -> WriteError:
 
 
 def _temporary(path: pathlib.Path) -> pathlib.Path:
-    """path's temporary file, <name>.<pid>.tmp, the name cut to fit NAME_MAX."""
-    tail = f".{os.getpid()}.tmp"
+    """path's temporary file, <name>.<pid>-<k>.tmp (threads writing one file at once: each its
+    own), the name cut to fit NAME_MAX."""
+    tail = f".{os.getpid()}-{next(_writes)}.tmp"
     name = os.fsencode(path.name)[: NAME_MAX - len(tail)].decode(errors="ignore")
     return path.with_name(name + tail)
 

@@ -9,12 +9,14 @@ with its brackets; its label is its value, 0..9. The model must find the nesting
 The algorithm of lra_benchmarks/data/listops.py (google-research/long-range-arena), draw for draw,
 but seeded (OFFICIAL holds that script's settings). write() puts the splits in the release's
 layout, which lra_data.py reads as it reads the release's listops-1000/.
-Depends on: tqdm
+Depends on: tqdm, files.py (how the project writes a file)
 """
 
 import argparse
 import contextlib
 import csv
+import functools
+import io
 import json
 import multiprocessing
 import os
@@ -23,9 +25,10 @@ import random
 import signal
 import statistics
 import sys
-import uuid
 
 from tqdm import tqdm
+
+import files
 
 SPLITS = ("train", "val", "test")  # the release's basic_<split>.tsv
 # lra_benchmarks/data/listops.py's flag defaults (num_train_samples, num_valid_samples, ...):
@@ -134,31 +137,37 @@ def tokenize(expression: str) -> list:
 def write(folder: pathlib.Path, settings: dict, progress: bool = True) -> None:
     """Generate ListOps with settings (KEYS, and "shards" where more than 1) into folder, in the
     release's layout: basic_<split>.tsv, a header "Source<TAB>Target", then expression<TAB>label;
-    and generator.json, the settings. The splits are consecutive slices of one generated stream."""
+    and generator.json, the settings. The splits are consecutive slices of one generated stream.
+    Raises files.WriteError (one sentence) where the folder cannot be written: before the
+    minutes of generating where it can tell."""
     folder, sizes = pathlib.Path(folder), [settings[split] for split in SPLITS]
     args = [settings[k] for k in KEYS[4:]] + [progress, settings.get("shards", 1)]
-    made = not folder.exists()
-    # Written whole under temporary names of this call's own, then renamed together at the end:
-    # no half files, and runs generating into one folder at once each rename their own files.
-    names = ["generator.json", *(f"basic_{split}.tsv" for split in SPLITS)]
-    tmp = {name: folder / f"{name}.{uuid.uuid4().hex}.tmp" for name in names}
+    made, written = not folder.exists(), []
+    # Each file whole (files.write); generator.json last, as the mark that the three are ours.
+    # Runs generating into one folder at once write the same bytes (seeded): either's will do.
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp["generator.json"].write_text(json.dumps(settings) + "\n")  # first: can it be written?
+        files.writable(folder)
         pairs = generate(sum(sizes), settings["seed"], *args)  # the tree bounds, ..., shards
         for split, start in zip(SPLITS, [0, sizes[0], sizes[0] + sizes[1]], strict=True):
-            with open(tmp[f"basic_{split}.tsv"], "w", newline="") as f:
-                rows = [("Source", "Target"), *pairs[start : start + settings[split]]]
-                csv.writer(f, delimiter="\t").writerows(rows)  # as the release: tabs, \r\n
-        for name, path in tmp.items():  # generator.json first: no tsv lacks it
-            path.replace(folder / name)
-    except BaseException:  # an error or Ctrl-C on the way: no temporary file stays, nor the
+            rows = [("Source", "Target"), *pairs[start : start + settings[split]]]  # a header
+            written.append(folder / f"basic_{split}.tsv")
+            files.write(written[-1], functools.partial(_tsv, rows))
+        files.write(folder / "generator.json", json.dumps(settings) + "\n")
+    except BaseException:  # an error or Ctrl-C on the way: none of its files stays, nor the
         with contextlib.suppress(OSError):  # folder made for them
-            for path in tmp.values():
+            for path in written:
                 path.unlink(missing_ok=True)
             if made:
                 folder.rmdir()  # (empty now)
         raise
+
+
+def _tsv(rows: list, f) -> None:
+    """rows into the binary file f as the release writes them: UTF-8, tabs, \\r\\n ends."""
+    text = io.TextIOWrapper(f, encoding="utf-8", newline="")
+    csv.writer(text, delimiter="\t").writerows(rows)
+    text.flush()
+    text.detach()  # f stays open: files.write closes it
 
 
 def ready(folder: pathlib.Path, settings: dict, progress: bool = True) -> bool:

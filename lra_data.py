@@ -25,7 +25,6 @@ import pickletools
 import re
 import struct
 import sys
-import uuid
 import zipfile
 import zlib
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 import download
+import files
 import listops
 
 # Token ids per task: ListOps 0 pad, 1..15 tokens, 16 OOV; bytes + 1 with 0 pad; pixel values.
@@ -881,9 +881,9 @@ def _prepared_alone(task, root, max_len: int, asked: dict, seed: int, pathfinder
 
 
 def write_prepared(file: pathlib.Path, key: dict, splits: dict, notes: list, done="") -> list:
-    """Write the splits, notes, key and what the readers did (done) to the prepared file: under a
-    name of its own, then renamed (two runs at once: the file that lands is whole; an error or
-    Ctrl-C: none is left) -> [a note] if it cannot be written."""
+    """Write the splits, notes, key and what the readers did (done) to the prepared file through
+    files.write (whole or not at all; Ctrl-C leaves no temporary file) -> [a note] if it cannot
+    be written."""
     kept = {name: s for name, s in splits.items() if name == "test" or s is not splits["test"]}
     arrays = {}  # a Split's fields, but Retrieval's alone hold x2 and lengths2
     for name, split in kept.items():
@@ -892,16 +892,10 @@ def write_prepared(file: pathlib.Path, key: dict, splits: dict, notes: list, don
         }
     cut = {name: split.cut for name, split in kept.items()}
     meta = dict(key=key, notes=notes, cut=cut, done=done)
-    tmp = file.with_name(f"{file.stem}.{uuid.uuid4().hex}.tmp.npz")  # savez adds no suffix
-    try:
-        file.parent.mkdir(exist_ok=True)
-        np.savez(tmp, meta=json.dumps(meta), **arrays)
-        os.replace(tmp, file)
-    except OSError as e:  # a read-only data folder, a full disk: a run goes on without
-        return [f"cannot write the cache {file} ({e.strerror}): the next run reads again"]
-    finally:
-        with contextlib.suppress(OSError):  # (a file as lra-cache: no tmp was written)
-            tmp.unlink(missing_ok=True)
+    try:  # two runs at once: each file lands whole
+        files.write(file, lambda f: np.savez(f, meta=json.dumps(meta), **arrays))
+    except files.WriteError as e:  # a read-only data folder, a full disk: a run goes on without
+        return [f"{e}: the next run reads the data again"]
     return []
 
 
@@ -966,16 +960,17 @@ def _listops_source(folder: pathlib.Path, asked: dict, seed: int) -> Source:
     except ValueError as e:  # incomplete, other settings, bounds that (almost) no tree meets
         raise DataError(str(e)) from None
     except OSError as e:  # a read-only or full disk, a file where the folder goes
-        raise DataError(f"cannot write {e.filename or folder} ({e.strerror})") from None
-    files = [folder / f"basic_{s}.tsv" for s in SPLITS]
+        said = str(e) if isinstance(e, files.WriteError) else files.fault(e, folder)
+        raise DataError(said) from None
+    tsvs = [folder / f"basic_{s}.tsv" for s in SPLITS]
     if not generated:
         said = f"the release folder {folder} (not generated: the sizes asked for do not apply)"
-        return Source("release", folder, files, folder.name, said, DONE["listops"])
-    said, files = (
+        return Source("release", folder, tsvs, folder.name, said, DONE["listops"])
+    said, read = (
         f"the generator (seed {seed}), written to {folder}",
-        [*files, folder / "generator.json"],
+        [*tsvs, folder / "generator.json"],
     )
-    return Source("generated", folder, files, folder.name, said, DONE["listops"], settings)
+    return Source("generated", folder, read, folder.name, said, DONE["listops"], settings)
 
 
 def parse_args(argv: list | None = None) -> argparse.Namespace:

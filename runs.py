@@ -43,7 +43,7 @@ _lock = None  # this process's lock file: open, it holds the lock of its run fol
 
 def _written(name: str) -> bool:
     """Whether a run (or diagnose.py) writes a file of this name: one of WRITTEN, or its
-    temporary file (files.py's <name>.<pid>.tmp; <name>.tmp, as older versions named it)."""
+    temporary file (files.py's <name>.<pid>-<k>.tmp; <name>.tmp, as older versions named it)."""
     if files.TEMPORARY.fullmatch(name):
         name = name.rsplit(".", 2)[0]
     return name.removesuffix(".tmp") in WRITTEN

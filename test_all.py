@@ -2723,21 +2723,23 @@ def test_lra_data_exits_1_when_it_cannot_write_the_prepared_file(tmp_path):
     _lra_aan(tmp_path)
     (tmp_path / "lra-cache").write_text("")  # (root writes into read-only folders: a file here)
     run = _cli("lra_data.py", "--task", "retrieval", "--max-len", "4", "--data-dir", str(tmp_path))
-    file = tmp_path / "lra-cache" / "tsv_data-4.npz"
-    said = f"cannot write the cache {file} (File exists): the next run reads again"
+    file, again = tmp_path / "lra-cache" / "tsv_data-4.npz", "the next run reads the data again"
+    said = f"cannot write below {tmp_path / 'lra-cache'}: a file stands where a folder of its path"
+    said += f" goes: {again}"
     assert (run.returncode, run.stderr) == (1, f"lra_data.py: {said}\n"), run.stderr
     assert run.stdout.startswith("retrieval: train 2, val 2, test 2 examples from the release")
     assert said not in run.stdout and "prepared file:" not in run.stdout
     (tmp_path / "lra-cache").unlink()
     rofs = OSError(errno.EROFS, "Read-only file system")
-    with mock.patch.object(lra_data.np, "savez", side_effect=rofs), pytest.raises(SystemExit) as e:
+    with _write_fault(file.name, 1, rofs), pytest.raises(SystemExit) as e:
         lra_data.main(["--task", "retrieval", "--max-len", "4", "--data-dir", str(tmp_path)])
-    assert e.value.code == f"lra_data.py: {said.replace('File exists', 'Read-only file system')}"
+    said = f"cannot write {file}: the file system is read-only: {again}"
+    assert e.value.code == f"lra_data.py: {said}" and not list(file.parent.glob("*.tmp"))
     with pytest.raises(SystemExit) as e:  # a --data-dir that is a file: one sentence, exit 1
         lra_data.main(["--data-dir", str(tmp_path / "tsv_data/new_aan_pairs.train.tsv")])
-    assert (
-        e.value.code.startswith("lra_data.py: cannot write ")
-        and "(Not a directory)" in e.value.code
+    where = tmp_path / "tsv_data/new_aan_pairs.train.tsv"
+    assert e.value.code == f"lra_data.py: cannot write below {where}: a file stands where a " + (
+        "folder of its path goes"
     )
 
 
@@ -2777,15 +2779,17 @@ def test_lra_data_cache_rebuilt_on_a_changed_source_or_version_or_damage(tmp_pat
         assert np.array_equal(data["test"].x2, want)  # and the next load reads the new cache:
         assert " cache " in lra_data.load_task("retrieval", tmp_path, 4)[1][0]
     cache.write_bytes(b"damaged")  # and cannot be rewritten: said once, not "rebuilt" as well
-    with mock.patch.object(lra_data.np, "savez", side_effect=OSError(30, "Read-only file system")):
+    with _write_fault(cache.name, 1, OSError(errno.EROFS, "Read-only file system")):
         prepared = lra_data.prepare("retrieval", tmp_path, 4)
-    unwritten = f"cannot write the cache {cache} (Read-only file system): the next run reads again"
+    again = "the next run reads the data again"
+    unwritten = f"cannot write {cache}: the file system is read-only: {again}"
     assert [note for note in prepared.notes if str(cache) in note] == [unwritten]
     assert prepared.unwritten == unwritten and prepared.file is None, "not the damaged one"
     shutil.rmtree(cache.parent)
     cache.parent.write_text("")  # a file where the cache folder goes: it cannot be written
     data, notes = lra_data.load_task("retrieval", tmp_path, 4)
-    assert np.array_equal(data["test"].x2, want) and f"the cache {cache} (File exists)" in notes[-1]
+    in_the_way = f"cannot write below {cache.parent}: a file stands where a folder of its path"
+    assert np.array_equal(data["test"].x2, want) and notes[-1].startswith(in_the_way)
     assert lra_data.prepare("retrieval", tmp_path, 4).file is None, "no prepared file written"
 
 
@@ -3039,8 +3043,8 @@ def stand_in(*args, **kwargs):  # the nth call: part of its file written, said, 
         if isinstance(arg, io.IOBase) and arg.writable():
             arg.write("part" if isinstance(arg, io.TextIOBase) else b"part")
             arg.flush()
-    if name == "savez":
-        open(args[0], "wb").write(b"part")
+    if name == "savez":  # into the temporary file files.write gives it
+        args[0].write(b"part")
     print("reached", file=sys.stderr, flush=True)
     time.sleep(120)
 
@@ -4005,7 +4009,7 @@ def test_files_a_killed_writers_temporary_is_removed_by_the_next_writer_alone(tm
         f"import files, time\nfiles.write({str(tmp_path / 'a.bin')!r}, lambda f: time.sleep(60))"
     )
     child = subprocess.Popen([sys.executable, "-c", script], cwd=HERE)
-    left = tmp_path / f"a.bin.{child.pid}.tmp"
+    left = tmp_path / f"a.bin.{child.pid}-0.tmp"  # its first write
     for _ in range(600):
         if left.exists():
             break
@@ -4013,8 +4017,9 @@ def test_files_a_killed_writers_temporary_is_removed_by_the_next_writer_alone(tm
     child.kill()
     child.wait()
     assert left.exists(), "SIGKILL cannot clean up: the name says whose it is"
-    alive = _write(tmp_path / f"b.bin.{os.getppid()}.tmp", "a live writer's")
-    alike = [_write(tmp_path / name, "the user's") for name in ("c.tmp", "d.x.tmp", "e.1.tmp.txt")]
+    alive = _write(tmp_path / f"b.bin.{os.getppid()}-3.tmp", "a live writer's")
+    alike = ("c.tmp", "d.x.tmp", "e.1-2.tmp.txt", f"f.{child.pid}.tmp")  # not <name>.<pid>-<k>.tmp
+    alike = [_write(tmp_path / name, "the user's") for name in alike]
     files._swept.discard(tmp_path)  # a new process: it has swept nothing yet
     files.write(tmp_path / "new.bin", b"")
     assert not left.exists() and alive.exists() and all(path.exists() for path in alike)
@@ -4211,12 +4216,11 @@ def test_download_without_progress_says_nothing(tmp_path, capsys):
 
 
 def test_download_url_over_a_killed_downloads_temporary_writes_the_file_whole(tmp_path):
-    """download_url alone: the temporary file a killed process left is removed, not added to,
-    and so is one of a process whose pid this one has now."""
+    """download_url alone: the temporary file a killed process left is removed, not added to."""
     source, file = _write(tmp_path / "source.bin", bytes(range(200))), tmp_path / "file.bin"
     pid = [sys.executable, "-c", "import os; print(os.getpid())"]
     gone = subprocess.run(pid, capture_output=True, text=True, check=True).stdout.strip()
-    stale = [_write(tmp_path / f"file.bin.{pid}.tmp", "half of it") for pid in (gone, os.getpid())]
+    stale = [_write(tmp_path / f"file.bin.{gone}-0.tmp", "half of a download")]
     files._swept.discard(tmp_path)  # as in a new process
     download.download_url(source.as_uri(), file, size=200)
     assert file.read_bytes() == bytes(range(200)) and not any(path.exists() for path in stale)
@@ -5776,7 +5780,9 @@ def _edit(path: pathlib.Path, edit) -> None:
     """path's lines after the header (ListOps: its first line; a .ts file: up to @data) through
     edit(lines) -> lines."""
     head, body = re.match(r"(.*?@data\n|[^\n]*\n)(.*)", path.read_text(), re.S).groups()
+    then = path.stat().st_mtime
     path.write_text(head + "".join(edit(body.splitlines(True))))
+    os.utime(path, (then + 2, then + 2))  # a change the LRA cache sees: size or whole seconds
 
 
 _DATA_CHANGES = [  # (script, the file changed, how, what the refusal names)
@@ -5807,6 +5813,7 @@ def test_runs_resume_refuses_data_that_changed_naming_what(tmp_path, script, fil
     how = "resume with those, or start again with --overwrite"
     assert message == f"--resume: the data differ from those the run began with ({said}): {how}"
     (data / file).write_text(before)
+    os.utime(data / file, (time.time() + 4, time.time() + 4))  # (as the edit: seen by the cache)
     result, _ = _train_both(tmp_path, script, tmp_path / "run", *more, "--resume")
     assert result["steps_reached" if script == "train_lra.py" else "epochs"] == int(more[1])
 
@@ -6590,7 +6597,7 @@ def test_diagnose_report_csv_files_and_plots_from_a_mixed_model(tmp_path):
     png = [f"{n}.png" for n in names if n != "gfsa_eigenvalues"]
     assert [p.name for p in paths if p.suffix == ".png"] == png
     saved = [(tmp_path / name).read_text() for name in png]  # renamed once written whole
-    assert saved == [f"{name}.{os.getpid()}.tmp" for name in png]  # renamed once written whole
+    assert [re.sub(rf"\.{os.getpid()}-\d+\.tmp$", "", name) for name in saved] == png
     assert not list(tmp_path.glob("*.tmp"))
     assert [len(axes[0]) for _, axes in made] == [1, 1, 2, 1]  # GFSA: grid and eigenvalues
     (x, y, style), _ = made[0][1][0][0].plot.call_args  # the cosine curve, embedding first
@@ -6939,8 +6946,10 @@ def test_bench_layer_and_step_fill_one_csv_row_each_and_fit_the_slopes(tmp_path,
         first = pathlib.Path("runs/bench/bench_cpu.csv").read_bytes()
         again = gpu_bench.main(["--kinds", "agf", "--ns", "32", "--repeats", "1", "--warmup", "0"])
     png = [pathlib.Path(c.args[0].name).as_posix() for c in fig.savefig.call_args_list]
-    tmp = f".{os.getpid()}.tmp"  # savefig writes into the temporary file, renamed then
-    assert png == [f"runs/bench/bench_cpu{s}.png{tmp}" for s in ("", "_2")]
+    tmp = rf"\.{os.getpid()}-\d+\.tmp"  # savefig writes into the temporary file, renamed then
+    assert [re.sub(tmp, "", name) for name in png] == [
+        f"runs/bench/bench_cpu{s}.png" for s in ("", "_2")
+    ]
     assert os.listdir() == ["runs"]
     assert first == pathlib.Path("runs/bench/bench_cpu.csv").read_bytes()  # kept
     assert again == ["no log-log slopes: every N measured is below --fit-min 1024"]
