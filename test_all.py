@@ -201,6 +201,19 @@ def _one_thread():
         torch.set_num_threads(threads)
 
 
+@contextlib.contextmanager
+def _torch_flag(owner, name: str, value):
+    """owner.name = value meanwhile (a with block, or a test's decorator), then what it was: for
+    torch's global flags, never handed to pytest's monkeypatch. torch.backends.cuda.matmul keeps
+    allow_tf32 outside its __dict__, and pytest 9.2 puts such an attribute back by deleting it."""
+    before = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, before)
+
+
 def _cli(script: str, *argv, cwd=None, timeout=120) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     kwargs = dict(cwd=cwd or HERE, env=env, capture_output=True, text=True, timeout=timeout)
@@ -5643,8 +5656,8 @@ def test_bench_refuses_bad_flags_with_one_sentence(argv, said):
     ("--device cuda --no-compile", "eager", "eager"),
     ("--device cuda --no-cuda-graphs", None, "eager compiled"),
 ])  # fmt: skip
-def test_bench_compiles_by_default_on_cuda_only(monkeypatch, argv, modes, gpu_modes):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+@_torch_flag(torch.cuda, "is_available", lambda: True)
+def test_bench_compiles_by_default_on_cuda_only(argv, modes, gpu_modes):
     assert modes is None or bench.parse_args(argv.split()).modes == modes.split()
     ns = [256, 512, 1024, 2048, 4096, 8192]  # --help says
     if "cuda" in argv:
@@ -5838,12 +5851,12 @@ class _Products(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@_torch_flag(torch.backends.cuda.matmul, "allow_tf32", False)  # each form sets it
 def test_bench_agf_forms_run_their_own_products_and_equal_the_plain_form(monkeypatch):
     """--forms agf-split, agf-bf16, agf-tf32: AGF's three d x d products over N in chunks of
     --chunk, in bf16, or with TF32 on; y, aux, gradients == the plain form's (bf16: ~3 digits)."""
     for name in ("agf_apply", "orthogonality_penalty"):
         monkeypatch.setattr(agf, name, getattr(agf, name))  # put back whatever happens
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     layer, got, chunk = _agf_layer(), {}, 6  # d = 8: each product's contracted length names it
     params = [p for p in layer.parameters() if p.requires_grad]
 
@@ -6258,6 +6271,32 @@ def test_readme_test_command_is_the_one_ci_runs():
     assert command in (HERE / "README.md").read_text(), "README.md: the test command changed"
     ci = [ln.strip() for ln in (HERE / ".ci" / "run").read_text().splitlines()]
     assert command in ci, ".ci/run no longer runs the README's test command"
+
+
+def test_no_test_hands_a_torch_attribute_to_monkeypatch():
+    """torch's flags are kept by _torch_flag, never by pytest's monkeypatch (pytest 9.2 deletes
+    an attribute kept outside __dict__, as cuBLASModule's allow_tf32, to put it back): the flag
+    comes back after an error, and no monkeypatch call is handed torch or one of its modules."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32
+    with pytest.raises(KeyError), _torch_flag(matmul, "allow_tf32", not before):
+        assert matmul.allow_tf32 is not before
+        raise KeyError("an error inside")
+    assert matmul.allow_tf32 is before and "allow_tf32" not in vars(matmul)
+    modules = {n: v for n, v in globals().items() if isinstance(v, types.ModuleType)}
+    aliases = [n for n, v in modules.items() if v.__name__.split(".")[0] == "torch"]
+    assert {"torch", "F"} <= set(aliases), "torch.nn.functional is imported as F"
+    names = "|".join(sorted(aliases))
+    handed = re.compile(rf"""monkeypatch\.(?:setattr|delattr)\(\s*["']?(?:\w+\.)*(?:{names})\b""")
+    call = "monkeypatch." + "setattr("  # not written whole, or this test would find itself
+    for planted in ('torch.backends.cuda.matmul, "allow_tf32", 0)', '\n    torch._dynamo.config,',
+                    '"torch.cuda.is_available", f)', 'bench.torch.cuda, "is_available", f)',
+                    'F, "softmax", f)'):  # fmt: skip
+        assert handed.search(call + planted), planted
+    assert not handed.search(call + 'bench, "torch_threads", 1)'), "a name that starts so"
+    text = pathlib.Path(__file__).read_text()
+    found = [text.count("\n", 0, m.start()) + 1 for m in handed.finditer(text)]
+    assert not found, f"test_all.py lines {found}: a torch attribute handed to monkeypatch"
 
 
 def test_readme_and_results_commands_parse(monkeypatch, tmp_path):
