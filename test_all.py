@@ -6323,6 +6323,20 @@ def test_readme_test_command_is_the_one_ci_runs():
     assert command in ci, ".ci/run no longer runs the README's test command"
 
 
+def test_requirements_name_each_lower_bound_and_ci_installs_each_exactly():
+    """requirements.txt: `name>=version` a line, no upper bound (pip would replace a newer torch,
+    a CPU build, with PyPI's CUDA one); .ci/run's lowest job reads them as `name==version`."""
+    lines = [ln.split("#")[0].strip() for ln in (HERE / "requirements.txt").read_text().split("\n")]
+    wanted = [ln for ln in lines if ln]
+    for line in wanted:
+        assert re.fullmatch(r"[a-z]+>=\d+(\.\d+)*", line), f"requirements.txt: {line}"
+    assert [ln.split(">=")[0] for ln in wanted] == ["torch", "numpy", "tqdm", "pytest"]
+    sed = re.search(r"^lowest=\$\((sed .*)\)$", (HERE / ".ci" / "run").read_text(), re.M)
+    assert sed, ".ci/run: no `lowest=$(sed ...)` line"
+    run = subprocess.run(["bash", "-c", sed[1]], cwd=HERE, capture_output=True, text=True)
+    assert run.stdout.split() == [ln.replace(">=", "==") for ln in wanted], run.stdout
+
+
 def test_no_test_hands_a_torch_attribute_to_monkeypatch():
     """torch's flags are kept by _torch_flag, never by pytest's monkeypatch (pytest 9.2 deletes
     an attribute kept outside __dict__, as cuBLASModule's allow_tf32, to put it back): the flag
