@@ -215,7 +215,7 @@ class FilterSum(torch.autograd.Function):
         p_prev, p, t = _buffer(s, 0.0), _buffer(s, 1.0), _buffer(s)
         d_prev, d, e = _buffer(s, 0.0), _buffer(s, 0.0), _buffer(s)
         g, slope = theta[0] * p, _buffer(s, 0.0)  # Σ θ̃_k P_k and Σ θ̃_k P_k' so far
-        for k, (a, b, c) in enumerate(coefs, start=1):
+        for k, (a, b, c) in enumerate(coefs, 1):  # k from 1 (torch 2.4 compiles no start=)
             torch.mul(s, a, out=t).add_(b)  # t = a_k s + b_k
             torch.mul(p, a, out=e).addcmul_(t, d).sub_(d_prev, alpha=c)  # e = P_k' (see above)
             t.mul_(p).sub_(p_prev, alpha=c)  # t = P_k = (a_k s + b_k) P_{k-1} - c_k P_{k-2}

@@ -206,6 +206,19 @@ def _one_thread():
         torch.set_num_threads(threads)
 
 
+@contextlib.contextmanager
+def _torch_flag(owner, name: str, value):
+    """owner.name = value meanwhile (a with block, or a test's decorator), then what it was: for
+    torch's global flags, never handed to pytest's monkeypatch. torch.backends.cuda.matmul keeps
+    allow_tf32 outside its __dict__, and pytest 9.2 puts such an attribute back by deleting it."""
+    before = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, before)
+
+
 def _cli(script: str, *argv, cwd=None, timeout=120) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     kwargs = dict(cwd=cwd or HERE, env=env, capture_output=True, text=True, timeout=timeout)
@@ -6907,6 +6920,7 @@ def test_diagnose_summary_counts_at_their_boundaries_and_the_table_aligns():
 # ----------------------------------------------------------------------------------------------
 
 sys.path.insert(1, str(HERE / ".ci"))
+import dry_run  # noqa: E402
 import gpu_bench  # noqa: E402
 import gpu_table  # noqa: E402
 
@@ -7015,8 +7029,8 @@ def test_bench_refuses_bad_flags_with_one_sentence(argv, said):
     ("--device cuda --no-compile", "eager", "eager"),
     ("--device cuda --no-cuda-graphs", None, "eager compiled"),
 ])  # fmt: skip
-def test_bench_compiles_by_default_on_cuda_only(monkeypatch, argv, modes, gpu_modes):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+@_torch_flag(torch.cuda, "is_available", lambda: True)
+def test_bench_compiles_by_default_on_cuda_only(argv, modes, gpu_modes):
     assert modes is None or bench.parse_args(argv.split()).modes == modes.split()
     ns = [256, 512, 1024, 2048, 4096, 8192]  # --help says
     if "cuda" in argv:
@@ -7107,7 +7121,8 @@ def test_bench_compile_s_is_the_first_calls_in_seconds(monkeypatch):
 
 def test_bench_graphs_mode_and_a_graph_break_are_said_in_the_note(tmp_path, monkeypatch):
     """Mode graphs on the CPU (no CUDA graphs): measured, said in the note; a graph break: said
-    where, no compiled rows at larger N, eager rows stay; eager rows count operators."""
+    where (torch's own words for it vary with its version), no compiled rows at larger N, eager
+    rows stay; eager rows count operators."""
 
     class Breaks(_BenchLayer):
         def forward(self, x, mask):
@@ -7117,6 +7132,7 @@ def test_bench_graphs_mode_and_a_graph_break_are_said_in_the_note(tmp_path, monk
 
     layers = {"square": _BenchLayer(), "breaks": Breaks()}
     rows = _bench_run(monkeypatch, tmp_path, layers, [*TINY_BENCH, "--compile", "--cuda-graphs"])
+    where = f"(at test_all.py:{inspect.getsourcelines(Breaks.forward)[1] + 1})"  # the if
     modes = ("eager", "compiled", "graphs")
     want = [(k, 32, m) for k in layers for m in modes] + [("square", 64, m) for m in modes]
     assert [(r["kind"], r["N"], r["mode"]) for r in rows] == [*want, ("breaks", 64, "eager")]
@@ -7125,7 +7141,7 @@ def test_bench_graphs_mode_and_a_graph_break_are_said_in_the_note(tmp_path, monk
         if r["kind"] == "square":
             assert r["fwdbwd_ms"] > 0 and ("without CUDA graphs" in note) == (r["mode"] == "graphs")
         elif r["mode"] != "eager":
-            assert "not compiled: graph break: Data-dependent branching (at test_all.py:" in note
+            assert note.startswith("not compiled: graph break: ") and note.endswith(where), note
     assert all(r["ops"] > 0 and r["floor_mib"] > 0 for r in rows if r["mode"] == "eager")
 
 
@@ -7224,12 +7240,12 @@ class _Products(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@_torch_flag(torch.backends.cuda.matmul, "allow_tf32", False)  # each form sets it
 def test_bench_agf_forms_run_their_own_products_and_equal_the_plain_form(monkeypatch):
     """--forms agf-split, agf-bf16, agf-tf32: AGF's three d x d products over N in chunks of
     --chunk, in bf16, or with TF32 on; y, aux, gradients == the plain form's (bf16: ~3 digits)."""
     for name in ("agf_apply", "orthogonality_penalty"):
         monkeypatch.setattr(agf, name, getattr(agf, name))  # put back whatever happens
-    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
     layer, got, chunk = _agf_layer(), {}, 6  # d = 8: each product's contracted length names it
     params = [p for p in layer.parameters() if p.requires_grad]
 
@@ -7545,6 +7561,53 @@ def test_bench_ci_gpu_resumes_skips_and_fails_training_runs_as_its_header_says(t
     assert proc.returncode == 2 and "STAGES: unknown stage 'nope'" in proc.stdout, proc.stdout
 
 
+_DRY_ROW = "| agf | 37.1 | 36.0 | 4 | 4 of 4 | 9.0 | 0.01 | — |"
+_DRY_FINISHED = "text1k agf: finished earlier"
+
+
+@pytest.mark.parametrize("step, name, line, count", [
+    ("full", "results.jsonl", 'RESULT {"task": "text"}', dry_run.RESULT_LINES),
+    ("full", "tables.md", _DRY_ROW, dry_run.TABLE_ROWS),
+    ("resumed", "stages.txt", _DRY_FINISHED, 3),
+    ("refilled", "stages.txt", _DRY_FINISHED, 10),
+])  # fmt: skip
+def test_bench_ci_dry_run_checks_count_lines_exactly(tmp_path, step, name, line, count):
+    """.ci/run's checks of the dry run (.ci/dry_run.py) on planted output: the right count of
+    RESULT lines, table rows, runs found finished passes; one line too few or too many fails,
+    in one line naming the count, with stages.txt."""
+    out = tmp_path / "gpu"
+    _write(out / "listops" / "agf" / "config.json", '{"time_limit": 220}')
+    _write(out / "text1k_agf.log", "== 2025-01-01T00:00:00Z --resume\n")
+    _write(out / "text1k_softmax.log", "== 2025-01-01T00:00:00Z --resume\n")
+    _write(out / "text1k" / "softmax" / "result.json", '{"partial": false}')
+    _write(out / "stages.txt", "listops agf: exit 0\n")
+    around = {  # lines that must not count: a table's head, its dashes, a row without numbers
+        "tables.md": ["", "| attention | test % (best val) |", "|---|---|", "| gfsa | — | — |"],
+        "stages.txt": ["text1k agf: exit 0", "text1k: ended after 9 s"],
+    }.get(name, [])
+    for n in (count - 1, count, count + 1):
+        _write(out / name, "\n".join([*around, *[line] * n, *around]) + "\n")
+        if step == "full":  # the other count right
+            other = "tables.md" if name == "results.jsonl" else "results.jsonl"
+            right = [_DRY_ROW] * 15 if other == "tables.md" else ["RESULT {}"] * 16
+            _write(out / other, "\n".join(right) + "\n")
+        wrong = dry_run.check(step, out)
+        assert (wrong is None) == (n == count), (n, wrong)
+        assert n == count or wrong.startswith(f"{n} "), wrong
+    _write(out / name, line + "\n")  # .ci/run's call: exit 1, the line, stages.txt above it
+    run = subprocess.run(
+        [sys.executable, HERE / ".ci" / "dry_run.py", step, out], capture_output=True, text=True
+    )
+    assert run.returncode == 1 and run.stderr == f"gpu dry run: {dry_run.check(step, out)}\n"
+    assert run.stdout == (out / "stages.txt").read_text(), "stages.txt, to see why"
+    if step == "full":
+        _write(out / "listops" / "agf" / "config.json", '{"time_limit": 340}')
+        _write(out / name, "\n".join([line] * count) + "\n")
+        assert (
+            dry_run.check(step, out) == "listops agf ran with --time-limit 340, not 220 (340 - 120)"
+        )
+
+
 # ----------------------------------------------------------------------------------------------
 # README.md: its code blocks run
 # ----------------------------------------------------------------------------------------------
@@ -7721,6 +7784,46 @@ def test_readme_file_table_names_every_package_each_file_imports():
                     imported.add(node.module.split(".")[0])
             used = imported & packages
             assert used <= depends, f"README: {file} imports {sorted(used - depends)}, not named"
+
+
+def test_requirements_name_each_lower_bound_and_ci_installs_each_exactly():
+    """requirements.txt: `name>=version` a line, no upper bound (pip would replace a newer torch,
+    a CPU build, with PyPI's CUDA one); .ci/run's lowest job reads them as `name==version`."""
+    lines = [ln.split("#")[0].strip() for ln in (HERE / "requirements.txt").read_text().split("\n")]
+    wanted = [ln for ln in lines if ln]
+    for line in wanted:
+        assert re.fullmatch(r"[a-z]+>=\d+(\.\d+)*", line), f"requirements.txt: {line}"
+    assert [ln.split(">=")[0] for ln in wanted] == ["torch", "numpy", "tqdm", "pytest"]
+    sed = re.search(r"^lowest=\$\((sed .*)\)$", (HERE / ".ci" / "run").read_text(), re.M)
+    assert sed, ".ci/run: no `lowest=$(sed ...)` line"
+    run = subprocess.run(["bash", "-c", sed[1]], cwd=HERE, capture_output=True, text=True)
+    assert run.stdout.split() == [ln.replace(">=", "==") for ln in wanted], run.stdout
+
+
+def test_no_test_hands_a_torch_attribute_to_monkeypatch():
+    """torch's flags are kept by _torch_flag, never by pytest's monkeypatch (pytest 9.2 deletes
+    an attribute kept outside __dict__, as cuBLASModule's allow_tf32, to put it back): the flag
+    comes back after an error, and no monkeypatch call is handed torch or one of its modules."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_tf32
+    with pytest.raises(KeyError), _torch_flag(matmul, "allow_tf32", not before):
+        assert matmul.allow_tf32 is not before
+        raise KeyError("an error inside")
+    assert matmul.allow_tf32 is before and "allow_tf32" not in vars(matmul)
+    modules = {n: v for n, v in globals().items() if isinstance(v, types.ModuleType)}
+    aliases = [n for n, v in modules.items() if v.__name__.split(".")[0] == "torch"]
+    assert {"torch", "F"} <= set(aliases), "torch.nn.functional is imported as F"
+    names = "|".join(sorted(aliases))
+    handed = re.compile(rf"""monkeypatch\.(?:setattr|delattr)\(\s*["']?(?:\w+\.)*(?:{names})\b""")
+    call = "monkeypatch." + "setattr("  # not written whole, or this test would find itself
+    for planted in ('torch.backends.cuda.matmul, "allow_tf32", 0)', '\n    torch._dynamo.config,',
+                    '"torch.cuda.is_available", f)', 'bench.torch.cuda, "is_available", f)',
+                    'F, "softmax", f)'):  # fmt: skip
+        assert handed.search(call + planted), planted
+    assert not handed.search(call + 'bench, "torch_threads", 1)'), "a name that starts so"
+    text = pathlib.Path(__file__).read_text()
+    found = [text.count("\n", 0, m.start()) + 1 for m in handed.finditer(text)]
+    assert not found, f"test_all.py lines {found}: a torch attribute handed to monkeypatch"
 
 
 def test_readme_and_results_commands_parse(monkeypatch, tmp_path):
