@@ -89,9 +89,11 @@ def writable(folder) -> None:
     try:
         folder.mkdir(parents=True, exist_ok=True)
         open(probe, "wb").close()
-        probe.unlink()
     except OSError as e:
         raise _error(e, folder) from None
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
 
 
 def append(path, line: str) -> None:
@@ -130,20 +132,25 @@ def fault(e: OSError, path) -> str:
 
 
 class _Disk:
-    """The temporary file as fill sees it: an OSError of its write is the disk's (WriteError);
-    everything else is the file's own."""
+    """The temporary file as fill sees it: an OSError of any of its methods (write, and flush,
+    seek, ... which write what the buffer holds) is the disk's: WriteError. Those of whatever
+    fill reads from are not."""
 
     def __init__(self, f, path: pathlib.Path):
         self._f, self._path = f, path
 
-    def write(self, data) -> int:
-        try:
-            return self._f.write(data)
-        except OSError as e:
-            raise _error(e, self._path) from None
+    def __getattr__(self, name):  # write, tell, seek, flush, name, ...: what numpy, torch use
+        value = getattr(self._f, name)
+        if not callable(value):
+            return value
 
-    def __getattr__(self, name):  # tell, seek, flush, name, ...: numpy's, matplotlib's needs
-        return getattr(self._f, name)
+        def method(*args, **kwargs):
+            try:
+                return value(*args, **kwargs)
+            except OSError as e:
+                raise _error(e, self._path) from None
+
+        return method
 
 
 def _error(e: OSError, path: pathlib.Path) -> WriteError:

@@ -356,7 +356,7 @@ def save(path: pathlib.Path, obj) -> None:
             files.write(path, content)
     except OSError as e:  # a WriteError, or a log that cannot be read
         how = "--resume goes on from its last checkpoint"
-        if not (path.parent / "checkpoint.pt").exists():
+        if not os.path.exists(path.parent / "checkpoint.pt"):  # (False for a name too long)
             how = "there is no checkpoint yet: once it is mended, the same command starts again"
         said = str(e) if isinstance(e, files.WriteError) else files.fault(e, path)
         raise SystemExit(f"{said}: the run stops; {how}") from None

@@ -4052,6 +4052,151 @@ def test_files_logs_append_whole_lines_and_a_torn_last_line_is_dropped(tmp_path)
     assert log.read_text() == '{"step": 1}\n{"step": 2}\n{"step": 3}\n'
 
 
+def _writers(source: pathlib.Path) -> dict:
+    """Every writer of the project, each a call that writes into a folder given -> what it
+    returned (a note, for the prepared file). Each writes well over 64 kB (a full tmpfs fails
+    mid-write), except bench's CSV header, a line."""
+    big = "x" * 100_000
+    split = lra_data.Split(np.ones((40, 1000), np.int16), np.full(40, 1000), np.zeros(40, np.int64))
+    tiny = dict(listops.OFFICIAL, seed=1, train=48, val=12, test=12)
+    return {
+        "checkpoint": lambda d: runs.save(d / "checkpoint.pt", dict(w=torch.ones(40_000))),
+        "config": lambda d: runs.save(d / "config.json", dict(note=big)),
+        "metrics": lambda d: runs.save(d / "metrics.jsonl", dict(step=1, note=big)),
+        "prepared file": lambda d: lra_data.write_prepared(d / "x.npz", {}, dict(train=split,
+                                                           val=split, test=split), []),
+        "listops": lambda d: listops.write(d / "listops", {k: tiny[k] for k in listops.KEYS}),
+        "download": lambda d: download.download_url(source.as_uri(), d / "got.bin"),
+        "diagnose csv": lambda d: diagnose.write_csv(d / "x.csv", ["a"], [[big]] * 2),
+        "bench csv": lambda d: bench.Rows(d / "bench.csv"),
+    }  # fmt: skip
+
+
+def _wrote(writer, folder: pathlib.Path) -> str | None:
+    """writer(folder) -> the one sentence it stopped with (SystemExit's, an exception's, the
+    prepared file's note), or None where it wrote."""
+    try:
+        notes = writer(folder)
+    except SystemExit as e:
+        return e.code
+    except Exception as e:
+        return str(e)
+    return notes[0] if isinstance(notes, list) and notes else None
+
+
+@pytest.mark.parametrize("fault", _FILE_FAULTS)
+@pytest.mark.parametrize("writer", list(_writers(pathlib.Path())), ids=_id)
+def test_files_every_writer_says_each_fault_in_one_sentence_and_leaves_nothing(
+    tmp_path, writer, fault
+):
+    """Every writer of the project against every fault of the file system: one sentence naming
+    the path and the fault, nothing left behind (no temporary file, no folder it made)."""
+    if writer == "bench csv" and fault == "full-mid-write":
+        pytest.skip("bench's CSV begins with its header, one line: it fits in 64 kB")
+    source = _write(tmp_path / "source.bin", os.urandom(100_000))
+    write = _writers(source)[writer]
+    mount, name, said = _FILE_FAULTS[fault]
+    base = tmp_path / "base"
+    where = {"name-too-long": base / name, "file-as-folder": base / "plain" / "sub"}
+    where["folder-as-file"] = base / "d"
+    scene = _mounted(base / "mnt", mount.split()[0]) if mount else contextlib.nullcontext()
+    with scene, _one_thread(), contextlib.redirect_stdout(io.StringIO()):
+        if fault == "full-at-once":
+            _fill_until_full(base / "mnt")
+        if fault == "file-as-folder":
+            _write(base / "plain", "the user's")
+        folder = where.get(fault, base / "mnt")
+        if fault == "folder-as-file":  # a folder stands where each of its files goes
+            assert _wrote(write, tmp_path / "once") is None
+            for path in (tmp_path / "once").rglob("*"):
+                if path.is_file():
+                    (folder / path.relative_to(tmp_path / "once") / "in-the-way").mkdir(
+                        parents=True
+                    )
+        before = _tree(base)
+        message = _wrote(write, folder)
+        assert isinstance(message, str) and "\n" not in message, message
+        assert "cannot write " in message, message
+        what = said.split(": ", 1)[1] if ": " in said else said
+        if fault == "name-too-long":
+            what = "the name is too long"
+        assert what in message, message
+        assert _tree(base) == before, "nothing left behind, nothing changed"
+
+
+@pytest.mark.parametrize("writer", list(_writers(pathlib.Path())), ids=_id)
+def test_files_every_writer_stopped_by_ctrl_c_leaves_no_temporary_file(tmp_path, writer):
+    """Ctrl-C half-way through a write, in every writer: KeyboardInterrupt goes on (the scripts
+    say it in one line, exit 130), the folder holds no temporary file and no half file."""
+    source = _write(tmp_path / "source.bin", os.urandom(100_000))
+    write, folder = _writers(source)[writer], tmp_path / "out"
+    real = open
+
+    def interrupted_open(path, mode="r", *args, **kwargs):
+        f = real(path, mode, *args, **kwargs)
+        if mode == "wb" and files.TEMPORARY.fullmatch(pathlib.Path(path).name):
+            f.write(b"half of it")
+            f.flush()
+            raise KeyboardInterrupt
+        return f
+
+    with mock.patch.object(files, "open", interrupted_open, create=True):
+        with (
+            pytest.raises(KeyboardInterrupt),
+            _one_thread(),
+            contextlib.redirect_stdout(io.StringIO()),
+        ):
+            write(folder)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file() and p != source], "nothing left"
+
+
+def _writes_outside_files_py(text: str, name: str) -> list:
+    """The calls in a file's text that write a file (open for writing, np.save, torch.save,
+    write_text, write_bytes, savefig) but do not stand inside a files.write or files.append
+    call -> ["name:line: call", ...]. Allowed: the run folder's lock (opened, never written)
+    and torch.save into memory."""
+    allowed = {"open(out / 'lock', 'a')", "torch.save(obj, buffer)"}
+    writes = {"write_text", "write_bytes", "savefig", "torch.save", "np.save", "np.savez"}
+    tree, inside = ast.parse(text), set()  # inside: the calls under a files.write or .append
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in ("files.write", "files.append"):
+            inside |= {id(n) for n in ast.walk(node)}
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call) or id(node) in inside:
+            continue
+        called = getattr(node.func, "attr", getattr(node.func, "id", ""))
+        called = ast.unparse(node.func) if called in ("save", "savez") else called
+        modes = [*node.args[1:2], *(k.value for k in node.keywords if k.arg == "mode")]
+        mode = "".join(str(m.value) for m in modes if isinstance(m, ast.Constant))
+        opened = called == "open" and set(mode) & set("wax+")
+        if (opened or called in writes) and ast.unparse(node) not in allowed:
+            found.append(f"{name}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+@pytest.mark.parametrize("plant, caught", [
+    ('with open(p, "w") as f:\n    f.write(x)', True),
+    ('with open(p, mode="ab") as f:\n    f.write(x)', True),
+    ("np.savez(p, a=a)", True),
+    ("torch.save(obj, p)", True),
+    ("p.write_text(x)", True),
+    ("fig.savefig(p, dpi=120)", True),
+    ('open(p, "rb").read()', False),
+    ("files.write(p, lambda f: np.savez(f, a=a))", False),
+    ("files.write(p, functools.partial(fig.savefig, dpi=120))", False),
+])  # fmt: skip
+def test_files_no_writer_writes_but_through_files_py(plant, caught):
+    """Every call that writes a file in the project's files stands inside a files.write or
+    files.append call, so no new writer slips past the write path (and the check sees one)."""
+    assert bool(_writes_outside_files_py(plant, "plant.py")) == caught, plant
+    found = []
+    for path in sorted(HERE.glob("*.py")):
+        if path.name not in ("test_all.py", "files.py"):
+            found += _writes_outside_files_py(path.read_text(), path.name)
+    assert not found, found
+
+
 # ----------------------------------------------------------------------------------------------
 # download.py: its rules, as a table of folder states x archive shapes, and a fuzzer of archives
 
