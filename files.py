@@ -11,6 +11,8 @@ files.py: the one way this project writes a file, and the one sentence when it c
     writable(folder)      WriteError now, where no file could be written into folder
     append(path, line)    a line added to a log (metrics.jsonl), the whole log written anew
     read_log(path)        a log's lines, less a torn last one (a process killed mid-write)
+    too_big(nbytes, ...)  the sentence where an array sized by flags cannot fit in memory: said
+                          before numpy or torch tries to allocate it, naming the flag to lower
 
 A temporary file is named <name>.<pid>-<k>.tmp, the k-th write of process pid: whose it is. A
 process killed outright (SIGKILL, a power cut) leaves its own behind; the first write of a later
@@ -158,6 +160,27 @@ def _error(e: OSError, path: pathlib.Path) -> WriteError:
     error = WriteError(fault(e, path))
     error.errno = e.errno
     return error
+
+
+def too_big(nbytes: int, what: str, flags: str, memory: int | None = None) -> str | None:
+    """The sentence where nbytes (what: the array, sized by flags) are more than memory bytes
+    (None: this machine's physical memory), naming the flags to lower; else None."""
+    if memory is None:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if nbytes <= memory:
+        return None
+    return (
+        f"{what} would take {_size(nbytes)}, more than the {_size(memory)} of memory: lower {flags}"
+    )
+
+
+def _size(nbytes: float) -> str:
+    """nbytes in the largest binary unit that keeps it at least 1: "1.5 TiB"."""
+    units = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"]
+    i = 0
+    while nbytes >= 1024 and i < len(units) - 1:
+        nbytes, i = nbytes / 1024, i + 1
+    return f"{nbytes:.1f} {units[i]}"
 
 
 def _temporary(path: pathlib.Path) -> pathlib.Path:

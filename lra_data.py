@@ -109,6 +109,10 @@ def pack(sequences: list, max_len: int, shift: int = 0) -> tuple:
     """Cut to max_len, add shift, right-pad with 0 -> (ids (n, max_len) int16, lengths (n,),
     how many sequences were cut)."""
     # shift=1 for bytes (tfds ByteTextEncoder: id = byte + 1, 0 = padding); int16 holds ids < 257
+    what = f"{len(sequences):,} inputs of {max_len:,} tokens"
+    said = files.too_big(2 * len(sequences) * max_len, what, "--max-len")
+    if said:  # before numpy tries
+        raise DataError(said)
     x, lengths = np.zeros((len(sequences), max_len), np.int16), np.zeros(len(sequences), np.int64)
     for i, seq in enumerate(sequences):
         seq = np.asarray(seq[:max_len], dtype=np.int16) + shift
@@ -954,6 +958,13 @@ def _listops_source(folder: pathlib.Path, asked: dict, seed: int) -> Source:
     (listops.ready): the release's (no generator.json) read as they are, ours only when made
     with the settings asked."""
     settings = _listops_settings(asked, seed)
+    # each expression has more than min_length tokens, each at least 2 characters with its space
+    sizes = dict(train=settings["train"], eval=settings["val"] + settings["test"])
+    flag = "--listops-size" if sizes["train"] >= sizes["eval"] else "--listops-eval-size"
+    what = f"ListOps' {sum(sizes.values()):,} expressions"
+    said = files.too_big(2 * settings["min_length"] * sum(sizes.values()), what, flag)
+    if said and not (folder / "basic_train.tsv").exists():  # to be generated: refused first
+        raise DataError(said)
     try:
         with _interruptible(f"generating ListOps into {folder}", "nothing was written there"):
             generated = listops.ready(folder, settings)

@@ -141,7 +141,30 @@ def parse(Config, doc: str, choices: dict, values, out: str, argv=None, presets=
         p.error(f"--batch-size {cfg.batch_size} is not divisible by {WORLD} processes")
     if cfg.resume and cfg.overwrite:
         p.error("--resume continues a run and --overwrite deletes it: give one of them")
+    memory = torch.cuda.get_device_properties(0).total_memory if cuda else None
+    said = too_big(cfg, given, memory)
+    if said:
+        p.error(said)
     return cfg
+
+
+def too_big(cfg, given: dict, memory: int | None) -> str | None:
+    """The sentence where a training step of cfg cannot fit in memory (None: this machine's),
+    from the flags, before anything is allocated; else None. A lower bound, term by term: the
+    weights with their gradients and Adam's two moments (float32), one tensor of activations a
+    layer, and softmax's N×N scores a head. Each names its flags, those given first."""
+    D, L, B, N = cfg.d_model, cfg.n_layers, cfg.batch_size, cfg.max_len or 1  # UEA: 0, unknown
+    quadratic = cfg.attention in ("softmax", "gfsa", "primal+trans")
+    weights, activations = 16 * L * (4 * D * D + 2 * D * cfg.d_ff), 4 * B * N * D * L
+    terms = [  # (bytes, what, flags)
+        (weights, "weights", ("d_model", "d_ff", "n_layers")),
+        (activations, "activations", ("batch_size", "max_len", "d_model")),
+        (4 * B * cfg.n_heads * N * N * quadratic, "attention scores", ("batch_size", "max_len")),
+    ]
+    nbytes, what, names = max(terms)
+    names = sorted(names, key=lambda name: name not in given)[: 1 if set(names) & set(given) else 3]
+    flags = " or ".join(f"--{name.replace('_', '-')}" for name in names)
+    return files.too_big(nbytes, f"One training step's {what}", flags, memory)
 
 
 def _help(p, cfg, given: dict, presets: dict, chosen: set) -> None:

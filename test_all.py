@@ -4197,6 +4197,66 @@ def test_files_no_writer_writes_but_through_files_py(plant, caught):
     assert not found, found
 
 
+_TOO_BIG = [  # (script, flags at 10⁹, the flags the refusal names to lower)
+    ("train_lra.py", "--max-len", "--max-len"),
+    ("train_lra.py", "--batch-size", "--batch-size"),
+    ("train_lra.py", "--d-model", "--d-model"),
+    ("train_lra.py", "--listops-size", "--listops-size"),
+    ("train_lra.py", "--listops-eval-size", "--listops-eval-size"),
+    ("train_uea.py", "--max-len", "--max-len"),
+    ("train_uea.py", "--batch-size", "--batch-size"),
+    ("train_uea.py", "--d-model", "--d-model"),
+    ("lra_data.py", "--max-len", "--max-len"),  # once ListOps (1,000 examples) is read
+    ("lra_data.py", "--listops-size", "--listops-size"),
+    ("bench.py", "--ns", "--ns or --batch"),
+    ("bench.py", "--batch", "--ns or --batch"),
+    ("bench.py", "--step-ns", "--step-ns or --step-batch"),
+    ("bench.py", "--step-batch", "--step-ns or --step-batch"),
+]
+
+
+@pytest.mark.parametrize("script, flag, lower", _TOO_BIG, ids=_id)
+def test_files_a_size_from_a_flag_is_checked_before_it_is_allocated(tmp_path, script, flag, lower):
+    """Every flag that sizes an array, at 10⁹: one sentence giving the size and the flags to
+    lower, before numpy or torch allocates (the process stays small and quick), no traceback."""
+    argv = [flag, str(10**9), "--data-dir", str(tmp_path)] if script != "bench.py" else [flag]
+    if script == "bench.py":
+        argv += [str(10**9), "--what", "step" if "step" in flag else "layer"]
+    if (script, flag) == ("lra_data.py", "--max-len"):
+        argv += ["--listops-size", "1000"]
+    started = time.time()
+    run = _cli(script, *argv, cwd=tmp_path)
+    said = (run.stdout + run.stderr).strip().splitlines()[-1]
+    assert run.returncode in (1, 2) and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert time.time() - started < 60, "refused at once, not after a long allocation"
+    memory = files._size(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    pattern = rf"(.*) would take ([\d.]+) (\w+), more than the {re.escape(memory)} of memory: "
+    found = re.fullmatch(pattern + re.escape(f"lower {lower}"), said.split(": ", 1)[1])
+    assert found, said
+    size = float(found[2]) * 1024 ** ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"].index(
+        found[3]
+    )
+    assert size > os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), said
+    counted = re.fullmatch(r"([\d,]+) inputs of ([\d,]+) tokens", found[1])  # int16 ids
+    if counted:
+        n, max_len = (int(v.replace(",", "")) for v in counted.groups())
+        assert max_len == 10**9 and size == pytest.approx(2 * n * max_len, rel=0.05), said
+
+
+def test_files_too_big_says_a_size_above_memory_and_none_at_it():
+    """files.too_big: None at the memory's size, a sentence one byte above it; sizes in the
+    largest binary unit that keeps them at least 1."""
+    assert files.too_big(1024**3, "x", "--y", memory=1024**3) is None
+    said = "x would take 1.0 GiB, more than the 1024.0 MiB of memory: lower --y"
+    assert files.too_big(1024**3 + 1, "x", "--y", memory=1024**3 - 1) == said
+    assert [files._size(n) for n in (0, 1023, 1536, 5 * 1024**4)] == [
+        "0.0 bytes",
+        "1023.0 bytes",
+        "1.5 KiB",
+        "5.0 TiB",
+    ]
+
+
 # ----------------------------------------------------------------------------------------------
 # download.py: its rules, as a table of folder states x archive shapes, and a fuzzer of archives
 
