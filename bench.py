@@ -344,15 +344,14 @@ def parse_args(argv=None, parser=None) -> argparse.Namespace:
         runs.print_help(p, {k: v for k, v in vars(args).items() if k != "modes"})
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error(f"--device cuda: this machine has no CUDA GPU (torch {torch.__version__})")
-    memory = torch.cuda.get_device_properties(0).total_memory if args.device == "cuda" else None
-    quadratic = bool({"softmax", "gfsa"} & set(args.kinds))  # an N×N matrix a head (H = 2)
+    memory = runs.gpu_memory() if args.device == "cuda" else None
     for flag, batch, ns in (
         ("--ns", "--batch", args.ns),
         ("--step-ns", "--step-batch", args.step_ns),
     ):
         B = getattr(args, batch[2:].replace("-", "_"))
-        for N in ns:  # x (B, N, D = 64) and the scores, float32: a lower bound of a point's memory
-            nbytes, what = 4 * B * N * (64 + 2 * N * quadratic), f"N = {N:,} at batch {B:,}"
+        for N in ns:  # x (B, N, D = 64) in float32: a lower bound of a point's memory
+            nbytes, what = 4 * B * N * 64, f"N = {N:,} at batch {B:,}"
             said = files.too_big(nbytes, what, f"{flag} or {batch}", memory)
             if said:
                 p.error(said)

@@ -141,25 +141,30 @@ def parse(Config, doc: str, choices: dict, values, out: str, argv=None, presets=
         p.error(f"--batch-size {cfg.batch_size} is not divisible by {WORLD} processes")
     if cfg.resume and cfg.overwrite:
         p.error("--resume continues a run and --overwrite deletes it: give one of them")
-    memory = torch.cuda.get_device_properties(0).total_memory if cuda else None
-    said = too_big(cfg, given, memory)
+    said = too_big(cfg, given, gpu_memory() if cuda else None)
     if said:
         p.error(said)
     return cfg
 
 
+def gpu_memory() -> int | None:
+    """The first CUDA device's memory in bytes; None where there is none to ask."""
+    try:
+        return torch.cuda.get_device_properties(0).total_memory
+    except (RuntimeError, AssertionError):  # no device after all (or a torch without CUDA)
+        return None
+
+
 def too_big(cfg, given: dict, memory: int | None) -> str | None:
     """The sentence where a training step of cfg cannot fit in memory (None: this machine's),
     from the flags, before anything is allocated; else None. A lower bound, term by term: the
-    weights with their gradients and Adam's two moments (float32), one tensor of activations a
-    layer, and softmax's N×N scores a head. Each names its flags, those given first."""
+    weights with their gradients and Adam's two moments, and one float32 tensor of activations
+    a layer (no N×N term: SDPA's fused kernels never form one). Each names its flags, those
+    given first."""
     D, L, B, N = cfg.d_model, cfg.n_layers, cfg.batch_size, cfg.max_len or 1  # UEA: 0, unknown
-    quadratic = cfg.attention in ("softmax", "gfsa", "primal+trans")
-    weights, activations = 16 * L * (4 * D * D + 2 * D * cfg.d_ff), 4 * B * N * D * L
     terms = [  # (bytes, what, flags)
-        (weights, "weights", ("d_model", "d_ff", "n_layers")),
-        (activations, "activations", ("batch_size", "max_len", "d_model")),
-        (4 * B * cfg.n_heads * N * N * quadratic, "attention scores", ("batch_size", "max_len")),
+        (16 * L * (4 * D * D + 2 * D * cfg.d_ff), "weights", ("d_model", "d_ff", "n_layers")),
+        (4 * B * N * D * L, "activations", ("batch_size", "max_len", "d_model")),
     ]
     nbytes, what, names = max(terms)
     names = sorted(names, key=lambda name: name not in given)[: 1 if set(names) & set(given) else 3]
