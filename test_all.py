@@ -2180,15 +2180,27 @@ class _Python2Pickler(pickle._Pickler):
     dispatch = {**pickle._Pickler.dispatch, str: save_str, bytes: save_str}
 
 
-def _numpy_1(data: bytes) -> bytes:
-    """A pickle of numpy 2 as numpy 1.x writes it: numpy.core.*, not numpy._core.* (FRAMEs, an
-    optional count of the bytes that follow, dropped: the name is one byte shorter)."""
+def _numpy_as(data: bytes, old: str, new: str) -> bytes:
+    """A pickle of numpy arrays with its numpy module names old.* written new.* (numpy 2 names
+    them numpy._core.*, numpy 1.x numpy.core.*), whichever numpy wrote it: FRAMEs, an optional
+    count of the bytes that follow, dropped, as a name's length changes."""
     frames = [at for opcode, _, at in pickletools.genops(data) if opcode.name == "FRAME"]
     for at in reversed(frames):
         data = data[:at] + data[at + 9 :]  # FRAME and its 8-byte count
-    data = data.replace(b"cnumpy._core.", b"cnumpy.core.")  # GLOBAL (protocols 2, 3)
-    short = lambda m: b"\x8c" + bytes([m[1][0] - 1]) + b"numpy.core."  # noqa: E731
-    return re.sub(rb"\x8c(.)numpy\._core\.", short, data, flags=re.S)  # SHORT_BINUNICODE (4, 5)
+    data = data.replace(b"c" + old.encode(), b"c" + new.encode())  # GLOBAL (protocols 2, 3)
+    grown = len(new) - len(old)
+    named = lambda m: b"\x8c" + bytes([m[1][0] + grown]) + new.encode()  # noqa: E731
+    return re.sub(rb"\x8c(.)" + re.escape(old.encode()), named, data, flags=re.S)  # 4, 5
+
+
+def _numpy_1(data: bytes) -> bytes:
+    """A pickle of numpy arrays as numpy 1.x writes it: numpy.core.*."""
+    return _numpy_as(data, "numpy._core.", "numpy.core.")
+
+
+def _numpy_2(data: bytes) -> bytes:
+    """A pickle of numpy arrays as numpy 2 writes it: numpy._core.*."""
+    return _numpy_as(data, "numpy.core.", "numpy._core.")
 
 
 def _as_lists(split: lra_data.Split) -> list:
@@ -2219,7 +2231,7 @@ def test_lra_data_official_pickles_read_with_numpy_1_and_2_names_and_each_protoc
         want = _as_lists(lra_data.read_lra_pickle(path, task, 16)[0])
         for numpy in ("numpy._core.", "numpy.core."):
             data = pickle.dumps(official, protocol=protocol)
-            data = _numpy_1(data) if numpy == "numpy.core." else data
+            data = _numpy_1(data) if numpy == "numpy.core." else _numpy_2(data)
             assert numpy.encode() in data and (b"_core" in data) == (numpy == "numpy._core.")
             path = _write(tmp_path / f"{task}.pickle", data)
             got = _as_lists(lra_data.read_lra_pickle(path, task, 16)[0])
@@ -2241,7 +2253,7 @@ def test_lra_data_official_pickles_read_with_numpy_1_and_2_names_and_each_protoc
                 assert b"_codecs" not in data and b"U\x04data" in data, "Python 2's, not 3's"
             else:
                 data = pickle.dumps(official, protocol=protocol)
-            file.write_bytes(_numpy_1(data) if numpy == "numpy.core." else data)
+            file.write_bytes(_numpy_1(data) if numpy == "numpy.core." else _numpy_2(data))
         got = {name: _as_lists(split) for name, split in lra_data.read_cifar(folder).items()}
         assert got == want, numpy
 
