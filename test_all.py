@@ -75,6 +75,7 @@ import download  # noqa: E402
 import files  # noqa: E402
 import listops  # noqa: E402
 import lra_data  # noqa: E402
+import lra_readers  # noqa: E402
 import polynomials  # noqa: E402
 import runs  # noqa: E402
 import train_lra  # noqa: E402
@@ -1755,7 +1756,7 @@ def test_edge_agf_bf16_input_under_autocast_filters_in_float32():
 
 
 # ----------------------------------------------------------------------------------------------
-# lra_data.py: the LRA data
+# lra_data.py, lra_readers.py: the LRA data
 # ----------------------------------------------------------------------------------------------
 
 
@@ -1847,7 +1848,7 @@ def test_listops_trees_and_the_readers_tokens():
     assert listops.to_value(tree) == 3 == _lra_stack_evaluate(listops.to_string(tree))
     assert listops.to_value(((("[MED", 1), 2), "]")) == 1  # (1 + 2) / 2 = 1.5 -> 1
     assert listops.tokenize("[FIRST 7 ]") == [16, 8, 15]  # unknown token -> OOV
-    assert lra_data.VOCAB["listops"] == 17 and lra_data.N_CLASSES["listops"] == 10
+    assert lra_readers.VOCAB["listops"] == 17 and lra_readers.N_CLASSES["listops"] == 10
 
 
 def test_listops_runs_alone_writes_a_small_set_and_shows_three_examples(tmp_path):
@@ -1952,13 +1953,13 @@ def test_lra_data_imdb_and_aan_readers(tmp_path):
     assert [row[:n].tobytes() for row, n in zip(rows, train.lengths, strict=True)] == expected
     _lra_check_batch(train, [len(w) for w in expected])
     pairs = b"1.0\tA1\tB1\tabc\tdefgh\n\n0\tA2\tB2\t" + b"x" * 20 + b"\tz\n"  # blank line: skipped
-    split, notes = lra_data.read_aan_tsv(_write(tmp_path / "aan.tsv", pairs), max_len=8)
+    split, notes = lra_readers.read_aan_tsv(_write(tmp_path / "aan.tsv", pairs), max_len=8)
     assert split.y.tolist() == [1, 0] and notes == []
     assert (split.x[0, :3] - 1).tolist() == list(b"abc") and split.x[1, 7] == ord("x") + 1
     assert (split.x2[0, :5] - 1).tolist() == list(b"defgh") and split.x2[1, 0] == ord("z") + 1
     _lra_check_batch(split, [3, 8], [5, 1])
     long = b"1\ta\tb\t" + b"y" * 12000 + b"\tq\n1\ta\tb\tq\t" + b"y" * 12000  # either text
-    long = lra_data.read_aan_tsv(_write(tmp_path / "long.tsv", long), 20000)[0]
+    long = lra_readers.read_aan_tsv(_write(tmp_path / "long.tsv", long), 20000)[0]
     assert long.lengths.tolist() == [10000, 1] and long.lengths2.tolist() == [1, 10000]
     for name, label in (("train", 1), ("eval", 0), ("test", 1)):
         _write(tmp_path / "tsv_data" / f"new_aan_pairs.{name}.tsv", f"{label}\ta\tb\t{name}\tx\n")
@@ -2040,13 +2041,13 @@ def test_lra_data_image_readers_png_pathfinder_and_cifar(tmp_path):
     image = rng.integers(0, 256, (10, 7), dtype=np.uint8)
     image[3] = 255  # large values make the modulo-256 wrap-around matter
     for filters in [(0,), (1,), (2,), (3,), (4,), (0, 1, 2, 3, 4)]:  # each alone, then mixed
-        decoded = lra_data.read_png_gray(_lra_write_png(tmp_path / "a.png", image, 0, filters))
+        decoded = lra_readers.read_png_gray(_lra_write_png(tmp_path / "a.png", image, 0, filters))
         assert decoded.dtype == np.uint8 and np.array_equal(decoded, image), filters
     # Paeth ties between different neighbours (e.g. a=0, b=3, c=2 or a=0, b=3, c=1) need few
     # distinct values; the PNG specification's tie order a, b, c then matters
     ties = rng.integers(0, 6, (16, 16), dtype=np.uint8)
     path = _lra_write_png(tmp_path / "ties.png", ties, filters=(4,))
-    assert np.array_equal(lra_data.read_png_gray(path), ties)
+    assert np.array_equal(lra_readers.read_png_gray(path), ties)
     folder = tmp_path / "pathfinder32" / "curv_contour_length_14"
     examples = _lra_pathfinder(folder, 22)  # 22 lines count: cut at round(17.6), round(19.8)
     splits, notes = lra_data.load_task("pathfinder", tmp_path, 16)
@@ -2059,7 +2060,7 @@ def test_lra_data_image_readers_png_pathfinder_and_cifar(tmp_path):
         _lra_check_batch(split, [16] * len(split.y))
     assert len(examples) == 22 and sum(len(split.y) for split in splits.values()) == 21
     with pytest.raises(lra_data.DataError, match="a Pathfinder folder is one of"):
-        lra_data.read_pathfinder(folder.rename(folder.parent / "curv_14"), 16)  # not a split name
+        lra_readers.read_pathfinder(folder.rename(folder.parent / "curv_14"), 16)  # not a split
     batches = _lra_cifar(tmp_path / "cifar-10-batches-py")
     images = np.concatenate([batches[f"data_batch_{i}"] for i in range(1, 6)])  # (25, 3072)
     labels = [(i + b) % 10 for b in range(1, 6) for i in range(5)]  # as _lra_cifar numbers them
@@ -2069,7 +2070,7 @@ def test_lra_data_image_readers_png_pathfinder_and_cifar(tmp_path):
 
     splits, notes = lra_data.load_task("image", tmp_path, 1024)
     assert [len(splits[s].y) for s in ("train", "val", "test")] == [22, 3, 5] and len(notes) == 1
-    gray = lra_data.rgb_to_gray  # checked on every colour by the next test
+    gray = lra_readers.rgb_to_gray  # checked on every colour by the next test
     for name, order in (("train", tfds("train", 25)[:22]), ("val", tfds("train", 25)[22:])):
         assert np.array_equal(splits[name].x, gray(images[order].reshape(-1, 3, 1024)))  # 22.5: 22
         assert splits[name].y.tolist() == [labels[i] for i in order]
@@ -2079,7 +2080,7 @@ def test_lra_data_image_readers_png_pathfinder_and_cifar(tmp_path):
     assert (test.x[order.index(0)] == 0).all()  # the black image
     for split in splits.values():  # black: 1024 real tokens
         _lra_check_batch(split, [1024] * len(split.y))
-    parts = lra_data.tfds_split("train", [str(i) for i in range(15)], (10, 90))  # 1.5, 13.5
+    parts = lra_readers.tfds_split("train", [str(i) for i in range(15)], (10, 90))  # 1.5, 13.5
     assert [len(part) for part in parts] == [2, 12, 1], "rounded, not truncated"
 
 
@@ -2088,7 +2089,7 @@ def test_lra_data_gray_levels_of_all_colours_as_tf():
     RGB (0, 122, 186) is 93 as in TF, not float64's 92 (lower on 237 colours)."""
     colour = np.arange(1 << 24, dtype=np.int64)
     r, g, b = colour >> 16, (colour >> 8) & 255, colour & 255
-    f32, gray = np.float32, lra_data.rgb_to_gray(np.stack([r, g, b]).astype(np.uint8))
+    f32, gray = np.float32, lra_readers.rgb_to_gray(np.stack([r, g, b]).astype(np.uint8))
     red, green, blue = (c.astype(f32) * f32(1 / 255) for c in (r, g, b))  # convert_image_dtype
     step = (red * f32(0.2989) + green * f32(0.5870)) + blue * f32(0.1140)  # the weighted sum
     assert gray.dtype == np.int16 and np.array_equal(gray, np.trunc(step * f32(255.5)))
@@ -2138,7 +2139,7 @@ def test_lra_data_a_damaged_pickle_allocates_no_more_than_its_size(tmp_path):
     index: pickle.loads takes it); numpy arrays pickled with protocol 5 (bytearrays) read as 4."""
     memo = b"\x80\x02]r" + struct.pack("<I", 2**24) + b"."  # [], memo entry 2²⁴: 2²⁵ slots in C
     fine = b"\x80\x02]r" + struct.pack("<I", 8) + b"."  # an index below its 9 bytes: no harm
-    assert lra_data._unpickle(_write(tmp_path / "fine.pickle", fine)) == []
+    assert lra_readers._unpickle(_write(tmp_path / "fine.pickle", fine)) == []
     huge = b"\x80\x05\x96" + struct.pack("<Q", 2**28) + b"abc."  # a 256 MB bytearray
     short = b"\x80\x05\x96" + struct.pack("<Q", 5) + b"abc."  # 5 bytes said, 4 there
     for content, what in [
@@ -2151,7 +2152,7 @@ def test_lra_data_a_damaged_pickle_allocates_no_more_than_its_size(tmp_path):
         tracemalloc.start()
         try:
             with pytest.raises(lra_data.DataError, match=what):
-                lra_data.read_lra_pickle(path, "listops", 8)
+                lra_readers.read_lra_pickle(path, "listops", 8)
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
@@ -2161,7 +2162,7 @@ def test_lra_data_a_damaged_pickle_allocates_no_more_than_its_size(tmp_path):
     for protocol in (4, 5):
         path = _write(tmp_path / f"p{protocol}.pickle", pickle.dumps(items, protocol=protocol))
         assert (b"\x96" in path.read_bytes()) == (protocol == 5), "bytearrays in protocol 5 only"
-        read.append(lra_data.read_lra_pickle(path, "listops", 8)[0])
+        read.append(lra_readers.read_lra_pickle(path, "listops", 8)[0])
     assert read[0].x.tolist() == read[1].x.tolist() == [[1, 2, 3, 4, 5, 0, 0, 0]] * 2
 
 
@@ -2221,24 +2222,24 @@ def test_lra_data_official_pickles_read_with_numpy_1_and_2_names_and_each_protoc
         n = 16 if task in ("image", "pathfinder") else 5  # an image: every pixel; else padded
         pad = np.zeros(16 - n, np.int32)  # as np.concatenate([inputs, np.zeros(96, np.int32)])
         ids = rng.integers(1, vocab, (4, len(keys), n)).astype(np.int32)
-        labels = [np.int32(i % lra_data.N_CLASSES[task]) for i in range(4)]
+        labels = [np.int32(i % lra_readers.N_CLASSES[task]) for i in range(4)]
         official = [
             {**{key: np.r_[ids[i, k], pad] for k, key in enumerate(keys)}, "label": label}
             for i, label in enumerate(labels)
         ]
         plain = [{k: np.asarray(v).tolist() for k, v in item.items()} for item in official]
         path = _write(tmp_path / "plain.pickle", pickle.dumps(plain, protocol=0))
-        want = _as_lists(lra_data.read_lra_pickle(path, task, 16)[0])
+        want = _as_lists(lra_readers.read_lra_pickle(path, task, 16)[0])
         for numpy in ("numpy._core.", "numpy.core."):
             data = pickle.dumps(official, protocol=protocol)
             data = _numpy_1(data) if numpy == "numpy.core." else _numpy_2(data)
             assert numpy.encode() in data and (b"_core" in data) == (numpy == "numpy._core.")
             path = _write(tmp_path / f"{task}.pickle", data)
-            got = _as_lists(lra_data.read_lra_pickle(path, task, 16)[0])
+            got = _as_lists(lra_readers.read_lra_pickle(path, task, 16)[0])
             assert got == want, (task, numpy)
     folder = tmp_path / "cifar-10-batches-py"
     _lra_cifar(folder)
-    want = {name: _as_lists(split) for name, split in lra_data.read_cifar(folder).items()}
+    want = {name: _as_lists(split) for name, split in lra_readers.read_cifar(folder).items()}
     batches = {file: pickle.loads(file.read_bytes()) for file in folder.iterdir()}
     for numpy in ("numpy._core.", "numpy.core."):
         for file, batch in batches.items():
@@ -2254,7 +2255,7 @@ def test_lra_data_official_pickles_read_with_numpy_1_and_2_names_and_each_protoc
             else:
                 data = pickle.dumps(official, protocol=protocol)
             file.write_bytes(_numpy_1(data) if numpy == "numpy.core." else _numpy_2(data))
-        got = {name: _as_lists(split) for name, split in lra_data.read_cifar(folder).items()}
+        got = {name: _as_lists(split) for name, split in lra_readers.read_cifar(folder).items()}
         assert got == want, numpy
 
 
@@ -2271,8 +2272,8 @@ class _Calls:
 @pytest.mark.parametrize("reader", ["pickle", "cifar"])
 def test_lra_data_a_pickle_that_would_run_code_is_refused_and_runs_nothing(tmp_path, reader):
     """A PyTorch-LRA pickle or a CIFAR-10 batch that names anything but what data is made of
-    (lra_data.PICKLED): one sentence naming the file and the name, and nothing runs: the file that
-    pickle.loads creates is not there."""
+    (lra_readers.PICKLED): one sentence naming the file and the name, and nothing runs: the file
+    that pickle.loads creates is not there."""
     made = tmp_path / "made"
     plants = [  # (an object inside the data, the name the sentence gives, does it make `made`)
         (_Calls(open, str(made), "w"), "'io.open'", True),
@@ -2306,7 +2307,8 @@ def _lra_read(kind: str, content, tmp_path: pathlib.Path):
     """Put content where reader `kind` reads it and read it (max_len 8) -> its result."""
     if kind in ("listops", "aan"):
         path = _write(tmp_path / "bad.tsv", content)
-        return (lra_data.read_listops_tsv if kind == "listops" else lra_data.read_aan_tsv)(path, 8)
+        read = lra_readers.read_listops_tsv if kind == "listops" else lra_readers.read_aan_tsv
+        return read(path, 8)
     if kind.startswith("pickle"):  # pickle:<task>; content: the items (bytes: the file itself)
         keys = {2: ("input_ids_0", "label"), 3: ("input_ids_0", "input_ids_1", "label")}
         if isinstance(content, list):  # tuples: the fields of an item, in the order of keys
@@ -2315,7 +2317,7 @@ def _lra_read(kind: str, content, tmp_path: pathlib.Path):
                 for t in content
             ]
         raw = content if isinstance(content, bytes) else pickle.dumps(content)
-        return lra_data.read_lra_pickle(_write(tmp_path / "bad.pickle", raw), kind[7:], 8)
+        return lra_readers.read_lra_pickle(_write(tmp_path / "bad.pickle", raw), kind[7:], 8)
     if kind == "imdb":  # content: one more negative training review (None: no positive one)
         positive = [] if content is None else ["good", "fine"]
         folder = _lra_imdb(tmp_path, {"neg": ["bad"], "pos": positive})
@@ -2323,7 +2325,7 @@ def _lra_read(kind: str, content, tmp_path: pathlib.Path):
             content(folder / "train" / "neg")
         elif content is not None:
             _write(folder / "train" / "neg" / "9_7.txt", content)
-        splits, notes = lra_data.read_imdb(folder, 8)
+        splits, notes = lra_readers.read_imdb(folder, 8)
         return splits["train"], notes
     if kind == "png":  # content: the file, or how to break a good one: "rgb", "filter 5", "cut"
         if isinstance(content, str):
@@ -2331,13 +2333,13 @@ def _lra_read(kind: str, content, tmp_path: pathlib.Path):
             image = np.random.default_rng(1).integers(0, 256, (10, 7), dtype=np.uint8)
             data = _lra_write_png(tmp_path / "bad.png", image, **options).read_bytes()
             content = data[:60] + data[80:] if content == "cut" else data  # IDAT bytes lost
-        return lra_data.read_png_gray(_write(tmp_path / "bad.png", content))
+        return lra_readers.read_png_gray(_write(tmp_path / "bad.png", content))
     if kind == "cifar":  # content: data_batch_3, or max_len
         folder = tmp_path / "cifar-10-batches-py"
         _lra_cifar(folder)
         if isinstance(content, bytes):
             _write(folder / "data_batch_3", content)
-        return lra_data.read_cifar(folder, 1024 if isinstance(content, bytes) else content)
+        return lra_readers.read_cifar(folder, 1024 if isinstance(content, bytes) else content)
     if kind == "pathfinder":  # content: metadata/0.npy, the only one (None: none; int: max_len)
         tmp_path = tmp_path / "curv_baseline"
         _lra_pathfinder(tmp_path, 12)
@@ -2348,7 +2350,7 @@ def _lra_read(kind: str, content, tmp_path: pathlib.Path):
                 meta.unlink()
             if content is not None:
                 _write(tmp_path / "metadata" / "0.npy", content)
-        return lra_data.read_pathfinder(tmp_path, content if isinstance(content, int) else 16)
+        return lra_readers.read_pathfinder(tmp_path, content if isinstance(content, int) else 16)
     if kind == "retrieval":  # content: new_aan_pairs.train.tsv, the only file
         _write(tmp_path / "tsv_data" / "new_aan_pairs.train.tsv", content)
         return lra_data.load_task("retrieval", tmp_path, 8)
@@ -2501,17 +2503,17 @@ def test_lra_data_readers_take_what_csv_keras_and_macos_leave(tmp_path):
     list (macOS's ._<name>.txt, no review: the readers' fuzzer)."""
     long = " ".join(["( [MAX 1 2 ]"] * 15000)  # 180,000 characters, 60,000 tokens
     path = _write(tmp_path / "a.tsv", f'Source\tTarget\n"( [MIN 3 ]\t3\n{long}\t2\n')
-    split, [note] = lra_data.read_listops_tsv(path, 60000)
+    split, [note] = lra_readers.read_listops_tsv(path, 60000)
     assert split.lengths.tolist() == [4, 60000] and split.x[0, :4].tolist() == [16, 11, 4, 15]
     assert note.startswith(f"{path}:2: '\"' is not a ListOps token") and split.y.tolist() == [3, 2]
     folder = tmp_path / "cifar-10-batches-py"
     _lra_cifar(folder)
-    want = lra_data.read_cifar(folder)
+    want = lra_readers.read_cifar(folder)
     for file in folder.iterdir():
         batch = pickle.loads(file.read_bytes())
         batch[b"labels"] = np.array(batch[b"labels"], np.uint8)[:, None]  # (n, 1)
         file.write_bytes(pickle.dumps(batch))
-    for name, split in lra_data.read_cifar(folder).items():
+    for name, split in lra_readers.read_cifar(folder).items():
         assert np.array_equal(split.x, want[name].x) and split.y.tolist() == want[name].y.tolist()
 
 
@@ -2529,7 +2531,7 @@ def test_lra_data_notes_unknown_listops_token_and_padding_far_beyond_the_inputs(
     assert note.startswith(f"{folder / 'basic_val.tsv'}:3: '[MAXX' is not a ListOps token")
     assert "token (0 1 2 3 4 5 6 7 8 9 [MIN [MAX [MED [SM ]);" in note
     assert note.endswith("of 2 line(s) of this file become the OOV id 16")
-    assert lra_data.read_listops_tsv(folder / "basic_train.tsv", 8)[1] == []
+    assert lra_readers.read_listops_tsv(folder / "basic_train.tsv", 8)[1] == []
     said = lra_data.load_task("listops", tmp_path, 9)[1][-1]
     twice = "max_len 9 is more than twice the longest input (4 tokens): every input is padded to 9"
     assert said == f"{twice} tokens, and attention pays for the padding"
@@ -3497,7 +3499,7 @@ def _pickle_by_hand(f: pathlib.Path) -> list:
 
 
 def _imdb_read(f: pathlib.Path) -> tuple:
-    splits = lra_data.read_imdb(f / "aclImdb", 6)[0]
+    splits = lra_readers.read_imdb(f / "aclImdb", 6)[0]
     read = list(map(str, lra_data._release_files("text", f / "aclImdb")))  # the cache's key
     return {name: _split_rows(splits[name]) for name in ("train", "test")}, read
 
@@ -3533,17 +3535,17 @@ _FUZZ_WRITE = {  # a valid input, written by the helpers of the table-driven tes
     "uea": lambda f: _write(f / "Toy_TRAIN.ts", _TS),
 }
 _FUZZ_READ = {  # the reader's result, in the terms of the plain readings
-    "listops": lambda f: _split_rows(lra_data.read_listops_tsv(f / "basic_val.tsv", 60)[0]),
+    "listops": lambda f: _split_rows(lra_readers.read_listops_tsv(f / "basic_val.tsv", 60)[0]),
     "aan": lambda f: _split_rows(
-        lra_data.read_aan_tsv(f / "tsv_data/new_aan_pairs.train.tsv", 4)[0]
+        lra_readers.read_aan_tsv(f / "tsv_data/new_aan_pairs.train.tsv", 4)[0]
     ),
     "imdb": _imdb_read,
-    "cifar": lambda f: {n: _split_rows(s) for n, s in lra_data.read_cifar(f, 1024).items()},
+    "cifar": lambda f: {n: _split_rows(s) for n, s in lra_readers.read_cifar(f, 1024).items()},
     "pathfinder": lambda f: [
-        _split_rows(s) for s in lra_data.read_pathfinder(f / _PF, 16)[0].values()
+        _split_rows(s) for s in lra_readers.read_pathfinder(f / _PF, 16)[0].values()
     ],
     "pickle": lambda f: _split_rows(
-        lra_data.read_lra_pickle(f / "listops.train.pickle", "listops", 4)[0]
+        lra_readers.read_lra_pickle(f / "listops.train.pickle", "listops", 4)[0]
     ),
     "uea": lambda f: _ts_read(f / "Toy_TRAIN.ts"),
 }
@@ -8097,6 +8099,7 @@ _HELP = [  # every top-level module: `python <module> --help` -> exit status, a 
     ("train_lra.py", 0, "train_lra.py: train one attention mechanism on one Long Range Arena"),
     ("train_uea.py", 0, "train_uea.py: train one attention mechanism on one UEA multivariate"),
     ("download.py", 2, "download.py has no command line; data is fetched by python train_uea.py"),
+    ("lra_readers.py", 2, "lra_readers.py has no command line; the LRA data is read by python"),
     ("files.py", 2, "files.py has no command line: it writes the project's files; run python"),
     ("runs.py", 2, "runs.py has no command line: it serves the train scripts; run python train_"),
     ("uea_data.py", 2, "uea_data.py has no command line; a UEA dataset is read by python train_"),

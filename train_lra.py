@@ -35,7 +35,8 @@ from tqdm import tqdm
 import runs
 from agf import VARIANTS
 from gfsa import HIGH_ORDER
-from lra_data import LISTOPS_PAPER, N_CLASSES, PATHFINDER_DIRS, VOCAB, DataError, Split, load_task
+from lra_data import LISTOPS_PAPER, PATHFINDER_DIRS, load_task
+from lra_readers import N_CLASSES, VOCAB, DataError, Split
 from model import ATTENTION, Classifier, ModelConfig, count_parameters
 from runs import flag
 
