@@ -3949,8 +3949,8 @@ def _mounted(folder: pathlib.Path, options: str):
     """A tmpfs mounted on folder with options (ro; size=64k): real faults, not mocked ones.
     Skips where this process may not mount (not root, or a sandbox without the call)."""
     folder.mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)],
-                          capture_output=True, text=True)  # fmt: skip
+    mount = ["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(folder)]
+    done = subprocess.run(mount, capture_output=True, text=True)
     if done.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here ({done.stderr.strip() or done.returncode})")
     try:
@@ -6236,9 +6236,11 @@ def test_runs_a_checkpoint_that_would_run_code_is_refused_and_runs_nothing(tmp_p
     file.write_bytes(good)
     result, _ = _train_both(tmp_path, script, out, "--resume")
     assert result[f"{unit}s"] == (4 if unit == "step" else 2)
-    loads = [(f.name, line) for f in [*HERE.glob("*.py"), *(HERE / ".ci").iterdir()]
-             for line in re.findall(r"torch\.load\((?:[^()]|\([^()]*\))*\)", f.read_text())
-             if f.name != "test_all.py"]  # fmt: skip
+    sources = [
+        f for f in [*HERE.glob("*.py"), *(HERE / ".ci").iterdir()] if f.name != "test_all.py"
+    ]
+    call = r"torch\.load\((?:[^()]|\([^()]*\))*\)"
+    loads = [(f.name, line) for f in sources for line in re.findall(call, f.read_text())]
     assert len(loads) >= 3 and all("weights_only=True" in line for _, line in loads), loads
 
 
@@ -8035,9 +8037,9 @@ def test_no_test_hands_a_torch_attribute_to_monkeypatch():
     names = "|".join(sorted(aliases))
     handed = re.compile(rf"""monkeypatch\.(?:setattr|delattr)\(\s*["']?(?:\w+\.)*(?:{names})\b""")
     call = "monkeypatch." + "setattr("  # not written whole, or this test would find itself
-    for planted in ('torch.backends.cuda.matmul, "allow_tf32", 0)', '\n    torch._dynamo.config,',
-                    '"torch.cuda.is_available", f)', 'bench.torch.cuda, "is_available", f)',
-                    'F, "softmax", f)'):  # fmt: skip
+    plants = ['torch.backends.cuda.matmul, "allow_tf32", 0)', "\n    torch._dynamo.config,"]
+    plants += ['"torch.cuda.is_available", f)', 'bench.torch.cuda, "is_available", f)']
+    for planted in [*plants, 'F, "softmax", f)']:
         assert handed.search(call + planted), planted
     assert not handed.search(call + 'bench, "torch_threads", 1)'), "a name that starts so"
     text = pathlib.Path(__file__).read_text()
