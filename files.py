@@ -1,5 +1,6 @@
 """
-files.py: the one way this project writes a file, and the one sentence when it cannot.
+files.py: the one way this project writes a file, the one sentence when it cannot, and the
+size check before an array is allocated.
 
     write(path, content)  content (bytes, str, or fill(f) writing into a binary file) goes into a
                           temporary file beside path, which is then renamed onto path: a reader
