@@ -37,7 +37,6 @@ import io
 import json
 import os
 import pathlib
-import re
 from collections import namedtuple
 
 import numpy as np
@@ -101,10 +100,10 @@ def read_checkpoint(path, weights: str | None = None) -> tuple[dict, pathlib.Pat
     try:  # weights_only: tensors, numbers, strings and their containers; more could run code
         ckpt = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:  # truncated, empty, not a torch file: name the file
-        unsafe = re.search(r"GLOBAL ([\w.]+)", str(e))  # what torch refused to unpickle
+        unsafe = runs.refused(e)  # what torch refused to unpickle
         if unsafe:
             what = "which no checkpoint of train_uea.py / train_lra.py holds"
-            _fail(f"{file} asks for {unsafe[1]}, {what}: it is not read, as it could run code")
+            _fail(f"{file} asks for {unsafe}, {what}: it is not read, as it could run code")
         _fail(f"{file} cannot be read as a checkpoint ({type(e).__name__}: {e!s:.99})")
     if not isinstance(ckpt, dict) or not {"model", "model_config", "data"} <= set(ckpt):
         why = "it was written by an older train_*.py, before checkpoints said what they hold"

@@ -162,7 +162,7 @@ def _failure(e: Exception, url: str, dest: pathlib.Path) -> Failed:
     written = isinstance(e, files.WriteError)  # files.write's: the disk's, said already
     if not disk or (e.errno not in FOLDER_ERRNOS and e.filename is None and not written):
         return Failed(f"could not download {url} ({_line(e)})")
-    said = str(e) if written else files.fault(e, e.filename or dest.parent)
+    said = files.fault(e, e.filename or dest.parent)
     how = "make it writable, or choose another --data-dir"
     if e.errno in (errno.ENOSPC, errno.EDQUOT):
         how = "free some space there, or choose another --data-dir"

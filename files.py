@@ -120,7 +120,9 @@ def read_log(path) -> tuple:
 
 def fault(e: OSError, path) -> str:
     """The one sentence for e, met writing path: the path (the file in the way, for a file
-    where a folder goes) and the fault."""
+    where a folder goes) and the fault; a WriteError's own, which says them already."""
+    if isinstance(e, WriteError):
+        return str(e)
     path = pathlib.Path(path)
     what = FAULTS.get(e.errno, e.strerror or str(e) or type(e).__name__)
     if e.errno in (errno.ENOTDIR, errno.EEXIST):

@@ -484,8 +484,7 @@ def _listops_source(folder: pathlib.Path, asked: dict, seed: int) -> Source:
     except ValueError as e:  # incomplete, other settings, bounds that (almost) no tree meets
         raise DataError(str(e)) from None
     except OSError as e:  # a read-only or full disk, a file where the folder goes
-        said = str(e) if isinstance(e, files.WriteError) else files.fault(e, folder)
-        raise DataError(said) from None
+        raise DataError(files.fault(e, folder)) from None
     tsvs = [folder / f"basic_{s}.tsv" for s in SPLITS]
     if not generated:
         said = f"the release folder {folder} (not generated: the sizes asked for do not apply)"

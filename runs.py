@@ -282,6 +282,13 @@ def _open(cfg, out: pathlib.Path, script, unit, total, may_change):
     return ckpt
 
 
+def refused(e: Exception) -> str | None:
+    """The name torch.load(weights_only=True) refused to unpickle, from its error's message (a
+    global that no checkpoint holds); None for any other error (a damaged file)."""
+    name = re.search(r"GLOBAL ([\w.]+)", str(e))
+    return name[1] if name else None
+
+
 def load(file: pathlib.Path, **options) -> dict:
     """A checkpoint or best.pt, read to the CPU with torch.load(weights_only=True): tensors,
     numbers, strings and their containers, which is all checkpoint() saves. Unpickling anything
@@ -289,10 +296,10 @@ def load(file: pathlib.Path, **options) -> dict:
     try:
         return torch.load(file, map_location="cpu", weights_only=True, **options)
     except pickle.UnpicklingError as e:
-        name = re.search(r"GLOBAL ([\w.]+)", str(e))  # torch's message names what it refused
+        name = refused(e)
         if name is None:  # damaged: the caller says so
             raise
-        what = f"{file} asks for {name[1]}, which no checkpoint of train_lra.py or train_uea.py "
+        what = f"{file} asks for {name}, which no checkpoint of train_lra.py or train_uea.py "
         how = "start the run again with --overwrite, or choose another --out"
         raise SystemExit(f"{what}holds: it is not read, as it could run code; {how}") from None
 
@@ -386,8 +393,7 @@ def save(path: pathlib.Path, obj) -> None:
         how = "--resume goes on from its last checkpoint"
         if not os.path.exists(path.parent / "checkpoint.pt"):  # (False for a name too long)
             how = "there is no checkpoint yet: once it is mended, the same command starts again"
-        said = str(e) if isinstance(e, files.WriteError) else files.fault(e, path)
-        raise SystemExit(f"{said}: the run stops; {how}") from None
+        raise SystemExit(f"{files.fault(e, path)}: the run stops; {how}") from None
 
 
 def finish(out: pathlib.Path, result: dict, device=None) -> dict:
